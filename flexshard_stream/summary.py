@@ -1,0 +1,82 @@
+"""The frequency summary of one table: what the planner consumes.
+
+Explicit top rows (IDs with estimates and bounds, in lookups) and a model of the tail: the lookups not
+in the top and the number of distinct rows they spread over. The tail model used downstream is uniform
+over ``tail_rows`` rows (each tail row carries ``tail_mass / tail_rows`` lookups); the top rows'
+estimates already cover the skewed head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FrequencySummary"]
+
+
+@dataclass(frozen=True, eq=False)
+class FrequencySummary:
+    """Per-table frequency summary (counts are lookups, i.e. ID occurrences).
+
+    Attributes
+    ----------
+    table : str
+    total : int                 lookups counted (N)
+    top_ids : int64[k]          row IDs, by decreasing estimate (ties by ID)
+    top_est, top_lower, top_upper : float64[k]   lookups; ``lower <= true <= upper`` (sketch guarantee)
+    distinct_estimate : float   rows touched at least once (exact when ``exact``)
+    distinct_lower, distinct_upper : float  about 95% bounds (equal to the estimate when exact)
+    tail_mass : float           lookups not on top rows, ``>= 0``
+    tail_rows : float           distinct rows not in the top, ``>= 0``
+    num_rows : int | None       table size when known
+    exact : bool                counted exactly (no sketch error)
+    samples : int               samples (bags) seen
+    mean_length : float         mean IDs per sample
+    length_quantiles : dict     {"0.5": .., "0.9": .., "0.99": ..} IDs per sample
+    """
+
+    table: str
+    total: int
+    top_ids: np.ndarray
+    top_est: np.ndarray
+    top_lower: np.ndarray
+    top_upper: np.ndarray
+    distinct_estimate: float
+    distinct_lower: float
+    distinct_upper: float
+    tail_mass: float
+    tail_rows: float
+    num_rows: int | None = None
+    exact: bool = False
+    samples: int = 0
+    mean_length: float = 0.0
+    length_quantiles: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def k(self) -> int:
+        """Explicit top rows."""
+        return int(self.top_ids.size)
+
+    def top_probabilities(self) -> np.ndarray:
+        """Estimated access probability of each top row (estimate / total)."""
+        return self.top_est / self.total if self.total else np.zeros_like(self.top_est)
+
+    def tail_probability(self) -> float:
+        """Modelled access probability of one tail row (uniform tail)."""
+        if self.total == 0 or self.tail_rows <= 0:
+            return 0.0
+        return self.tail_mass / self.total / self.tail_rows
+
+    def to_dict(self, topk: int | None = None) -> dict[str, Any]:
+        """The JSON form used by ``flexshard-stream stats --json``."""
+        k = self.k if topk is None else min(topk, self.k)
+        top = [[int(i), float(e), float(lo), float(hi)] for i, e, lo, hi in
+               zip(self.top_ids[:k], self.top_est[:k], self.top_lower[:k], self.top_upper[:k])]
+        return {"total": int(self.total), "distinct_estimate": float(self.distinct_estimate),
+                "distinct_bounds": [float(self.distinct_lower), float(self.distinct_upper)],
+                "exact": bool(self.exact), "num_rows": self.num_rows, "samples": int(self.samples),
+                "mean_length": float(self.mean_length), "tail_mass": float(self.tail_mass),
+                "tail_rows": float(self.tail_rows), "top": top,
+                "length_quantiles": dict(self.length_quantiles)}

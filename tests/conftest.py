@@ -1,0 +1,32 @@
+"""Shared fixtures and hypothesis settings."""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("default", deadline=None, max_examples=40,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", deadline=None, max_examples=40, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("FLEXSHARD_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def zipf_stream(n, num_rows, alpha, seed):
+    """A skewed stream of row IDs with hot rows scattered over the ID space (test helper)."""
+    rng = np.random.default_rng(seed)
+    ranks = np.minimum(rng.zipf(alpha, size=n), num_rows) - 1 if alpha > 1 else \
+        rng.integers(0, num_rows, size=n)
+    perm = rng.permutation(num_rows)
+    return perm[ranks].astype(np.int64)
+
+
+@pytest.fixture
+def shared_data():
+    if not SHARED.exists():
+        pytest.skip(f"shared data not found at {SHARED}")
+    return SHARED
