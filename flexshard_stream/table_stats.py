@@ -302,10 +302,11 @@ class TableStats:
         return self
 
     def scale(self, factor: float) -> "TableStats":
-        """Multiply every count by ``factor`` in (0, 1] (exponential decay), rounding down.
+        """Multiply every count by ``factor`` in (0, 1] (exponential decay).
 
-        Heavy-hitter bounds stay valid for the decayed counts (the offset is rounded up and widened
-        by one lookup). Distinct counts and length sketches are not decayed (they cannot be).
+        Bounds stay valid for the decayed counts: count-min counters and the heavy-hitter offset are
+        rounded up (the offset widened by one lookup), heavy-hitter counters and exact counts rounded
+        down. Distinct counts and length sketches are not decayed (they cannot be).
         """
         if not (0.0 < factor <= 1.0):
             raise ValueError(f"decay factor must be in (0, 1], got {factor}")
@@ -314,8 +315,8 @@ class TableStats:
         if self.exact:
             self._counts = np.floor(self._counts * factor).astype(np.uint32)
         else:
-            if self._cms.size:
-                self._cms = np.floor(self._cms * factor).astype(np.uint32)
+            if self._cms.size:  # round up: the sketch stays an upper bound of the decayed counts
+                self._cms = np.ceil(self._cms * factor).astype(np.uint32)
             live = self._mg_vals > 0
             keys = self._mg_keys[live].copy()
             vals = np.floor(self._mg_vals[live] * factor).astype(np.int64)

@@ -1,0 +1,230 @@
+"""StreamStats: batches, merge, save/load, damaged files, windows and decay."""
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from conftest import zipf_stream
+from flexshard_stream import (Batch, DecayedStats, FormatError, IncompatibleError, SketchConfig,
+                              StreamStats, WindowedStats)
+from flexshard_stream.container import MAGIC, VERSION
+
+CFG = SketchConfig(cms_epsilon=0.01, cms_delta=0.05, hh_lg_size=6, hll_p=8)
+
+
+def same_counts(a, b, heavy_hitters=True):
+    """Equal statistics except the KLL length sketches (whose compaction is randomized) and,
+    for merged views, the heavy hitters (whose merge only keeps the bounds)."""
+    assert set(a) == set(b)
+    skip = {"lengths"} if heavy_hitters else {"lengths", "mg_keys", "mg_vals", "mg_meta"}
+    for f in a:
+        x, y = a[f]._arrays(), b[f]._arrays()
+        for k in x:
+            if k not in skip:
+                assert np.array_equal(x[k], y[k]), (f, k)
+        assert a[f].total == b[f].total and a[f].samples == b[f].samples
+    return True
+
+
+def batches(n_batches, bs=64, seed=0, ts0=0.0, hot_offset=0):
+    rng = np.random.default_rng(seed)
+    for i in range(n_batches):
+        lens = rng.integers(0, 6, size=bs)
+        seq = (zipf_stream(int(lens.sum()), 1000, 1.2, seed * 1000 + i) + hot_offset) % 5000
+        one = rng.integers(0, 50, size=bs)
+        yield Batch(["seq", "one"], np.concatenate([seq, one]),
+                    np.concatenate([lens, np.ones(bs, np.int64)]),
+                    timestamp=ts0 + i + np.linspace(0, 0.5, bs))
+
+
+def test_update_counts_and_lengths():
+    s = StreamStats({"seq": None, "one": 50}, CFG)
+    bs = list(batches(5))
+    for b in bs:
+        s.update(b)
+    assert s.batches == 5 and s.samples == 5 * 64
+    assert s["seq"].total == sum(b.feature_values("seq").size for b in bs)
+    assert s["one"].exact and not s["seq"].exact
+    allone = np.concatenate([b.feature_values("one") for b in bs])
+    assert np.array_equal(s["one"].estimate(np.arange(50)), np.bincount(allone, minlength=50))
+    assert s["one"].length_quantiles()["0.5"] == 1.0
+    assert s.first_ts == 0.0 and s.last_ts == 4.5
+
+
+def test_threads_give_identical_state():
+    a = StreamStats({"seq": None, "one": 50}, CFG)
+    b = StreamStats({"seq": None, "one": 50}, CFG, threads=2)
+    for x in batches(6):
+        a.update(x)
+        b.update(x)
+    b.close()
+    assert same_counts(a, b)
+
+
+def test_auto_tables():
+    s = StreamStats(config=CFG)
+    s.update(next(batches(1)))
+    assert set(s) == {"seq", "one"}
+
+
+def test_merge_two_hosts_equals_one():
+    whole = StreamStats({"seq": None, "one": 50}, CFG)
+    h1 = StreamStats({"seq": None, "one": 50}, CFG)
+    h2 = StreamStats({"seq": None, "one": 50}, CFG)
+    for i, b in enumerate(batches(8)):
+        whole.update(b)
+        (h1 if i % 2 else h2).update(b)
+    h1.merge(h2)
+    assert np.array_equal(h1["seq"]._cms, whole["seq"]._cms)
+    assert np.array_equal(h1["one"]._counts, whole["one"]._counts)
+    assert h1["seq"].total == whole["seq"].total and h1.samples == whole.samples
+    assert h1["seq"].length_quantiles() == pytest.approx(whole["seq"].length_quantiles(), abs=1)
+
+
+def test_merge_incompatible_changes_nothing():
+    a = StreamStats({"seq": None, "one": 50}, CFG)
+    a.update(next(batches(1)))
+    before = a.to_bytes()
+    b = StreamStats({"seq": None, "one": 50}, SketchConfig(cms_epsilon=0.02, hh_lg_size=6))
+    with pytest.raises(IncompatibleError, match="configs differ"):
+        a.merge(b)
+    c = StreamStats({"seq": None, "one": 60}, CFG)
+    with pytest.raises(IncompatibleError, match="table 'one': num_rows differ"):
+        a.merge(c)
+    d = StreamStats({"seq": None, "one": 50}, SketchConfig(cms_epsilon=0.01, cms_delta=0.05,
+                                                            hh_lg_size=6, hll_p=8, seed=7))
+    with pytest.raises(IncompatibleError, match="seed"):
+        a.merge(d)
+    assert a.to_bytes() == before
+
+
+def test_save_load_round_trip(tmp_path):
+    s = StreamStats({"seq": None, "one": 50}, CFG)
+    for b in batches(3):
+        s.update(b)
+    p = s.save(tmp_path / "stats.fss")
+    t = StreamStats.load(p)
+    assert t.to_bytes() == s.to_bytes()
+    assert t.summary(5)["seq"].top_ids.tolist() == s.summary(5)["seq"].top_ids.tolist()
+
+
+@pytest.fixture
+def saved(tmp_path):
+    s = StreamStats({"seq": None, "one": 50}, CFG)
+    for b in batches(2):
+        s.update(b)
+    p = s.save(tmp_path / "stats.fss")
+    return p, p.read_bytes()
+
+
+def _blob():
+    s = StreamStats({"seq": None, "one": 50}, CFG)
+    for b in batches(2):
+        s.update(b)
+    return s.to_bytes()
+
+
+BLOB = None
+
+
+@given(st.data())
+def test_any_single_byte_damage_is_detected(data):
+    global BLOB
+    BLOB = BLOB or _blob()
+    blob = BLOB
+    i = data.draw(st.integers(0, len(blob) - 1))
+    flip = data.draw(st.integers(1, 255))
+    bad = bytearray(blob)
+    bad[i] ^= flip
+    with pytest.raises(FormatError):
+        StreamStats.from_bytes(bytes(bad), "damaged.fss")
+
+
+def test_truncated_foreign_and_future_files(saved, tmp_path):
+    p, blob = saved
+    for cut in (0, 5, 30, len(blob) // 2, len(blob) - 1):
+        with pytest.raises(FormatError, match="damaged.fss"):
+            StreamStats.from_bytes(blob[:cut], "damaged.fss")
+    with pytest.raises(FormatError, match="not a flexshard_stream state file"):
+        StreamStats.from_bytes(b"PAR1" + b"\0" * 100, "x.parquet")
+    future = bytearray(blob)
+    struct.pack_into("<H", future, len(MAGIC), VERSION + 1)
+    with pytest.raises(FormatError, match=f"format version {VERSION + 1} is not supported"):
+        StreamStats.from_bytes(bytes(future), "future.fss")
+    with pytest.raises(FormatError, match="no such statistics file"):
+        StreamStats.load(tmp_path / "missing.fss")
+
+
+def test_failed_save_keeps_previous_file(saved, monkeypatch):
+    p, blob = saved
+    s = StreamStats.load(p)
+    s.update(next(batches(1, seed=9)))
+    import flexshard_stream.container as c
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(c.os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        s.save(p)
+    assert p.read_bytes() == blob
+    assert [f.name for f in p.parent.iterdir()] == [p.name]  # no temp file left behind
+
+
+def test_window_forgets_old_batches():
+    w = WindowedStats({"seq": None, "one": 50}, CFG, window=4, slots=4)
+    for b in batches(4, seed=1):
+        w.update(b)
+    for b in batches(4, seed=2, hot_offset=2500):
+        w.update(b)
+    v = w.view()
+    fresh = StreamStats({"seq": None, "one": 50}, CFG)
+    for b in batches(4, seed=2, hot_offset=2500):
+        fresh.update(b)
+    assert same_counts(v, fresh, heavy_hitters=False)
+    true = np.bincount(np.concatenate([b.feature_values("seq")
+                                       for b in batches(4, seed=2, hot_offset=2500)]), minlength=5000)
+    _, lo, hi = v["seq"].bounds(np.arange(5000))
+    assert np.all(lo <= true) and np.all(true <= hi)
+    assert w.live_slots == 4
+
+
+def test_window_by_time():
+    w = WindowedStats({"seq": None, "one": 50}, CFG, window=3.0, slots=3, unit="seconds")
+    for b in batches(10):
+        w.update(b)
+    v = w.view()
+    assert v.first_ts >= 6.0  # batches are 1 s apart: the last 3-4 s are remembered
+    assert v.samples <= 4 * 64
+
+
+def test_decay_halves_old_counts():
+    d = DecayedStats({"seq": None, "one": 50}, CFG, half_life=4, period=4)
+    bs = list(batches(9))
+    for b in bs:
+        d.update(b)
+    assert d.decays == 2
+    one = d.view()["one"]
+    c = [np.bincount(b.feature_values("one"), minlength=50) for b in bs]
+    expect = (sum(c[:4]) * 0.25 + sum(c[4:8]) * 0.5 + c[8])
+    assert np.all(np.abs(one.estimate(np.arange(50)) - expect) <= 2)
+
+
+def test_bad_window_config():
+    from flexshard_stream import ConfigError
+    with pytest.raises(ConfigError, match="window must be > 0"):
+        WindowedStats(window=0)
+    with pytest.raises(ConfigError, match="unit must be"):
+        WindowedStats(window=3, unit="hours")
+    with pytest.raises(ConfigError, match="half_life"):
+        DecayedStats(half_life=-1)
+
+
+def test_config_errors():
+    from flexshard_stream import ConfigError, TableConfig
+    with pytest.raises(ConfigError, match="cms_epsilon"):
+        SketchConfig(cms_epsilon=0)
+    with pytest.raises(ConfigError, match="num_rows must be a positive integer"):
+        TableConfig("t", -3)
+    c = SketchConfig.from_error(0.001, 0.01)
+    assert c.cms_width == 4096 and c.cms_depth == 5
