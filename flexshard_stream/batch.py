@@ -16,13 +16,13 @@ a table configuration (IDs in range, configured keys) are done by :func:`validat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .errors import BatchError
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "slice_batch", "concat_batches", "rebatch"]
 
 
 def _as_id_array(values: Any, field: str = "values") -> np.ndarray:
@@ -237,3 +237,82 @@ class Batch:
     def empty(cls, keys: Iterable[str] = ()) -> "Batch":
         """A batch with no samples."""
         return cls(tuple(keys), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
+    """Samples ``[start, stop)`` of ``batch`` as a new Batch (values copied, vectorized)."""
+    bs = batch.batch_size
+    start, stop = max(0, start), min(bs, stop)
+    nk = len(batch.keys)
+    if nk == 0:
+        return batch
+    lens = batch.lengths.reshape(nk, bs)
+    offs = batch.key_offsets()
+    cum = np.concatenate([np.zeros((nk, 1), np.int64), np.cumsum(lens, axis=1)], axis=1)
+    vals, wts = [], []
+    for i in range(nk):
+        a, b = offs[i] + cum[i, start], offs[i] + cum[i, stop]
+        vals.append(batch.values[a:b])
+        if batch.weights is not None:
+            wts.append(batch.weights[a:b])
+    ts = batch.timestamp
+    if ts is not None and ts.size > 1:
+        ts = ts[start:stop]
+    return Batch(batch.keys, np.concatenate(vals), lens[:, start:stop].ravel(),
+                 np.concatenate(wts) if wts else None, ts)
+
+
+def concat_batches(batches: Sequence[Batch]) -> Batch:
+    """Samples of several batches with the same keys, in order, as one Batch."""
+    batches = [b for b in batches if b.batch_size]
+    if not batches:
+        raise BatchError("nothing to concatenate")
+    keys = batches[0].keys
+    for b in batches[1:]:
+        if b.keys != keys:
+            raise BatchError(f"cannot concatenate batches with keys {list(b.keys)} and "
+                             f"{list(keys)}", field="keys")
+    if len(batches) == 1:
+        return batches[0]
+    nk = len(keys)
+    vals, lens, wts, tss = [], [], [], []
+    for i in range(nk):
+        for b in batches:
+            o = b.key_offsets()
+            vals.append(b.values[o[i]:o[i + 1]])
+            lens.append(b.lengths[i * b.batch_size:(i + 1) * b.batch_size])
+            if b.weights is not None:
+                wts.append(b.weights[o[i]:o[i + 1]])
+    has_w = all(b.weights is not None for b in batches)
+    has_ts = all(b.timestamp is not None for b in batches)
+    if has_ts:
+        tss = [np.broadcast_to(b.timestamp, (b.batch_size,)) if b.timestamp.size == 1
+               else b.timestamp for b in batches]
+    return Batch(keys, np.concatenate(vals), np.concatenate(lens),
+                 np.concatenate(wts) if has_w else None,
+                 np.concatenate(tss) if has_ts else None)
+
+
+def rebatch(batches: Iterable[Batch], size: int, *, drop_last: bool = False) -> Iterator[Batch]:
+    """Re-cut a stream of batches into batches of exactly ``size`` samples (the last may be
+    shorter unless ``drop_last``)."""
+    if size <= 0:
+        raise BatchError(f"batch size must be > 0, got {size}")
+    pending: list[Batch] = []
+    have = 0
+    for b in batches:
+        if b.batch_size == 0:
+            continue
+        pending.append(b)
+        have += b.batch_size
+        if have < size:
+            continue
+        whole = concat_batches(pending)
+        start = 0
+        while whole.batch_size - start >= size:
+            yield slice_batch(whole, start, start + size)
+            start += size
+        pending = [slice_batch(whole, start, whole.batch_size)] if start < whole.batch_size else []
+        have = whole.batch_size - start
+    if pending and not drop_last:
+        yield concat_batches(pending)

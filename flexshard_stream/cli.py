@@ -20,20 +20,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Live statistics-driven embedding-table placement: sketch ID streams, "
                        "plan, evaluate.")
 
-DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "data" / "default_trace.parquet"
-
-
 def _default_trace() -> Path:
-    """The embedded default trace: the repository's ``data/`` or the installed package data."""
-    from importlib import resources
-    cand = [DEFAULT_TRACE]
-    try:
-        cand.append(Path(str(resources.files("flexshard_stream") / "data" / "default_trace.parquet")))
-    except (ModuleNotFoundError, TypeError):
-        pass
-    for c in cand:
-        if c.exists():
-            return c
+    """The embedded default trace (``data/``, installed as ``flexshard_stream.data``)."""
+    from .data import DEFAULT_TRACE
+    if DEFAULT_TRACE.exists():
+        return DEFAULT_TRACE
     raise FlexShardError("the embedded default trace is missing; regenerate it with "
                          "`python -m flexshard_stream.synth default data/default_trace.parquet`")
 

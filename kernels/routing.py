@@ -1,0 +1,114 @@
+"""Routing of row IDs to owner GPUs, shared by ``Plan.route`` and the trace evaluator.
+
+A table's routing is a small open-addressing map of its *special* rows (replicas and explicitly
+placed cold rows) plus a deterministic cold-owner function for every other ID.
+
+Codes stored in the map (int32):
+
+- ``code >= 0``: the row lives on GPU ``code`` (explicitly placed cold row);
+- ``code == -1``: global replica: served by the requesting GPU itself;
+- ``code <= -2``: node replica held by local GPU ``-code - 2`` of the requester's node.
+
+Cold functions (``cold_kind``): 0 hash: ``gpus[mix64(id, seed) % len(gpus)]``; 1 range:
+``gpus[j]`` for ``bounds[j] <= id < bounds[j + 1]`` (contiguous or weighted ranges; IDs past the last
+bound go to the last GPU); 2 all-replicated (data parallel): every ID is local.
+"""
+
+import numpy as np
+from numba import njit, uint64
+
+from .hashing import mix64
+
+CODE_GLOBAL = -1
+COLD_HASH, COLD_RANGE, COLD_REPLICATED = 0, 1, 2
+_MAP_SEED = np.uint64(0x2545F4914F6CDD1D)
+
+
+@njit(nogil=True, cache=True)
+def map_build(ids, codes, lg):
+    """Open-addressing map ``id -> code`` of ``2**lg`` slots (``lg`` large enough for load <= 1/2).
+
+    Returns ``(keys, vals, used)``; ``used`` marks occupied slots. Later IDs overwrite earlier ones.
+    """
+    size = 1 << lg
+    keys = np.zeros(size, dtype=np.int64)
+    vals = np.zeros(size, dtype=np.int32)
+    used = np.zeros(size, dtype=np.bool_)
+    shift = uint64(64 - lg) if lg > 0 else uint64(63)
+    mask = size - 1
+    for k in range(ids.shape[0]):
+        key = ids[k]
+        i = np.int64(mix64(uint64(key), _MAP_SEED) >> shift) & mask
+        while used[i] and keys[i] != key:
+            i = (i + 1) & mask
+        keys[i] = key
+        vals[i] = codes[k]
+        used[i] = True
+    return keys, vals, used
+
+
+@njit(nogil=True, cache=True, inline="always")
+def map_find(keys, vals, used, lg, key):
+    """Slot of ``key`` in the map, or -1."""
+    if keys.shape[0] == 0:
+        return -1
+    shift = uint64(64 - lg) if lg > 0 else uint64(63)
+    mask = keys.shape[0] - 1
+    i = np.int64(mix64(uint64(key), _MAP_SEED) >> shift) & mask
+    while used[i]:
+        if keys[i] == key:
+            return i
+        i = (i + 1) & mask
+    return -1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def cold_owner(key, src, cold_kind, gpus, bounds, seed):
+    """Owner GPU of a non-special row ``key`` requested by ``src``."""
+    if cold_kind == 2:
+        return src
+    if cold_kind == 0:
+        return gpus[np.int64(mix64(uint64(key), seed) % uint64(gpus.shape[0]))]
+    j = np.searchsorted(bounds, key, side="right") - 1
+    if j < 0:
+        j = 0
+    if j >= gpus.shape[0]:
+        j = gpus.shape[0] - 1
+    return gpus[j]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def resolve(code, src, gpus_per_node):
+    """GPU serving a special row with map ``code`` for requester ``src``."""
+    if code >= 0:
+        return code
+    if code == -1:
+        return src
+    return (src // gpus_per_node) * gpus_per_node + (-code - 2)
+
+
+@njit(nogil=True, cache=True)
+def route_ids(ids, srcs, keys, vals, used, lg, cold_kind, gpus, bounds, seed, gpus_per_node, out):
+    """Owner GPU of each ``ids[k]`` requested from ``srcs[k]`` (int32 into ``out``)."""
+    for k in range(ids.shape[0]):
+        key = ids[k]
+        src = srcs[k]
+        slot = map_find(keys, vals, used, lg, key)
+        if slot >= 0:
+            out[k] = resolve(vals[slot], src, gpus_per_node)
+        else:
+            out[k] = cold_owner(key, src, cold_kind, gpus, bounds, seed)
+    return out
+
+
+@njit(nogil=True, cache=True)
+def hash_owner_counts(num_rows, gpus_n, seed, skip_sorted):
+    """Rows per cold GPU slot under the hash function, excluding the sorted IDs ``skip_sorted``."""
+    counts = np.zeros(gpus_n, dtype=np.int64)
+    for r in range(num_rows):
+        counts[np.int64(mix64(uint64(r), seed) % uint64(gpus_n))] += 1
+    for k in range(skip_sorted.shape[0]):
+        r = skip_sorted[k]
+        if r < num_rows:
+            counts[np.int64(mix64(uint64(r), seed) % uint64(gpus_n))] -= 1
+    return counts
