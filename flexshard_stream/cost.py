@@ -22,7 +22,7 @@ import numpy as np
 from .batch import Batch, rebatch
 from .config import TableConfig
 from .errors import BatchError, ConfigError
-from .kernels.routing import hash_owner_counts  # noqa: F401  (re-exported for tests)
+from .kernels.analytic import analytic_traffic
 from .kernels.traffic import table_traffic
 from .plan import Plan, TablePlan
 from .stream import validate_batch
@@ -351,23 +351,6 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
 
 
 # ----------------------------------------------------------------------------- analytic mode
-def _probabilities(tp: TablePlan, s: FrequencySummary, ids: np.ndarray) -> np.ndarray:
-    """Access probability per row under the summary: top rows explicit, others the tail mean."""
-    if s.total <= 0:
-        return np.zeros(ids.size)
-    order = np.argsort(s.top_ids)
-    top_sorted = s.top_ids[order]
-    p_top = (s.top_est / s.total)[order]
-    pos = np.searchsorted(top_sorted, ids)
-    pos = np.clip(pos, 0, max(top_sorted.size - 1, 0))
-    hit = top_sorted.size > 0
-    p = np.full(ids.size, s.tail_probability())
-    if hit:
-        m = top_sorted[pos] == ids
-        p[m] = p_top[pos[m]]
-    return p
-
-
 def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size: int,
                       model: CostModel | None = None, *, mean_lengths: Mapping[str, float] | None
                       = None, want_matrices: bool | None = None) -> Cost:
@@ -378,122 +361,56 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     ``1 - exp(-lambda_r / G)``; without, ``lambda_r / G`` times. Tail rows (beyond the summary's top)
     share the tail mass evenly and are spread over the cold GPUs in proportion to the rows each
     holds. Pooled tables send one partial sum per (sample, owner) pair: ``B * (1 - exp(-L * q_dst))``
-    with ``q_dst`` the probability mass owned by ``dst``. Matrices are built only for G <= 512
-    (or when asked): the per-GPU sums come from closed forms in O(G) per table.
+    with ``q_dst`` the probability mass owned by ``dst``. All tables go through one Numba call
+    (``kernels/analytic.py``); matrices are built only for G <= 512 (or when asked), the per-GPU sums
+    come from closed forms in O(G) per table.
     """
     model = model or CostModel()
     topo = plan.topology
-    G, N, M = topo.num_gpus, topo.nodes, topo.gpus_per_node
+    G, M = topo.num_gpus, topo.gpus_per_node
     if batch_size <= 0:
         raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
     want = G <= 512 if want_matrices is None else want_matrices
-    # c_cold[dst]: expected requests (idx) each other GPU sends to dst; c_node[m]: to local m of its
-    # own node. Embedding bytes likewise (weighted by D*e), separately for sequence and pooled.
-    idx_cold = np.zeros(G)
-    idx_node = np.zeros(M)
-    emb_cold = np.zeros(G)
-    emb_node = np.zeros(G)   # extra same-node load at each GPU (node replicas)
-    local_of = np.arange(G) % M
-    s_global = 0.0
-    s_node = np.zeros(M)
-    for name, tp in plan.tables.items():
+    top_ids, top_p, top_off = [], [], [0]
+    T = len(plan.tables)
+    tail_p, tail_rows, mean_len = np.zeros(T), np.zeros(T), np.zeros(T)
+    for i, (name, tp) in enumerate(plan.tables.items()):
         s = summaries.get(name) or summaries.get(tp.table.feature)
         if s is None:
             raise ConfigError(f"no frequency summary for table {name!r} "
-                              f"(have {sorted(summaries)})")
-        L = (mean_lengths or {}).get(name, s.mean_length) or 1.0
-        eb = float(tp.table.embedding_bytes)
-        lam_scale = G * batch_size * L
-        if tp.replicated:
-            touched = _expected_touched(tp, s, lam_scale)
-            s_global += touched * eb
-            continue
-
-        def req(p):
-            lam = lam_scale * p
-            return -np.expm1(-lam / G) if model.dedup else lam / G
-
-        # global replicas: touched rows for the all-reduce
-        p0 = _probabilities(tp, s, tp.global_ids)
-        s_global += float(-np.expm1(-lam_scale * p0).sum()) * eb
-        # node replicas
-        p1 = _probabilities(tp, s, tp.node_ids)
-        r1 = req(p1)
-        idx_node += np.bincount(tp.node_local, weights=r1, minlength=M)
-        s_node += np.bincount(tp.node_local, weights=-np.expm1(-lam_scale * p1), minlength=M) * eb
-        q_node = np.bincount(tp.node_local, weights=p1, minlength=M)
-        # explicitly placed cold rows and summarized top rows on the cold function
-        special = np.concatenate([tp.global_ids, tp.node_ids, tp.placed_ids])
-        special.sort()
-        top = s.top_ids[(s.top_ids >= 0) & (s.top_ids < tp.table.num_rows)]
-        in_special = np.zeros(top.size, bool)
-        if special.size and top.size:
-            pos = np.clip(np.searchsorted(special, top), 0, special.size - 1)
-            in_special = special[pos] == top
-        top_cold = top[~in_special]
-        p_top_cold = _probabilities(tp, s, top_cold)
-        owners_top = plan.router(name).route(top_cold, np.zeros(top_cold.size, np.int64))
-        p_placed = _probabilities(tp, s, tp.placed_ids)
-        placed_not_top = ~np.isin(tp.placed_ids, s.top_ids)
-        idx_c = np.bincount(owners_top, weights=req(p_top_cold), minlength=G)
-        idx_c += np.bincount(tp.placed_gpus[placed_not_top], weights=req(p_placed[placed_not_top]),
-                             minlength=G)
-        q_c = np.bincount(owners_top, weights=p_top_cold, minlength=G)
-        q_c += np.bincount(tp.placed_gpus[placed_not_top], weights=p_placed[placed_not_top],
-                           minlength=G)
-        # tail rows not otherwise accounted for, spread by the cold function's row shares
-        n_special_tail = int(np.count_nonzero(~np.isin(special, s.top_ids)))
-        tail_rows = max(0.0, s.tail_rows - n_special_tail)
-        pt = s.tail_probability()
-        if tail_rows > 0 and pt > 0:
-            share = _cold_shares(tp, topo)
-            idx_c += share * tail_rows * float(req(np.array([pt]))[0])
-            q_c += share * tail_rows * pt
-        idx_cold += idx_c
-        if tp.table.kind == "pooled":
-            # one partial sum per (sample, owner): a same-node owner also serves its node replicas
-            emb_cold += batch_size * -np.expm1(-L * q_c) * eb
-            emb_node += batch_size * (np.exp(-L * q_c) - np.exp(-L * (q_c + q_node[local_of]))) * eb
-        else:
-            emb_cold += idx_c * eb
-            emb_node += np.bincount(tp.node_local, weights=r1, minlength=M)[local_of] * eb
+                              f"(have {sorted(summaries)[:10]})")
+        top_ids.append(s.top_ids)
+        top_p.append(s.top_est / s.total if s.total else np.zeros(s.top_ids.size))
+        top_off.append(top_off[-1] + s.top_ids.size)
+        tail_p[i] = s.tail_probability()
+        tail_rows[i] = s.tail_rows if s.total else 0.0
+        mean_len[i] = (mean_lengths or {}).get(name, s.mean_length) or 1.0
+    f = plan.flat
+    idx_cold, emb_cold, emb_node = np.zeros(G), np.zeros(G), np.zeros(G)
+    idx_node, s_node = np.zeros(M), np.zeros(M)
+    s_global = analytic_traffic(
+        G, M, float(batch_size), model.dedup, f["sp_off"], f["sp_ids"], f["sp_codes"],
+        f["cold_kind"], f["cold_off"], f["cold_gpus"], f["cold_w"], f["bnd_off"], f["bounds"],
+        f["seeds"], f["num_rows"], f["emb_bytes"], f["pooled"], np.asarray(top_off, np.int64),
+        np.concatenate(top_ids).astype(np.int64) if top_ids else np.zeros(0, np.int64),
+        np.concatenate(top_p).astype(np.float64) if top_p else np.zeros(0),
+        tail_p, tail_rows, mean_len, idx_cold, idx_node, emb_cold, emb_node, s_node)
     ib = float(model.index_bytes)
-    idx_node = idx_node[local_of]
-    a2a = {"index": _structured(topo, idx_cold * ib, idx_node * ib),
+    idx_node_g = idx_node[np.arange(G) % M]
+    a2a = {"index": _structured(topo, idx_cold * ib, idx_node_g * ib),
            "forward": _structured(topo, emb_cold, emb_node, transpose=True),
            "backward": _structured(topo, emb_cold, emb_node)}
     matrices = None
     if want:
-        matrices = {"index": _structured_matrix(topo, idx_cold * ib, idx_node * ib),
+        matrices = {"index": _structured_matrix(topo, idx_cold * ib, idx_node_g * ib),
                     "backward": _structured_matrix(topo, emb_cold, emb_node)}
         matrices["forward"] = matrices["backward"].T.copy()
     ss, sr, st, smat = _sync_traffic(topo, s_global, s_node, model, want_matrix=want)
     if matrices is not None:
         matrices["sync"] = smat
     sync_buf = np.full(G, s_global) + s_node[np.arange(G) % M]
-    return _finish(topo, {c: a2a[c] for c in A2A_COMPONENTS}, (ss, sr, st), sync_buf,
-                   plan.row_bytes_per_gpu, model, matrices, "analytic")
-
-
-def _expected_touched(tp: TablePlan, s: FrequencySummary, lam_scale: float) -> float:
-    """Expected distinct rows of a fully replicated table touched in one iteration."""
-    top = -np.expm1(-lam_scale * (s.top_est / s.total)).sum() if s.total else 0.0
-    pt = s.tail_probability()
-    return float(top + s.tail_rows * -math.expm1(-lam_scale * pt))
-
-
-def _cold_shares(tp: TablePlan, topo: Topology) -> np.ndarray:
-    """Fraction of the table's cold-function rows held by each GPU (float64[G])."""
-    c = tp.cold
-    G = topo.num_gpus
-    out = np.zeros(G)
-    if c.kind == "range":
-        w = np.diff(c.bounds).astype(np.float64)
-    else:
-        w = np.ones(c.gpus.size)
-    np.add.at(out, c.gpus, w)
-    tot = out.sum()
-    return out / tot if tot else out
+    return _finish(topo, a2a, (ss, sr, st), sync_buf, plan.row_bytes_per_gpu, model, matrices,
+                   "analytic")
 
 
 def _structured(topo: Topology, c: np.ndarray, cn: np.ndarray, transpose: bool = False):

@@ -316,6 +316,45 @@ class Plan:
     def tier_sizes(self) -> dict[str, dict[str, int]]:
         return {n: tp.tier_sizes() for n, tp in self.tables.items()}
 
+    @cached_property
+    def flat(self) -> dict[str, np.ndarray]:
+        """All tables flattened into concatenated arrays with per-table offsets (plan order), for
+        kernels that process many tables in one call (``kernels/analytic.py``)."""
+        sp_ids, sp_codes, gpus, w, bounds = [], [], [], [], []
+        sp_off, cold_off, bnd_off = [0], [0], [0]
+        kinds, seeds, rows, eb, pooled = [], [], [], [], []
+        for tp in self.tables.values():
+            ids = np.concatenate([tp.global_ids, tp.node_ids, tp.placed_ids])
+            codes = np.concatenate([np.full(tp.global_ids.size, -1, np.int32),
+                                    (-2 - tp.node_local).astype(np.int32),
+                                    tp.placed_gpus.astype(np.int32)])
+            order = np.argsort(ids, kind="stable")
+            sp_ids.append(ids[order])
+            sp_codes.append(codes[order])
+            sp_off.append(sp_off[-1] + ids.size)
+            c = tp.cold
+            kinds.append(_COLD_KINDS[c.kind])
+            seeds.append(c.seed)
+            gpus.append(c.gpus.astype(np.int64))
+            w.append(np.diff(c.bounds).astype(np.float64) if c.kind == "range"
+                     else np.ones(c.gpus.size))
+            cold_off.append(cold_off[-1] + c.gpus.size)
+            bounds.append(c.bounds)
+            bnd_off.append(bnd_off[-1] + c.bounds.size)
+            rows.append(tp.table.num_rows)
+            eb.append(float(tp.table.embedding_bytes))
+            pooled.append(tp.table.kind == "pooled")
+
+        def cat(parts, dtype):
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+        return {"sp_off": np.asarray(sp_off, np.int64), "sp_ids": cat(sp_ids, np.int64),
+                "sp_codes": cat(sp_codes, np.int32), "cold_kind": np.asarray(kinds, np.int64),
+                "cold_off": np.asarray(cold_off, np.int64), "cold_gpus": cat(gpus, np.int64),
+                "cold_w": cat(w, np.float64), "bnd_off": np.asarray(bnd_off, np.int64),
+                "bounds": cat(bounds, np.int64), "seeds": np.asarray(seeds, np.uint64),
+                "num_rows": np.asarray(rows, np.int64), "emb_bytes": np.asarray(eb, np.float64),
+                "pooled": np.asarray(pooled, np.bool_)}
+
     # -------------------------------------------------------------- equality
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Plan):

@@ -63,18 +63,42 @@ def map_find(keys, vals, used, lg, key):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def range_slot(bounds, key):
+    """``j`` with ``bounds[j] <= key < bounds[j + 1]``, clipped to ``[0, len(bounds) - 2]``.
+
+    Guesses ``j`` by proportion (exact for equal ranges), then falls back to a binary search.
+    """
+    n = bounds.shape[0] - 1
+    last = bounds[n]
+    if n <= 1:
+        return 0
+    if key >= last:
+        return n - 1
+    j = np.int64(float(key) / float(last) * n)
+    if j >= n:
+        j = n - 1
+    if bounds[j] <= key and key < bounds[j + 1]:
+        return j
+    if j + 1 < n and bounds[j + 1] <= key and key < bounds[j + 2]:
+        return j + 1
+    if j > 0 and bounds[j - 1] <= key and key < bounds[j]:
+        return j - 1
+    j = np.searchsorted(bounds, key, side="right") - 1
+    if j < 0:
+        return 0
+    if j >= n:
+        return n - 1
+    return j
+
+
+@njit(nogil=True, cache=True, inline="always")
 def cold_owner(key, src, cold_kind, gpus, bounds, seed):
     """Owner GPU of a non-special row ``key`` requested by ``src``."""
     if cold_kind == 2:
         return src
     if cold_kind == 0:
         return gpus[np.int64(mix64(uint64(key), seed) % uint64(gpus.shape[0]))]
-    j = np.searchsorted(bounds, key, side="right") - 1
-    if j < 0:
-        j = 0
-    if j >= gpus.shape[0]:
-        j = gpus.shape[0] - 1
-    return gpus[j]
+    return gpus[range_slot(bounds, key)]
 
 
 @njit(nogil=True, cache=True, inline="always")
