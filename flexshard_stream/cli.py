@@ -113,6 +113,123 @@ def demo(topk: int = typer.Option(5, help="Top rows to print per table.")):
               "Next: `flexshard-stream stats LOG --json` on your own logs.")
 
 
+def _load_tables(logs: List[Path], tables: Optional[Path]):
+    from .tables import infer_tables, load_tables
+    if tables is not None:
+        return load_tables(tables)
+    return infer_tables([str(p) for p in logs])
+
+
+def _profile(logs: List[Path], tables, batch_size: int):
+    """Sketch the log with the tables' row counts; returns the StreamStats."""
+    from .logs import read_log
+    from .stream import StreamStats
+    from .config import TableConfig
+
+    st = StreamStats([TableConfig(t.name, t.num_rows, t.feature) for t in tables])
+    for b in read_log([str(p) for p in logs], features=[t.feature for t in tables],
+                      batch_size=batch_size):
+        st.update(b)
+    return st
+
+
+@app.command()
+def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile (parquet/CSV)."),
+         topology: str = typer.Option(..., help="Topology TOML file or preset name (2x8, 16x8, "
+                                      "16x8_skewed)."),
+         strategy: str = typer.Option("rw", help="rw | rw-hash | tw | twrw | dp | hugectr"),
+         out: Path = typer.Option(..., help="Plan directory to write."),
+         tables: Optional[Path] = typer.Option(None, help="Table TOML file (default: inferred "
+                                               "from the log: rows = largest ID + 1, dim 128)."),
+         batch_size: int = typer.Option(512, help="Samples per GPU per iteration (B); hugectr "
+                                        "counts profiled iterations with it."),
+         json_out: bool = typer.Option(False, "--json", help="Print the plan summary as JSON.")):
+    """Write a baseline plan for the tables of a log."""
+    from rich.console import Console
+
+    from .baselines import build_baseline
+    from .topology import Topology
+
+    topo = Topology.load(topology)
+    tabs = _load_tables(log, tables)
+    summaries = iterations = lookups = None
+    if strategy in ("hugectr", "tw", "twrw"):
+        st = _profile(log, tabs, 65536)
+        by_feat = {t.feature: t.name for t in tabs}
+        summaries = {by_feat[f]: s for f, s in st.summary(k=1 << 16).items()}
+        iterations = max(1, st.samples // (topo.num_gpus * batch_size))
+        lookups = {n: s.total / iterations for n, s in summaries.items()}
+    p = build_baseline(strategy, tabs, topo, summaries=summaries, iterations=iterations,
+                       lookups=lookups)
+    p.save(out)
+    mem = p.row_bytes_per_gpu
+    doc = {"strategy": p.strategy, "out": str(out), "topology": topo.name or
+           f"{topo.nodes}x{topo.gpus_per_node}", "tiers": p.tier_sizes(),
+           "row_bytes_per_gpu": {"max": float(mem.max()), "min": float(mem.min())}}
+    if json_out:
+        typer.echo(json.dumps(doc))
+    else:
+        Console().print(f"[bold]{p.strategy}[/] plan for {len(tabs)} tables on {doc['topology']} "
+                        f"written to {out}; stored rows per GPU {mem.min() / 1e9:.3g}.."
+                        f"{mem.max() / 1e9:.3g} GB")
+
+
+@app.command()
+def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan directory (repeat "
+                                                  "to compare several)."),
+             log: List[Path] = typer.Option(..., "--log", help="Log files to replay."),
+             batch_size: int = typer.Option(..., help="Samples per GPU per iteration (B)."),
+             topology: Optional[str] = typer.Option(None, help="Check the plan was made for this "
+                                                    "topology (file or preset)."),
+             tables: Optional[Path] = typer.Option(None, help="Check the plan's tables against "
+                                                   "this table file."),
+             dedup: bool = typer.Option(True, help="In-batch de-duplication of IDs."),
+             max_iterations: Optional[int] = typer.Option(None, help="Stop after this many."),
+             json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+    """Replay logs through plans: bytes per iteration by link class, time, peak memory."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .cost import CostModel, evaluate_trace
+    from .errors import ConfigError
+    from .logs import read_log
+    from .plan import Plan
+    from .tables import load_tables
+    from .topology import Topology
+
+    results = {}
+    for d in plan_dirs:
+        p = Plan.load(d)
+        if topology is not None and Topology.load(topology) != p.topology:
+            raise ConfigError(f"plan {d} was made for another topology than {topology}")
+        if tables is not None:
+            want = {t.name: t for t in load_tables(tables)}
+            have = {n: tp.table for n, tp in p.tables.items()}
+            if want != have:
+                raise ConfigError(f"plan {d} tables differ from {tables}")
+        feats = [tp.table.feature for tp in p.tables.values()]
+        batches = read_log([str(x) for x in log], features=feats, batch_size=65536)
+        tc = evaluate_trace(p, batches, batch_size, CostModel(dedup=dedup),
+                            max_iterations=max_iterations)
+        key = p.strategy if p.strategy not in results else f"{p.strategy}:{d}"
+        results[key] = tc.to_json()
+    if json_out:
+        typer.echo(json.dumps(results))
+        return
+    t = Table(title=f"per iteration, B = {batch_size} samples per GPU, "
+                    f"de-duplication {'on' if dedup else 'off'}")
+    for c in ("plan", "iterations", "all-to-all bytes", "inter-node bytes", "sync bytes",
+              "comm time", "peak memory / GPU"):
+        t.add_column(c)
+    for k, r in results.items():
+        b = r["bytes_per_iter"]
+        t.add_row(k, str(r["iterations"]), f"{b['total'] / 1e6:,.2f} MB",
+                  f"{b['inter_node'] / 1e6:,.2f} MB", f"{b['sync'] / 1e6:,.2f} MB",
+                  f"{r['comm_time_s_per_iter'] * 1e3:,.3f} ms",
+                  f"{r['peak_memory_bytes'] / 1e9:,.3f} GB")
+    Console().print(t)
+
+
 def main() -> None:
     try:
         app()
