@@ -1,0 +1,96 @@
+"""The command line: stats, demo, plan, evaluate (through typer's runner and the real script)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from flexshard_stream.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def log(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 3000
+    seq = [list(rng.zipf(1.3, size=rng.integers(1, 20)) % 500) for _ in range(n)]
+    df = pl.DataFrame({"ts": np.arange(n, dtype=np.float64),
+                       "hist": pl.Series(seq, dtype=pl.List(pl.Int64)),
+                       "user": rng.integers(0, 300, size=n)})
+    p = tmp_path / "log.parquet"
+    df.write_parquet(p)
+    return p, df
+
+
+def test_stats_json(log):
+    p, df = log
+    r = runner.invoke(app, ["stats", str(p), "--json", "--topk", "5"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(d["tables"]) == {"hist", "user"}
+    h = d["tables"]["hist"]
+    assert h["total"] == int(df["hist"].list.len().sum())
+    ids = np.concatenate([np.asarray(x) for x in df["hist"].to_list()])
+    counts = np.bincount(ids)
+    assert [row[0] for row in h["top"][:1]] == [int(np.argmax(counts))]
+    top_id, est, lo, hi = h["top"][0]
+    assert lo <= counts[top_id] <= hi
+    assert abs(h["distinct_estimate"] - np.unique(ids).size) / np.unique(ids).size < 0.05
+    assert set(h["length_quantiles"]) == {"0.5", "0.9", "0.99"}
+    assert d["tables"]["user"]["length_quantiles"]["0.5"] == 1.0
+
+
+def test_stats_features_and_table(log):
+    p, _ = log
+    r = runner.invoke(app, ["stats", str(p), "--features", "user"])
+    assert r.exit_code == 0, r.output
+    assert "user" in r.stdout and "hist" not in r.stdout
+
+
+def test_plan_and_evaluate(log, tmp_path):
+    p, _ = log
+    out = {}
+    for strat in ("rw", "tw", "twrw", "dp", "hugectr"):
+        d = tmp_path / strat
+        r = runner.invoke(app, ["plan", "--log", str(p), "--topology", "2x8", "--strategy", strat,
+                                "--out", str(d), "--batch-size", "8", "--json"])
+        assert r.exit_code == 0, r.output
+        out[strat] = d
+        assert (d / "plan.json").exists()
+    r = runner.invoke(app, ["evaluate", "--plan", str(out["rw"]), "--plan", str(out["dp"]),
+                            "--log", str(p), "--batch-size", "8", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(d) == {"rw", "dp"}
+    assert d["rw"]["iterations"] == 3000 // (16 * 8)
+    assert d["rw"]["bytes_per_iter"]["total"] > 0 and d["dp"]["bytes_per_iter"]["total"] == 0
+    assert d["dp"]["peak_memory_bytes"] > d["rw"]["peak_memory_bytes"]
+    for k in ("intra_node", "inter_node"):
+        assert k in d["rw"]["bytes_per_iter"]
+    assert d["rw"]["comm_time_s_per_iter"] > 0
+
+
+def _script(*args):
+    exe = Path(sys.executable).parent / "flexshard-stream"
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_bad_inputs_give_clear_errors(tmp_path, log):
+    p, _ = log
+    r = _script("stats", str(tmp_path / "missing.parquet"))
+    assert r.returncode != 0 and "missing.parquet" in (r.stderr + r.stdout)
+    r = _script("plan", "--log", str(p), "--topology", "nope", "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "error:" in r.stderr and "nope" in r.stderr
+    r = _script("evaluate", "--plan", str(tmp_path), "--log", str(p), "--batch-size", "4")
+    assert r.returncode == 2 and "not a plan directory" in r.stderr
+
+
+def test_demo_runs_on_the_embedded_trace():
+    r = runner.invoke(app, ["demo"])
+    assert r.exit_code == 0, r.output
+    assert "default_trace" in r.stdout and "lookups" in r.stdout
