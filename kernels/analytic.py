@@ -65,7 +65,7 @@ def analytic_traffic(G, M, B, dedup,
         for m in range(M):
             idx_n[m] = 0.0
             q_n[m] = 0.0
-        found = np.zeros(b - a, dtype=np.bool_)
+        p_special = np.full(b - a, -1.0)  # probability of special rows found in the top
         special = sp_ids[a:b]
         ca, cb = cold_off[t], cold_off[t + 1]
         bnd = bounds[bnd_off[t]:bnd_off[t + 1]]
@@ -80,7 +80,7 @@ def analytic_traffic(G, M, B, dedup,
             if b > a:
                 j = np.searchsorted(special, r)
                 if j < b - a and special[j] == r:
-                    found[j] = True
+                    p_special[j] = p
                     continue  # special rows are handled below with their probability
             # cold function (src-independent for hash and range)
             if cold_kind[t] == 0:
@@ -92,15 +92,8 @@ def analytic_traffic(G, M, B, dedup,
             q_c[dst] += p
         n_special_tail = 0
         for j in range(b - a):
-            if found[j]:
-                r = sp_ids[a + j]
-                # probability of this top row: look it up again (rare path: specials are few)
-                p = pt
-                for k in range(ta, tb):
-                    if top_ids[k] == r:
-                        p = top_p[k]
-                        break
-            else:
+            p = p_special[j]
+            if p < 0.0:
                 p = pt
                 n_special_tail += 1
             code = sp_codes[a + j]

@@ -14,6 +14,8 @@ Cold functions (``cold_kind``): 0 hash: ``gpus[mix64(id, seed) % len(gpus)]``; 1
 bound go to the last GPU); 2 all-replicated (data parallel): every ID is local.
 """
 
+import heapq
+
 import numpy as np
 from numba import njit, uint64
 
@@ -136,3 +138,23 @@ def hash_owner_counts(num_rows, gpus_n, seed, skip_sorted):
         if r < num_rows:
             counts[np.int64(mix64(uint64(r), seed) % uint64(gpus_n))] -= 1
     return counts
+
+
+@njit(nogil=True, cache=True)
+def place_by_load(p, base_load, inv_bw):
+    """Greedy placement of rows (decreasing probability ``p``) onto GPUs: each row goes to the GPU
+    with the least ``load * inv_bw`` (load per unit of bandwidth), via a binary heap (O(n log G)).
+
+    Returns the GPU of each row (int32); ``base_load`` (float64[G]) is the load already there.
+    """
+    G = base_load.shape[0]
+    load = base_load.copy()
+    heap = [(load[g] * inv_bw[g], g) for g in range(G)]
+    heapq.heapify(heap)
+    out = np.empty(p.shape[0], dtype=np.int32)
+    for i in range(p.shape[0]):
+        _, g = heapq.heappop(heap)
+        out[i] = g
+        load[g] += p[i]
+        heapq.heappush(heap, (load[g] * inv_bw[g], g))
+    return out

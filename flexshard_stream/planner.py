@@ -1,0 +1,435 @@
+"""The FlexShard planner: per-row tiered replication on skewed networks, memory-neutral by default.
+
+Pipeline (docs/PLANNER.md gives the reasoning and where it departs from the paper's abstract):
+
+1. order each table's rows by estimated access probability (the summary's explicit top rows; the tail
+   stays cold);
+2. generate promotion moves jointly across all tables by marginal benefit per byte on a balanced-load
+   model of the evaluator (index, embedding and gradient exchange by link class, plus the replica
+   all-reduce), lazily re-scored in a heap: a block of rows moves cold -> node replicas, or node ->
+   global replicas, only while it pays for its sync;
+3. shard what stays cold for the network: weighted ranges proportional to each GPU's inter-node
+   bandwidth, the hottest cold rows placed one by one onto the GPU with the least load per bandwidth;
+4. pick, among a fixed grid of prefixes of the move sequence, the plan with the least modelled
+   communication time (exact analytic evaluator) whose peak per-GPU memory fits the budget; the
+   row-wise baseline is always a candidate, so the result is never worse than it in the model, and a
+   larger budget can only add candidates, so more memory is never worse.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .baselines import build_baseline
+from .cost import Cost, CostModel, evaluate_analytic
+from .errors import ConfigError
+from .kernels.routing import place_by_load
+from .plan import ColdSharding, Plan, TablePlan
+from .summary import FrequencySummary
+from .tables import EmbeddingTable
+from .topology import Topology
+
+__all__ = ["MemoryPolicy", "PlannerConfig", "PlanResult", "plan_flexshard"]
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """Per-GPU memory budget: explicit ``bytes_per_gpu``, or no more peak memory than ``baseline``
+    ("rw", "twrw", "tw") on the same workload, times ``factor``."""
+
+    bytes_per_gpu: float | None = None
+    baseline: str = "rw"
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.bytes_per_gpu is not None and not self.bytes_per_gpu > 0:
+            raise ConfigError(f"memory budget must be > 0 bytes per GPU, got {self.bytes_per_gpu}")
+        if not self.factor > 0:
+            raise ConfigError(f"memory factor must be > 0, got {self.factor}")
+        if self.baseline not in ("rw", "rw-hash", "twrw", "tw"):
+            raise ConfigError(f"memory baseline must be rw, rw-hash, twrw or tw, got "
+                              f"{self.baseline!r}")
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Planner knobs.
+
+    blocks : int            rows of a table's top list are promoted in about this many blocks
+    max_placed : int        hottest cold rows placed by load per table (0: none)
+    prefix_candidates : int plans evaluated exactly along the move sequence
+    bandwidth_aware : bool  weighted cold ranges and load-per-bandwidth placement
+    """
+
+    blocks: int = 64
+    max_placed: int = 4096
+    prefix_candidates: int = 16
+    bandwidth_aware: bool = True
+
+
+@dataclass
+class PlanResult:
+    """The chosen plan with its modelled cost, the baseline's, and the budget."""
+
+    plan: Plan
+    cost: Cost
+    baseline: Plan
+    baseline_cost: Cost
+    budget_bytes: float
+    moves_applied: int
+    moves_generated: int
+
+    def summary(self) -> dict[str, Any]:
+        c, b = self.cost, self.baseline_cost
+        return {"strategy": self.plan.strategy, "tiers": self.plan.tier_sizes(),
+                "budget_bytes": self.budget_bytes, "peak_memory_bytes": c.peak_memory_bytes,
+                "baseline_peak_memory_bytes": b.peak_memory_bytes,
+                "comm_time_s": c.comm_time_s, "baseline_comm_time_s": b.comm_time_s,
+                "a2a_bytes": c.a2a_bytes, "baseline_a2a_bytes": b.a2a_bytes,
+                "inter_node_bytes": c.inter_node_bytes,
+                "baseline_inter_node_bytes": b.inter_node_bytes,
+                "memory_room": self.plan.meta.get("memory_room", {}),
+                "moves_applied": self.moves_applied, "moves_generated": self.moves_generated}
+
+
+# ----------------------------------------------------------------------------- per-table curves
+class _Curve:
+    """Cumulative sums over one table's rows in decreasing probability (balanced-load model)."""
+
+    def __init__(self, t: EmbeddingTable, s: FrequencySummary, topo: Topology, B: int,
+                 model: CostModel, L: float):
+        G = topo.num_gpus
+        ok = (s.top_ids >= 0) & (s.top_ids < t.num_rows)
+        ids, est = s.top_ids[ok], s.top_est[ok]
+        order = np.lexsort((ids, -est))
+        self.ids = ids[order].astype(np.int64)
+        p = est[order] / s.total if s.total else np.zeros(self.ids.size)
+        self.p = p
+        self.table = t
+        lam = G * B * L * p
+        req = -np.expm1(-lam / G) if model.dedup else lam / G
+        self.req = req
+        self.R = np.concatenate([[0.0], np.cumsum(req)])
+        self.U = np.concatenate([[0.0], np.cumsum(-np.expm1(-lam))])
+        self.P = np.concatenate([[0.0], np.cumsum(p)])
+        pt = s.tail_probability()
+        lt = G * B * L * pt
+        tail_req = s.tail_rows * (-math.expm1(-lt / G) if model.dedup else lt / G)
+        self.R_tot = self.R[-1] + tail_req
+        self.tail_req1 = tail_req / s.tail_rows if s.tail_rows > 0 else 0.0
+        self.P_tot = self.P[-1] + (s.tail_rows * pt if s.total else 0.0)
+        self.k = self.ids.size
+        self.L = L
+        self.B = B
+        self.pooled = t.kind == "pooled"
+        self.eb = float(t.embedding_bytes)
+        self.rb = float(t.row_bytes)
+
+
+class _Model:
+    """Load-aware approximation of the evaluator's time and per-GPU memory (the planner's proxy).
+
+    Per GPU and phase, the bytes sent are the balanced average; the bytes received at the busiest GPU
+    are the larger of the average and the load of the single hottest row it must serve (rows are
+    indivisible: a hot cold row's owner, or a hot node replica's local GPU, takes all requests for
+    it). Time of a phase: ``max(intra / min intra_bw, inter / min inter_bw)`` over sends and receives;
+    sync as in the evaluator.
+    """
+
+    def __init__(self, topo: Topology, model: CostModel):
+        self.G, self.N, self.M = topo.num_gpus, topo.nodes, topo.gpus_per_node
+        self.bi = float(topo.intra_bw.min())
+        self.be = float(topo.inter_bw.min())
+        self.ib = float(model.index_bytes)
+        G, N, M = self.G, self.N, self.M
+        if model.allreduce == "hierarchical":
+            self.s0_i = 2 * (M - 1) / M if M > 1 else 0.0
+            self.s0_e = 2 * (N - 1) / N / M if N > 1 else 0.0
+        else:
+            self.s0_i = 2 * (G - 1) / G * (M - 1) / max(M, 1) if G > 1 else 0.0
+            self.s0_e = 2 * (G - 1) / G * (1 - (M - 1) / max(M, 1)) if G > 1 else 0.0
+        self.s1_e = 2 * (N - 1) / N / M if N > 1 else 0.0
+
+    def table_terms(self, c: _Curve, k0: int, k1: int) -> np.ndarray:
+        """Per-GPU sums [idx_intra, idx_inter, emb_intra, emb_inter, s0, s1, rows] followed by the
+        hottest single-row loads [cold_idx, cold_emb, node_idx, node_emb] for tiers (k0, k1)."""
+        G, M = self.G, self.M
+        cold_req = c.R_tot - c.R[k0 + k1]
+        node_req = c.R[k0 + k1] - c.R[k0]
+        idx_intra = (cold_req * (M - 1) / G + node_req * (M - 1) / M) * self.ib
+        idx_inter = cold_req * (G - M) / G * self.ib
+        if c.pooled:
+            qc = max(0.0, c.P_tot - c.P[k0 + k1])
+            qn = c.P[k0 + k1] - c.P[k0]
+            emb_inter = (G - M) * c.B * -math.expm1(-c.L * qc / G) * c.eb
+            emb_intra = (M - 1) * c.B * -math.expm1(-c.L * (qc / G + qn / M)) * c.eb
+        else:
+            emb_intra = idx_intra / self.ib * c.eb
+            emb_inter = idx_inter / self.ib * c.eb
+        s0 = c.U[k0] * c.eb
+        s1 = (c.U[k0 + k1] - c.U[k0]) * c.eb
+        rows = (k0 + k1 / M) * c.rb + (c.table.num_rows - k0 - k1) * c.rb / G
+        hc = c.req[k0 + k1] if k0 + k1 < c.k else c.tail_req1
+        hn = c.req[k0] if k1 > 0 else 0.0
+        return np.array([idx_intra, idx_inter, emb_intra, emb_inter, s0, s1, rows,
+                         hc * self.ib, hc * c.eb, hn * self.ib, hn * c.eb])
+
+    def time(self, a: np.ndarray, hot: np.ndarray) -> float:
+        """``a``: summed terms; ``hot``: max over tables of the four hottest-row loads."""
+        G, M = self.G, self.M
+        t = 0.0
+        for col_i, col_e, h_c, h_n, mult in ((0, 1, hot[0], hot[2], 1.0),
+                                             (2, 3, hot[1], hot[3], 2.0)):
+            recv_e = max(a[col_e], (G - M) * h_c)
+            recv_i = max(a[col_i], (M - 1) * max(h_c, h_n))
+            t += mult * max(a[col_i] / self.bi, recv_i / self.bi, a[col_e] / self.be,
+                            recv_e / self.be)
+        sync = a[4] * (self.s0_i / self.bi + self.s0_e / self.be) + a[5] * self.s1_e / self.be
+        return t + sync
+
+    def memory(self, a: np.ndarray) -> float:
+        buffers = 2 * (a[0] + a[1] + a[2] + a[3]) + a[4] + a[5] / self.M
+        return a[6] + buffers
+
+
+def _moves(curves: list[_Curve], pm: _Model, blocks: int, max_steps: int
+           ) -> list[tuple[int, int, int]]:
+    """Greedy move sequence: (table, k0, k1) after each move, independent of the memory budget."""
+    T = len(curves)
+    state = [(0, 0) for _ in range(T)]
+    terms = np.array([pm.table_terms(c, 0, 0) for c in curves]) if T else np.zeros((0, 11))
+    agg = terms[:, :7].sum(axis=0)
+    hot = terms[:, 7:]
+
+    def top2():
+        if T == 1:
+            return hot[0].copy(), np.zeros(4, np.int64), np.zeros(4)
+        i1 = hot.argmax(axis=0)
+        v1 = hot[i1, np.arange(4)]
+        h2 = hot.copy()
+        h2[i1, np.arange(4)] = -np.inf
+        return v1, i1, h2.max(axis=0)
+
+    v1, i1, v2 = top2()
+    cur_time = pm.time(agg, v1)
+    cur_mem = pm.memory(agg)
+    step = [max(1, c.k // blocks) for c in curves]
+
+    def candidates(t: int):
+        c = curves[t]
+        k0, k1 = state[t]
+        b = step[t]
+        out = []
+        if k0 + k1 < c.k:                     # extend node replicas from the cold tier
+            out.append((k0, min(c.k - k0, k1 + b)))
+        if k0 < c.k:                          # move the global boundary down
+            n0 = min(c.k, k0 + b)
+            out.append((n0, max(0, k0 + k1 - n0)))
+        return out
+
+    def score(t: int, new: tuple[int, int]):
+        nt = pm.table_terms(curves[t], *new)
+        a = agg - terms[t, :7] + nt[:7]
+        others = np.where(i1 == t, v2, v1) if T > 1 else np.full(4, -np.inf)
+        h = np.maximum(others, nt[7:])
+        dt = pm.time(a, h) - cur_time
+        dm = pm.memory(a) - cur_mem
+        if dt >= -1e-18 * max(cur_time, 1e-30):
+            return None
+        # free wins (less time and less memory) first, then the best time saved per byte
+        key = -1e300 + dt if dm <= 0 else dt / dm
+        return key, nt
+
+    heap: list[tuple[float, int, int, int, int]] = []
+    seq = 0
+    for t in range(T):
+        for new in candidates(t):
+            sc = score(t, new)
+            if sc is not None:
+                heapq.heappush(heap, (sc[0], seq, t, new[0], new[1]))
+                seq += 1
+    out: list[tuple[int, int, int]] = []
+    while heap and len(out) < max_steps:
+        key, _, t, n0, n1 = heapq.heappop(heap)
+        if (n0, n1) not in candidates(t):
+            continue  # stale: the table moved since this candidate was scored
+        sc = score(t, (n0, n1))
+        if sc is None:
+            continue
+        if heap and sc[0] > heap[0][0] and sc[0] != key:
+            heapq.heappush(heap, (sc[0], seq, t, n0, n1))  # lazily re-scored: not best any more
+            seq += 1
+            continue
+        nt = sc[1]
+        agg = agg - terms[t, :7] + nt[:7]
+        terms[t] = nt
+        hot = terms[:, 7:]
+        v1, i1, v2 = top2()
+        state[t] = (n0, n1)
+        cur_time = pm.time(agg, v1)
+        cur_mem = pm.memory(agg)
+        out.append((t, n0, n1))
+        for new in candidates(t):
+            s2 = score(t, new)
+            if s2 is not None:
+                heapq.heappush(heap, (s2[0], seq, t, new[0], new[1]))
+                seq += 1
+    return out
+
+
+def _node_local(p: np.ndarray, M: int) -> np.ndarray:
+    """Spread node replicas over the M local GPUs by load: hottest first onto the least loaded."""
+    if p.size == 0:
+        return np.zeros(0, np.int32)
+    if p.size <= 4 * M:
+        load = np.zeros(M)
+        out = np.empty(p.size, np.int32)
+        for i in range(p.size):       # p is sorted decreasing: longest-processing-time greedy
+            m = int(np.argmin(load))
+            out[i] = m
+            load[m] += p[i]
+        return out
+    # many rows: serpentine order is within one row's load of LPT and vectorized
+    i = np.arange(p.size)
+    r, c = i // M, i % M
+    return np.where(r % 2 == 0, c, M - 1 - c).astype(np.int32)
+
+
+def _build_plan(curves: list[_Curve], state: Sequence[tuple[int, int]], topo: Topology,
+                cfg: PlannerConfig, model: CostModel) -> Plan:
+    G, M = topo.num_gpus, topo.gpus_per_node
+    gpus = np.arange(G)
+    w = topo.inter_bw if (cfg.bandwidth_aware and topo.nodes > 1) else np.ones(G)
+    tps = []
+    for c, (k0, k1) in zip(curves, state):
+        t = c.table
+        cold = ColdSharding.ranges(gpus, t.num_rows, w)
+        g_ids = c.ids[:k0]
+        n_ids = c.ids[k0:k0 + k1]
+        n_loc = _node_local(c.p[k0:k0 + k1], M)
+        # place individually only rows hot enough to unbalance a GPU: above 1/16 of the mean load
+        rest = c.p[k0 + k1:k0 + k1 + cfg.max_placed]
+        cold_mass = max(0.0, c.P_tot - c.P[k0 + k1])
+        n_hot = int(np.count_nonzero(rest >= cold_mass / G / 16)) if cold_mass > 0 else 0
+        placed = c.ids[k0 + k1:k0 + k1 + n_hot]
+        pp = rest[:n_hot]
+        if placed.size:
+            placed_gpus = _place_by_load(placed, pp, c, cold, w, topo)
+        else:
+            placed_gpus = np.zeros(0, np.int32)
+        og, on, op = np.argsort(g_ids), np.argsort(n_ids), np.argsort(placed)
+        tps.append(TablePlan(t, cold, global_ids=g_ids[og], node_ids=n_ids[on],
+                             node_local=n_loc[on], placed_ids=placed[op],
+                             placed_gpus=placed_gpus[op]))
+    return Plan("flexshard", topo, tps)
+
+
+def _place_by_load(ids: np.ndarray, p: np.ndarray, c: _Curve, cold: ColdSharding, w: np.ndarray,
+                   topo: Topology) -> np.ndarray:
+    """Hottest cold rows onto the GPU with the least (load / bandwidth), starting from the loads the
+    weighted ranges give the rest of the cold rows."""
+    G = topo.num_gpus
+    share = np.diff(cold.bounds).astype(np.float64)
+    share = share / share.sum() if share.sum() else share
+    rest = max(0.0, c.P_tot - float(p.sum()))
+    load = np.zeros(G)
+    np.add.at(load, cold.gpus, share * rest)
+    return place_by_load(np.ascontiguousarray(p, np.float64), load,
+                         np.ascontiguousarray(1.0 / w, np.float64))
+
+
+def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
+                   summaries: Mapping[str, FrequencySummary], batch_size: int,
+                   memory: MemoryPolicy | None = None, model: CostModel | None = None, *,
+                   mean_lengths: Mapping[str, float] | None = None,
+                   config: PlannerConfig | None = None) -> PlanResult:
+    """Plan FlexShard tiers for ``tables`` on ``topo`` from per-table frequency summaries.
+
+    Parameters
+    ----------
+    tables : the embedding tables
+    topo : the cluster
+    summaries : {table name or feature: FrequencySummary}
+    batch_size : samples per GPU per iteration (B)
+    memory : per-GPU budget (default: no more peak memory than row-wise on the same workload)
+    model : the cost model options (de-duplication on by default)
+    mean_lengths : IDs per sample per table (default: from the summaries)
+
+    Raises ConfigError for an impossible budget (below what the tables need at all) or missing
+    statistics; nothing is half-built.
+    """
+    memory = memory or MemoryPolicy()
+    model = model or CostModel()
+    cfg = config or PlannerConfig()
+    if batch_size <= 0:
+        raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
+    sums = {}
+    for t in tables:
+        s = summaries.get(t.name) or summaries.get(t.feature)
+        if s is None:
+            raise ConfigError(f"no frequency summary for table {t.name!r}")
+        sums[t.name] = s
+    ml = {t.name: float((mean_lengths or {}).get(t.name, sums[t.name].mean_length) or 1.0)
+          for t in tables}
+    baseline = build_baseline(memory.baseline if memory.bytes_per_gpu is None else "rw",
+                              tables, topo)
+    base_cost = evaluate_analytic(baseline, sums, batch_size, model, mean_lengths=ml,
+                                  want_matrices=False)
+    budget = (memory.bytes_per_gpu if memory.bytes_per_gpu is not None
+              else base_cost.peak_memory_bytes * memory.factor)
+    rw = baseline if baseline.strategy == "rw" else build_baseline("rw", tables, topo)
+    rw_cost = base_cost if rw is baseline else evaluate_analytic(rw, sums, batch_size, model,
+                                                                 mean_lengths=ml,
+                                                                 want_matrices=False)
+    curves = [_Curve(t, sums[t.name], topo, batch_size, model, ml[t.name]) for t in tables]
+    pm = _Model(topo, model)
+    steps = sum(2 * cfg.blocks + 2 for _ in curves)
+    moves = _moves(curves, pm, cfg.blocks, steps)
+    # candidate prefixes: a fixed grid along the move sequence (independent of the budget)
+    n = len(moves)
+    grid = sorted({0, n} | {int(round(n * f)) for f in
+                            np.linspace(0, 1, max(2, cfg.prefix_candidates))})
+    states = [(0, 0)] * len(curves)
+    applied = 0
+    best = (rw_cost.comm_time_s, rw, rw_cost, 0) if rw_cost.peak_memory_bytes <= budget else None
+    for g in grid:
+        while applied < g:
+            t, k0, k1 = moves[applied]
+            states[t] = (k0, k1)
+            applied += 1
+        cand = _build_plan(curves, states, topo, cfg, model)
+        cost = evaluate_analytic(cand, sums, batch_size, model, mean_lengths=ml,
+                                 want_matrices=False)
+        if cost.peak_memory_bytes <= budget * (1 + 1e-12):
+            if best is None or cost.comm_time_s < best[0] * (1 - 1e-12):
+                best = (cost.comm_time_s, cand, cost, g)
+    if best is None:
+        need = min(rw_cost.peak_memory_bytes, base_cost.peak_memory_bytes)
+        raise ConfigError(f"memory budget {budget:.4g} bytes per GPU is impossible: even the "
+                          f"row-wise plan needs {need:.4g} bytes per GPU at its peak")
+    _, chosen, cost, g = best
+    meta = {"planner": "flexshard", "batch_size": batch_size, "dedup": model.dedup,
+            "budget_bytes": budget, "memory_policy": {"bytes_per_gpu": memory.bytes_per_gpu,
+                                                      "baseline": memory.baseline,
+                                                      "factor": memory.factor},
+            "moves_applied": g, "moves_generated": n,
+            "estimates": cost.to_json(), "baseline_estimates": base_cost.to_json(),
+            "memory_room": _memory_room(cost, base_cost, budget)}
+    chosen = Plan("flexshard" if chosen is not rw else "rw", topo, chosen.tables.values(), meta)
+    return PlanResult(chosen, cost, baseline, base_cost, budget, g, n)
+
+
+def _memory_room(cost: Cost, base: Cost, budget: float) -> dict[str, float]:
+    """Where the room for replicas came from, at the plan's peak GPU (bytes)."""
+    g = int(np.argmax(cost.peak_memory_per_gpu))
+    gb = int(np.argmax(base.peak_memory_per_gpu))
+    return {"baseline_peak": float(base.peak_memory_per_gpu[gb]),
+            "plan_peak": float(cost.peak_memory_per_gpu[g]),
+            "buffers_freed": float(base.buffer_bytes[gb] - cost.buffer_bytes[g]),
+            "extra_rows": float(cost.row_bytes[g] - base.row_bytes[gb]),
+            "headroom": float(budget - base.peak_memory_per_gpu[gb])}
