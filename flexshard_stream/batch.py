@@ -303,6 +303,9 @@ def rebatch(batches: Iterable[Batch], size: int, *, drop_last: bool = False) -> 
     for b in batches:
         if b.batch_size == 0:
             continue
+        if not pending and b.batch_size == size:
+            yield b  # already the right size: no copy
+            continue
         pending.append(b)
         have += b.batch_size
         if have < size:

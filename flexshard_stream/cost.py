@@ -221,23 +221,30 @@ def _finish(topo: Topology, a2a: Mapping[str, tuple[np.ndarray, np.ndarray]],
 
 # ----------------------------------------------------------------------------- trace mode
 class _Scratch:
-    def __init__(self, G: int):
-        self.size = 0
-        self.keys = self.srcs = self.stamp = None
-        self.marks = np.full(G, -1, np.int64)
-        self.counter = 0
+    """Reusable hash-set scratch of the trace kernel, grown on demand; stamps avoid clearing."""
 
-    def ensure(self, n: int) -> None:
-        need = 1 << max(4, math.ceil(math.log2(2 * n + 1)))
-        if need > self.size:
-            self.size = need
-            self.keys = np.zeros(need, np.int64)
-            self.srcs = np.zeros(need, np.int64)
-            self.stamp = np.zeros(need, np.int64)
+    def __init__(self, G: int):
+        self.G = G
+        self.set_tab = np.zeros((16, 2), np.int64)
+        self.dp_tab = np.zeros((1, 2), np.int64)
+        self.marks = np.full(G, -1, np.int64)
+        self.stamp = 1
+
+    @staticmethod
+    def _pow2(n: int) -> int:
+        return 1 << max(4, math.ceil(math.log2(2 * n + 1)))
+
+    def ensure(self, block_ids: int, dp_ids: int) -> None:
+        need = self._pow2(block_ids)
+        if need > self.set_tab.shape[0]:
+            self.set_tab = np.zeros((need, 2), np.int64)
+        if dp_ids and self._pow2(dp_ids) > self.dp_tab.shape[0]:
+            self.dp_tab = np.zeros((self._pow2(dp_ids), 2), np.int64)
 
     def next_stamp(self) -> int:
-        self.counter += 1
-        return self.counter
+        s = self.stamp
+        self.stamp += self.G + 1
+        return s
 
 
 def _table_for_features(plan: Plan) -> dict[str, TablePlan]:
@@ -296,7 +303,8 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
         for feat, ids, lens, _ in parts:
             tp = by_feature[feat]
             r = routers[feat]
-            scratch.ensure(ids.size)
+            block = int(lens.reshape(G, batch_size).sum(axis=1).max()) if lens.size else 0
+            scratch.ensure(block, ids.size if tp.replicated else 0)
             stamp = scratch.next_stamp()
             scratch.marks.fill(-1)
             cnt_idx = np.zeros((G, G), np.int64)
@@ -304,9 +312,8 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
             touched_node = np.zeros(M, np.int64)
             tg = table_traffic(ids, lens, batch_size, M, r.keys, r.vals, r.used, r.lg, r.cold_kind,
                                r.gpus, r.bounds, r.seed, model.dedup,
-                               tp.table.kind == "pooled", scratch.keys, scratch.srcs,
-                               scratch.stamp, stamp, touch[feat], scratch.marks, cnt_idx, cnt_emb,
-                               touched_node)
+                               tp.table.kind == "pooled", scratch.set_tab, stamp, touch[feat],
+                               scratch.dp_tab, scratch.marks, cnt_idx, cnt_emb, touched_node)
             eb = float(tp.table.embedding_bytes)
             idx_m += cnt_idx * float(model.index_bytes)
             fwd_m += cnt_emb.T * eb          # embeddings flow owner -> requester

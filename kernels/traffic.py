@@ -1,91 +1,161 @@
 """Trace-mode traffic counting for one table over one iteration (see docs/COST_MODEL.md).
 
 Samples ``0 .. G*B-1`` of the iteration sit on GPU ``sample // B``. For every lookup the owner is
-routed (kernels/routing); a lookup whose owner is another GPU is counted in ``cnt_idx[src, dst]``
-(index exchange) and, for sequence tables, in ``cnt_emb[src, dst]`` (one embedding row each way).
-With de-duplication a (src, row) pair counts once per iteration. Pooled tables count one partial sum
-per (sample, owner GPU) pair in ``cnt_emb`` instead of rows. Replica rows touched by any GPU are
-counted once per iteration for the gradient all-reduce.
+routed (the plan's routing map, then its cold function); a lookup whose owner is another GPU is
+counted in ``cnt_idx[src, dst]`` (index exchange) and, for sequence tables, in ``cnt_emb[src, dst]``
+(one embedding row each way). With de-duplication a (src, row) pair counts once per iteration.
+Pooled tables count one partial sum per (sample, owner GPU) pair in ``cnt_emb`` instead of rows.
+Replica rows touched by any GPU are counted once per iteration for the gradient all-reduce.
+
+Hot-loop notes (measured, bench/cost.py): routing is written out in the loop rather than called
+through inlined helpers that take arrays (those left reference-count calls per ID), and
+de-duplication works one source-GPU block at a time (a GPU's samples are contiguous) in a small
+stamped table that stays in cache.
 """
 
 import numpy as np
 from numba import njit, uint64
 
 from .hashing import mix64
-from .routing import cold_owner, map_find, resolve
 
 _PAIR_SEED = np.uint64(0x3C6EF372FE94F82B)
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _set_insert(set_keys, set_srcs, set_stamp, stamp, shift, mask, key, src):
-    """Insert (key, src) into the stamped hash set; True if it was not there."""
-    h = mix64(uint64(key) ^ (uint64(src) * uint64(0x9E3779B97F4A7C15)), _PAIR_SEED)
-    i = np.int64(h >> shift) & mask
-    while set_stamp[i] == stamp:
-        if set_keys[i] == key and set_srcs[i] == src:
-            return False
-        i = (i + 1) & mask
-    set_stamp[i] = stamp
-    set_keys[i] = key
-    set_srcs[i] = src
-    return True
+_MAP_SEED = np.uint64(0x2545F4914F6CDD1D)
 
 
 @njit(nogil=True, cache=True)
 def table_traffic(ids, lengths, B, M, keys, vals, used, lg, cold_kind, gpus, bounds, seed,
-                  dedup, pooled, set_keys, set_srcs, set_stamp, stamp, touch_stamp, marks,
+                  dedup, pooled, set_tab, stamp0, touch_stamp, dp_tab, marks,
                   cnt_idx, cnt_emb, touched_node):
     """Accumulate one iteration of one table into ``cnt_idx`` / ``cnt_emb`` (int64[G, G]).
 
-    ``set_*`` is a scratch hash set (power-of-two size >= 2 * len(ids)) reused across calls via
-    ``stamp`` (unique per call); ``touch_stamp`` (aligned with the routing map) marks replica rows
-    already counted for the all-reduce; ``marks`` (int64[G], initialised to -1) is pooled scratch.
-    Returns the number of distinct global-replica rows touched; ``touched_node[m]`` gets the
-    distinct node-replica rows on local GPU ``m`` touched.
+    ``set_tab`` (int64[cap, 2], ``cap`` a power of two >= 2 * the IDs of any one GPU) is the
+    de-duplication scratch, reused across calls through stamps: block ``g`` of this call uses stamp
+    ``stamp0 + g``; callers advance ``stamp0`` by at least G per call. ``touch_stamp`` (aligned with
+    the routing map) marks replica rows already counted for the all-reduce (stamp ``stamp0``).
+    ``dp_tab`` (int64[cap2, 2], cap2 >= 2 * len(ids)) is the touched-row set of data-parallel tables.
+    ``marks`` (int64[G], -1) is pooled scratch. Returns the distinct global-replica rows touched;
+    ``touched_node[m]`` gets the distinct node-replica rows on local GPU ``m`` touched.
     """
-    set_mask = set_keys.shape[0] - 1
-    set_shift = uint64(0)
-    s_lg = 0
-    while (1 << s_lg) < set_keys.shape[0]:
-        s_lg += 1
-    if s_lg > 0:
-        set_shift = uint64(64 - s_lg)
+    nsamp = lengths.shape[0]
+    G = (nsamp + B - 1) // B
+    nb = bounds.shape[0] - 1
+    last = bounds[nb]
+    ngpu = uint64(gpus.shape[0])
+    use_map = keys.shape[0] > 0
+    map_mask = keys.shape[0] - 1
+    map_shift = uint64(64 - lg) if lg > 0 else uint64(63)
+    cap = set_tab.shape[0]
+    dp_mask = dp_tab.shape[0] - 1
+    dp_lg = 0
+    while (1 << dp_lg) < dp_tab.shape[0]:
+        dp_lg += 1
+    dp_shift = uint64(64 - dp_lg) if dp_lg > 0 else uint64(63)
     touched_global = 0
     pos = 0
-    for s in range(lengths.shape[0]):
-        src = s // B
-        n = lengths[s]
-        for k in range(pos, pos + n):
-            key = ids[k]
-            slot = map_find(keys, vals, used, lg, key)
-            if slot >= 0:
-                code = vals[slot]
-                dst = resolve(code, src, M)
-                if code < 0 and touch_stamp[slot] != stamp:
-                    touch_stamp[slot] = stamp
-                    if code == -1:
-                        touched_global += 1
+    for src in range(G):
+        s_lo = src * B
+        s_hi = min(nsamp, s_lo + B)
+        nblk = 0
+        for s in range(s_lo, s_hi):
+            nblk += lengths[s]
+        size = 16
+        lgs = 4
+        while size < 2 * nblk + 1 and size < cap:
+            size <<= 1
+            lgs += 1
+        mask = size - 1
+        shift = uint64(64 - lgs)
+        stamp = stamp0 + src
+        for s in range(s_lo, s_hi):
+            n = lengths[s]
+            for k in range(pos, pos + n):
+                key = ids[k]
+                special = False
+                if use_map:
+                    i = np.int64(mix64(uint64(key), _MAP_SEED) >> map_shift) & map_mask
+                    while used[i]:
+                        if keys[i] == key:
+                            special = True
+                            break
+                        i = (i + 1) & map_mask
+                    if special:
+                        code = vals[i]
+                        if code >= 0:
+                            dst = np.int64(code)
+                        elif code == -1:
+                            dst = src
+                        else:
+                            dst = (src // M) * M + (-code - 2)
+                        if code < 0 and touch_stamp[i] != stamp0:
+                            touch_stamp[i] = stamp0
+                            if code == -1:
+                                touched_global += 1
+                            else:
+                                touched_node[-code - 2] += 1
+                if not special:
+                    if cold_kind == 2:  # data parallel: every row is a global replica
+                        i = np.int64(mix64(uint64(key), _PAIR_SEED) >> dp_shift) & dp_mask
+                        new = True
+                        while dp_tab[i, 0] == stamp0:
+                            if dp_tab[i, 1] == key:
+                                new = False
+                                break
+                            i = (i + 1) & dp_mask
+                        if new:
+                            dp_tab[i, 0] = stamp0
+                            dp_tab[i, 1] = key
+                            touched_global += 1
+                        continue
+                    elif cold_kind == 0:
+                        dst = np.int64(gpus[np.int64(mix64(uint64(key), seed) % ngpu)])
                     else:
-                        touched_node[-code - 2] += 1
-            elif cold_kind == 2:  # data parallel: every row is a global replica
-                if _set_insert(set_keys, set_srcs, set_stamp, stamp, set_shift, set_mask, key, -1):
-                    touched_global += 1
-                continue
-            else:
-                dst = cold_owner(key, src, cold_kind, gpus, bounds, seed)
-            if dst == src:
-                continue
-            new = True
-            if dedup:
-                new = _set_insert(set_keys, set_srcs, set_stamp, stamp, set_shift, set_mask, key,
-                                  src)
-            if new:
-                cnt_idx[src, dst] += 1
-                if not pooled:
+                        # range: guess by proportion (exact for equal ranges), else binary search
+                        if nb <= 1 or key <= 0:
+                            j = 0
+                            if nb > 1:
+                                lo, hi = 0, nb + 1
+                                while lo < hi:
+                                    mid = (lo + hi) >> 1
+                                    if bounds[mid] <= key:
+                                        lo = mid + 1
+                                    else:
+                                        hi = mid
+                                j = min(max(lo - 1, 0), nb - 1)
+                        elif key >= last:
+                            j = nb - 1
+                        else:
+                            j = np.int64(float(key) / float(last) * nb)
+                            if j >= nb:
+                                j = nb - 1
+                            if not (bounds[j] <= key and key < bounds[j + 1]):
+                                lo, hi = 0, nb + 1
+                                while lo < hi:
+                                    mid = (lo + hi) >> 1
+                                    if bounds[mid] <= key:
+                                        lo = mid + 1
+                                    else:
+                                        hi = mid
+                                j = min(max(lo - 1, 0), nb - 1)
+                        dst = np.int64(gpus[j])
+                if dst == src:
+                    continue
+                new = True
+                if dedup:
+                    i = np.int64(mix64(uint64(key), _PAIR_SEED) >> shift) & mask
+                    while set_tab[i, 0] == stamp:
+                        if set_tab[i, 1] == key:
+                            new = False
+                            break
+                        i = (i + 1) & mask
+                    if new:
+                        set_tab[i, 0] = stamp
+                        set_tab[i, 1] = key
+                if new:
+                    cnt_idx[src, dst] += 1
+                    if not pooled:
+                        cnt_emb[src, dst] += 1
+                if pooled and marks[dst] != s:
+                    marks[dst] = s
                     cnt_emb[src, dst] += 1
-            if pooled and marks[dst] != s:
-                marks[dst] = s
-                cnt_emb[src, dst] += 1
-        pos += n
+            pos += n
     return touched_global
