@@ -137,41 +137,92 @@ def _profile(logs: List[Path], tables, batch_size: int):
 def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile (parquet/CSV)."),
          topology: str = typer.Option(..., help="Topology TOML file or preset name (2x8, 16x8, "
                                       "16x8_skewed)."),
-         strategy: str = typer.Option("rw", help="rw | rw-hash | tw | twrw | dp | hugectr"),
+         strategy: str = typer.Option("rw", help="flexshard | rw | rw-hash | tw | twrw | dp | "
+                                      "hugectr"),
          out: Path = typer.Option(..., help="Plan directory to write."),
          tables: Optional[Path] = typer.Option(None, help="Table TOML file (default: inferred "
                                                "from the log: rows = largest ID + 1, dim 128)."),
          batch_size: int = typer.Option(512, help="Samples per GPU per iteration (B); hugectr "
                                         "counts profiled iterations with it."),
+         dedup: bool = typer.Option(True, help="Plan for in-batch de-duplication (flexshard)."),
+         memory_bytes: Optional[float] = typer.Option(None, help="Per-GPU memory budget in bytes "
+                                                      "(flexshard; default: no more peak memory "
+                                                      "than row-wise)."),
+         memory_baseline: str = typer.Option("rw", help="Baseline whose peak memory is the "
+                                             "budget (flexshard): rw | twrw | tw."),
+         topk: int = typer.Option(1 << 20, help="Top rows per table the planner may replicate."),
          json_out: bool = typer.Option(False, "--json", help="Print the plan summary as JSON.")):
-    """Write a baseline plan for the tables of a log."""
-    from rich.console import Console
-
+    """Write a plan (FlexShard or a baseline) for the tables of a log."""
     from .baselines import build_baseline
     from .topology import Topology
 
     topo = Topology.load(topology)
     tabs = _load_tables(log, tables)
     summaries = iterations = lookups = None
-    if strategy in ("hugectr", "tw", "twrw"):
+    result = None
+    if strategy in ("hugectr", "tw", "twrw", "flexshard"):
         st = _profile(log, tabs, 65536)
         by_feat = {t.feature: t.name for t in tabs}
-        summaries = {by_feat[f]: s for f, s in st.summary(k=1 << 16).items()}
+        summaries = {by_feat[f]: s for f, s in st.summary(k=topk).items()}
         iterations = max(1, st.samples // (topo.num_gpus * batch_size))
         lookups = {n: s.total / iterations for n, s in summaries.items()}
-    p = build_baseline(strategy, tabs, topo, summaries=summaries, iterations=iterations,
-                       lookups=lookups)
+    if strategy == "flexshard":
+        from .cost import CostModel
+        from .planner import MemoryPolicy, plan_flexshard
+        result = plan_flexshard(tabs, topo, summaries, batch_size,
+                                MemoryPolicy(bytes_per_gpu=memory_bytes, baseline=memory_baseline),
+                                CostModel(dedup=dedup))
+        p = result.plan
+    else:
+        p = build_baseline(strategy, tabs, topo, summaries=summaries, iterations=iterations,
+                           lookups=lookups)
     p.save(out)
     mem = p.row_bytes_per_gpu
     doc = {"strategy": p.strategy, "out": str(out), "topology": topo.name or
            f"{topo.nodes}x{topo.gpus_per_node}", "tiers": p.tier_sizes(),
            "row_bytes_per_gpu": {"max": float(mem.max()), "min": float(mem.min())}}
+    if result is not None:
+        doc["estimate"] = result.summary()
     if json_out:
         typer.echo(json.dumps(doc))
     else:
-        Console().print(f"[bold]{p.strategy}[/] plan for {len(tabs)} tables on {doc['topology']} "
-                        f"written to {out}; stored rows per GPU {mem.min() / 1e9:.3g}.."
-                        f"{mem.max() / 1e9:.3g} GB")
+        _print_plan(doc, p, result, out)
+
+
+def _print_plan(doc, p, result, out) -> None:
+    """Human summary: tiers, memory per GPU, bytes per iteration by link class vs the baseline."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    mem = p.row_bytes_per_gpu
+    con.print(f"[bold]{p.strategy}[/] plan for {len(p.tables)} tables on {doc['topology']} "
+              f"written to {out}; stored rows per GPU {mem.min() / 1e9:.3g}..{mem.max() / 1e9:.3g} GB")
+    t = Table(title="tiers (rows)")
+    for c in ("table", "global replicas", "node replicas", "cold", "placed by load"):
+        t.add_column(c)
+    for name, ts in p.tier_sizes().items():
+        t.add_row(name, f"{ts['global']:,}", f"{ts['node']:,}", f"{ts['cold']:,}",
+                  f"{ts['placed']:,}")
+    con.print(t)
+    if result is None:
+        return
+    s = result.summary()
+    c, b = result.cost, result.baseline_cost
+    m = Table(title=f"modelled per iteration (analytic), vs {result.baseline.strategy} at a budget "
+                    f"of {s['budget_bytes'] / 1e9:.3f} GB per GPU")
+    for col in ("", "all-to-all", "inter-node", "intra-node", "sync", "comm time", "peak memory"):
+        m.add_column(col)
+    for label, x in ((result.baseline.strategy, b), ("flexshard", c)):
+        m.add_row(label, f"{x.a2a_bytes / 1e6:,.1f} MB", f"{x.inter_node_bytes / 1e6:,.1f} MB",
+                  f"{x.intra_node_bytes / 1e6:,.1f} MB", f"{x.sync_bytes / 1e6:,.1f} MB",
+                  f"{x.comm_time_s * 1e3:,.3f} ms", f"{x.peak_memory_bytes / 1e9:,.3f} GB")
+    con.print(m)
+    room = s["memory_room"]
+    con.print(f"speed-up {b.comm_time_s / max(c.comm_time_s, 1e-30):.2f}x; room for replicas at "
+              f"the peak GPU: {room.get('buffers_freed', 0) / 1e6:,.1f} MB of buffers freed, "
+              f"{room.get('extra_rows', 0) / 1e6:,.1f} MB more rows, "
+              f"{room.get('headroom', 0) / 1e6:,.1f} MB headroom over the baseline")
 
 
 @app.command()

@@ -397,8 +397,9 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     idx_node, s_node = np.zeros(M), np.zeros(M)
     s_global = analytic_traffic(
         G, M, float(batch_size), model.dedup, f["sp_off"], f["sp_ids"], f["sp_codes"],
-        f["cold_kind"], f["cold_off"], f["cold_gpus"], f["cold_w"], f["bnd_off"], f["bounds"],
-        f["seeds"], f["num_rows"], f["emb_bytes"], f["pooled"], np.asarray(top_off, np.int64),
+        f["layout"], f["num_rows"], f["emb_bytes"], f["pooled"], f["lay_kind"], f["lay_off"],
+        f["lay_gpus"], f["lay_w"], f["lay_boff"], f["lay_bounds"], f["lay_seed"],
+        np.asarray(top_off, np.int64),
         np.concatenate(top_ids).astype(np.int64) if top_ids else np.zeros(0, np.int64),
         np.concatenate(top_p).astype(np.float64) if top_p else np.zeros(0),
         tail_p, tail_rows, mean_len, idx_cold, idx_node, emb_cold, emb_node, s_node)

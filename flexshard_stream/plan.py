@@ -31,8 +31,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from .errors import ConfigError, FormatError
-from .kernels.routing import (COLD_HASH, COLD_RANGE, COLD_REPLICATED, hash_owner_counts,
-                              map_build, route_ids)
+from .kernels.routing import (COLD_HASH, COLD_RANGE, COLD_REPLICATED, cumulative_weights,
+                              hash_owner_counts, map_build, range_bounds, route_ids)
 from .tables import EmbeddingTable
 from .topology import Topology
 
@@ -69,6 +69,7 @@ class ColdSharding:
     gpus: np.ndarray
     bounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     seed: int = 0
+    weights: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
 
     def __post_init__(self) -> None:
         if self.kind not in _COLD_KINDS:
@@ -76,6 +77,13 @@ class ColdSharding:
                               f"got {self.kind!r}")
         object.__setattr__(self, "gpus", np.ascontiguousarray(self.gpus, dtype=np.int32).ravel())
         object.__setattr__(self, "bounds", np.ascontiguousarray(self.bounds, dtype=np.int64).ravel())
+        object.__setattr__(self, "weights",
+                           np.ascontiguousarray(self.weights, dtype=np.float64).ravel())
+        if self.weights.size and (self.kind != "range" or self.weights.size != self.gpus.size
+                                  or not np.array_equal(self.bounds,
+                                                        range_bounds(self.weights,
+                                                                     int(self.bounds[-1])))):
+            raise ConfigError("range weights must be one per GPU and give exactly the bounds")
         if self.kind != "replicated" and self.gpus.size == 0:
             raise ConfigError("cold sharding needs at least one GPU")
         if self.kind == "range":
@@ -93,17 +101,15 @@ class ColdSharding:
     def ranges(cls, gpus: Iterable[int], num_rows: int,
                weights: Iterable[float] | None = None) -> "ColdSharding":
         """Contiguous ranges over ``[0, num_rows)``, equal or proportional to ``weights``."""
-        g = np.asarray(list(gpus), dtype=np.int32)
+        g = np.asarray(gpus if isinstance(gpus, np.ndarray) else list(gpus), dtype=np.int32)
         if weights is None:
             w = np.ones(g.size)
         else:
-            w = np.asarray(list(weights), dtype=np.float64)
+            w = np.asarray(weights if isinstance(weights, np.ndarray) else list(weights),
+                           dtype=np.float64)
             if w.size != g.size or np.any(~(w >= 0)) or w.sum() <= 0:
                 raise ConfigError("range weights must be one non-negative number per GPU")
-        cum = np.concatenate([[0.0], np.cumsum(w)]) / w.sum()
-        bounds = np.round(cum * num_rows).astype(np.int64)
-        bounds[-1] = num_rows
-        return cls("range", g, bounds)
+        return cls("range", g, range_bounds(w, int(num_rows)), weights=w)
 
     @classmethod
     def replicated(cls) -> "ColdSharding":
@@ -111,12 +117,13 @@ class ColdSharding:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "gpus": self.gpus.tolist(), "bounds": self.bounds.tolist(),
-                "seed": int(self.seed)}
+                "seed": int(self.seed), "weights": self.weights.tolist()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ColdSharding":
         return cls(d["kind"], np.asarray(d["gpus"], dtype=np.int32),
-                   np.asarray(d.get("bounds", []), dtype=np.int64), int(d.get("seed", 0)))
+                   np.asarray(d.get("bounds", []), dtype=np.int64), int(d.get("seed", 0)),
+                   np.asarray(d.get("weights", []), dtype=np.float64))
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, ColdSharding) and self.kind == other.kind
@@ -152,7 +159,8 @@ class TablePlan:
         object.__setattr__(self, "node_local", nl)
         object.__setattr__(self, "placed_gpus", pg)
         tiers = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
-        if np.unique(tiers).size != tiers.size:
+        tiers.sort()
+        if tiers.size > 1 and np.any(tiers[1:] == tiers[:-1]):
             raise ConfigError(f"table {t.name!r}: global, node and placed rows must be disjoint")
         if self.cold.kind == "range" and self.cold.bounds[-1] < t.num_rows:
             raise ConfigError(f"table {t.name!r}: range bounds end at {int(self.cold.bounds[-1])} "
@@ -193,7 +201,7 @@ class TablePlan:
         rows = np.full(G, self.global_ids.size, dtype=np.int64)
         per_local = np.bincount(self.node_local, minlength=M).astype(np.int64)
         rows += np.tile(per_local, topo.nodes)
-        np.add.at(rows, self.placed_gpus, 1)
+        rows += np.bincount(self.placed_gpus, minlength=G)
         special = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
         special.sort()
         c = self.cold
@@ -209,7 +217,7 @@ class TablePlan:
         else:  # expected value; the hash balances to ~1e-4 relative at this size
             counts = np.full(n, (H - special.size) // n, dtype=np.int64)
             counts[: (H - special.size) % n] += 1
-        np.add.at(rows, c.gpus, counts)
+        rows += np.bincount(c.gpus, weights=counts, minlength=G).astype(np.int64)
         return rows
 
     def to_dict(self) -> dict[str, Any]:
@@ -307,40 +315,98 @@ class Plan:
 
     @cached_property
     def row_bytes_per_gpu(self) -> np.ndarray:
-        """Bytes of stored rows (embeddings plus optimizer state) per GPU (float64[G])."""
-        out = np.zeros(self.topology.num_gpus)
-        for tp in self.tables.values():
-            out += tp.rows_per_gpu(self.topology) * float(tp.table.row_bytes)
+        """Bytes of stored rows (embeddings plus optimizer state) per GPU (float64[G]).
+
+        Equal to ``sum(tp.rows_per_gpu(topo) * row_bytes)``; range-sharded cold rows are counted in
+        one Numba pass over all tables (thousands of tables on thousands of GPUs).
+        """
+        from .kernels.analytic import cold_row_counts
+        topo = self.topology
+        G, M = topo.num_gpus, topo.gpus_per_node
+        out = np.zeros(G)
+        everywhere = 0.0
+        node_acc = np.zeros(M)
+        rbs = np.zeros(len(self.tables))
+        for i, tp in enumerate(self.tables.values()):
+            rb = rbs[i] = float(tp.table.row_bytes)
+            if tp.replicated:
+                everywhere += tp.table.num_rows * rb
+                continue
+            everywhere += tp.global_ids.size * rb
+            if tp.node_ids.size:
+                node_acc += np.bincount(tp.node_local, minlength=M) * rb
+            if tp.placed_ids.size:
+                out += np.bincount(tp.placed_gpus, minlength=G) * rb
+            if tp.cold.kind == "hash":
+                out += (tp.rows_per_gpu(topo) - self._non_cold_rows(tp, topo)) * rb
+        f = self.flat
+        cold_row_counts(G, f["layout"], f["num_rows"], rbs, f["lay_kind"], f["lay_off"],
+                        f["lay_gpus"], f["lay_boff"], f["lay_bounds"], f["sp_off"], f["sp_ids"],
+                        out)
+        out += everywhere
+        out += np.tile(node_acc, topo.nodes)
         return out
+
+    @staticmethod
+    def _non_cold_rows(tp: TablePlan, topo: Topology) -> np.ndarray:
+        """Rows per GPU from tiers and placements only (what rows_per_gpu adds besides cold)."""
+        G, M = topo.num_gpus, topo.gpus_per_node
+        rows = np.full(G, tp.global_ids.size, dtype=np.int64)
+        rows += np.tile(np.bincount(tp.node_local, minlength=M).astype(np.int64), topo.nodes)
+        rows += np.bincount(tp.placed_gpus, minlength=G)
+        return rows
 
     def tier_sizes(self) -> dict[str, dict[str, int]]:
         return {n: tp.tier_sizes() for n, tp in self.tables.items()}
 
     @cached_property
     def flat(self) -> dict[str, np.ndarray]:
-        """All tables flattened into concatenated arrays with per-table offsets (plan order), for
-        kernels that process many tables in one call (``kernels/analytic.py``)."""
-        sp_ids, sp_codes, gpus, w, bounds = [], [], [], [], []
-        sp_off, cold_off, bnd_off = [0], [0], [0]
-        kinds, seeds, rows, eb, pooled = [], [], [], [], []
+        """All tables flattened into concatenated arrays with per-table offsets (plan order), cold
+        functions shared as layouts (one per distinct ColdSharding object), for kernels that process
+        many tables in one call (``kernels/analytic.py``)."""
+        sp_ids, sp_codes, sp_off = [], [], [0]
+        layout, rows, eb, pooled = [], [], [], []
+        lay_of: dict[tuple, int] = {}
+        lk, lg, lw, lb, ls, loff, lboff = [], [], [], [], [], [0], [0]
         for tp in self.tables.values():
             ids = np.concatenate([tp.global_ids, tp.node_ids, tp.placed_ids])
             codes = np.concatenate([np.full(tp.global_ids.size, -1, np.int32),
                                     (-2 - tp.node_local).astype(np.int32),
                                     tp.placed_gpus.astype(np.int32)])
-            order = np.argsort(ids, kind="stable")
-            sp_ids.append(ids[order])
-            sp_codes.append(codes[order])
+            if ids.size:
+                order = np.argsort(ids, kind="stable")
+                ids, codes = ids[order], codes[order]
+            sp_ids.append(ids)
+            sp_codes.append(codes)
             sp_off.append(sp_off[-1] + ids.size)
             c = tp.cold
-            kinds.append(_COLD_KINDS[c.kind])
-            seeds.append(c.seed)
-            gpus.append(c.gpus.astype(np.int64))
-            w.append(np.diff(c.bounds).astype(np.float64) if c.kind == "range"
-                     else np.ones(c.gpus.size))
-            cold_off.append(cold_off[-1] + c.gpus.size)
-            bounds.append(c.bounds)
-            bnd_off.append(bnd_off[-1] + c.bounds.size)
+            # layouts shared by content: weighted ranges by (GPUs, weights), whatever the table
+            # size (bounds are recomputed per table from the cumulative weights); explicit bounds
+            # and hashes by their own arrays
+            if c.kind == "range" and c.weights.size:
+                key = (3, c.gpus.tobytes(), c.weights.tobytes())
+            elif c.kind == "range":
+                key = (1, c.gpus.tobytes(), c.bounds.tobytes())
+            else:
+                key = (_COLD_KINDS[c.kind], c.gpus.tobytes(), c.seed)
+            li = lay_of.get(key)
+            if li is None:
+                li = lay_of[key] = len(lk)
+                lk.append(key[0])
+                lg.append(c.gpus.astype(np.int64))
+                if key[0] == 3:
+                    lw.append(c.weights)
+                    lb.append(cumulative_weights(c.weights))
+                elif key[0] == 1:
+                    lw.append(np.diff(c.bounds).astype(np.float64))
+                    lb.append(c.bounds.astype(np.float64))
+                else:
+                    lw.append(np.ones(c.gpus.size))
+                    lb.append(np.zeros(0))
+                ls.append(c.seed)
+                loff.append(loff[-1] + c.gpus.size)
+                lboff.append(lboff[-1] + lb[-1].size)
+            layout.append(li)
             rows.append(tp.table.num_rows)
             eb.append(float(tp.table.embedding_bytes))
             pooled.append(tp.table.kind == "pooled")
@@ -348,12 +414,12 @@ class Plan:
         def cat(parts, dtype):
             return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
         return {"sp_off": np.asarray(sp_off, np.int64), "sp_ids": cat(sp_ids, np.int64),
-                "sp_codes": cat(sp_codes, np.int32), "cold_kind": np.asarray(kinds, np.int64),
-                "cold_off": np.asarray(cold_off, np.int64), "cold_gpus": cat(gpus, np.int64),
-                "cold_w": cat(w, np.float64), "bnd_off": np.asarray(bnd_off, np.int64),
-                "bounds": cat(bounds, np.int64), "seeds": np.asarray(seeds, np.uint64),
+                "sp_codes": cat(sp_codes, np.int32), "layout": np.asarray(layout, np.int64),
                 "num_rows": np.asarray(rows, np.int64), "emb_bytes": np.asarray(eb, np.float64),
-                "pooled": np.asarray(pooled, np.bool_)}
+                "pooled": np.asarray(pooled, np.bool_), "lay_kind": np.asarray(lk, np.int64),
+                "lay_off": np.asarray(loff, np.int64), "lay_gpus": cat(lg, np.int64),
+                "lay_w": cat(lw, np.float64), "lay_boff": np.asarray(lboff, np.int64),
+                "lay_bounds": cat(lb, np.float64), "lay_seed": np.asarray(ls, np.uint64)}
 
     # -------------------------------------------------------------- equality
     def __eq__(self, other: object) -> bool:

@@ -64,12 +64,15 @@ class PlannerConfig:
     max_placed : int        hottest cold rows placed by load per table (0: none)
     prefix_candidates : int plans evaluated exactly along the move sequence
     bandwidth_aware : bool  weighted cold ranges and load-per-bandwidth placement
+    variant_tables : int    up to this many tables, each prefix is also tried with its global
+                            boundary 2..64x deeper (exact evaluation)
     """
 
     blocks: int = 64
     max_placed: int = 4096
     prefix_candidates: int = 16
     bandwidth_aware: bool = True
+    variant_tables: int = 8
 
 
 @dataclass
@@ -113,7 +116,7 @@ class _Curve:
         self.table = t
         lam = G * B * L * p
         req = -np.expm1(-lam / G) if model.dedup else lam / G
-        self.req = req
+        self.req_list = req.tolist()
         self.R = np.concatenate([[0.0], np.cumsum(req)])
         self.U = np.concatenate([[0.0], np.cumsum(-np.expm1(-lam))])
         self.P = np.concatenate([[0.0], np.cumsum(p)])
@@ -124,6 +127,7 @@ class _Curve:
         self.tail_req1 = tail_req / s.tail_rows if s.tail_rows > 0 else 0.0
         self.P_tot = self.P[-1] + (s.tail_rows * pt if s.total else 0.0)
         self.k = self.ids.size
+        self.R, self.U, self.P = self.R.tolist(), self.U.tolist(), self.P.tolist()
         self.L = L
         self.B = B
         self.pooled = t.kind == "pooled"
@@ -155,46 +159,47 @@ class _Model:
             self.s0_e = 2 * (G - 1) / G * (1 - (M - 1) / max(M, 1)) if G > 1 else 0.0
         self.s1_e = 2 * (N - 1) / N / M if N > 1 else 0.0
 
-    def table_terms(self, c: _Curve, k0: int, k1: int) -> np.ndarray:
-        """Per-GPU sums [idx_intra, idx_inter, emb_intra, emb_inter, s0, s1, rows] followed by the
-        hottest single-row loads [cold_idx, cold_emb, node_idx, node_emb] for tiers (k0, k1)."""
+    def table_terms(self, c: _Curve, k0: int, k1: int) -> tuple:
+        """Per-GPU sums (idx_intra, idx_inter, emb_intra, emb_inter, s0, s1, rows) followed by the
+        hottest single-row loads (cold_idx, cold_emb, node_idx, node_emb) for tiers (k0, k1).
+        Plain floats: this runs in the planner's inner loop."""
         G, M = self.G, self.M
-        cold_req = c.R_tot - c.R[k0 + k1]
-        node_req = c.R[k0 + k1] - c.R[k0]
-        idx_intra = (cold_req * (M - 1) / G + node_req * (M - 1) / M) * self.ib
-        idx_inter = cold_req * (G - M) / G * self.ib
+        R = c.R
+        cold_req = c.R_tot - R[k0 + k1]
+        node_req = R[k0 + k1] - R[k0]
+        ib = self.ib
+        idx_intra = (cold_req * (M - 1) / G + node_req * (M - 1) / M) * ib
+        idx_inter = cold_req * (G - M) / G * ib
         if c.pooled:
             qc = max(0.0, c.P_tot - c.P[k0 + k1])
             qn = c.P[k0 + k1] - c.P[k0]
             emb_inter = (G - M) * c.B * -math.expm1(-c.L * qc / G) * c.eb
             emb_intra = (M - 1) * c.B * -math.expm1(-c.L * (qc / G + qn / M)) * c.eb
         else:
-            emb_intra = idx_intra / self.ib * c.eb
-            emb_inter = idx_inter / self.ib * c.eb
+            emb_intra = idx_intra / ib * c.eb
+            emb_inter = idx_inter / ib * c.eb
         s0 = c.U[k0] * c.eb
         s1 = (c.U[k0 + k1] - c.U[k0]) * c.eb
         rows = (k0 + k1 / M) * c.rb + (c.table.num_rows - k0 - k1) * c.rb / G
-        hc = c.req[k0 + k1] if k0 + k1 < c.k else c.tail_req1
-        hn = c.req[k0] if k1 > 0 else 0.0
-        return np.array([idx_intra, idx_inter, emb_intra, emb_inter, s0, s1, rows,
-                         hc * self.ib, hc * c.eb, hn * self.ib, hn * c.eb])
+        hc = c.req_list[k0 + k1] if k0 + k1 < c.k else c.tail_req1
+        hn = c.req_list[k0] if k1 > 0 else 0.0
+        return (idx_intra, idx_inter, emb_intra, emb_inter, s0, s1, rows,
+                hc * ib, hc * c.eb, hn * ib, hn * c.eb)
 
-    def time(self, a: np.ndarray, hot: np.ndarray) -> float:
+    def time(self, a, hot) -> float:
         """``a``: summed terms; ``hot``: max over tables of the four hottest-row loads."""
-        G, M = self.G, self.M
+        G, M, bi, be = self.G, self.M, self.bi, self.be
         t = 0.0
         for col_i, col_e, h_c, h_n, mult in ((0, 1, hot[0], hot[2], 1.0),
                                              (2, 3, hot[1], hot[3], 2.0)):
-            recv_e = max(a[col_e], (G - M) * h_c)
-            recv_i = max(a[col_i], (M - 1) * max(h_c, h_n))
-            t += mult * max(a[col_i] / self.bi, recv_i / self.bi, a[col_e] / self.be,
-                            recv_e / self.be)
-        sync = a[4] * (self.s0_i / self.bi + self.s0_e / self.be) + a[5] * self.s1_e / self.be
-        return t + sync
+            ai, ae = a[col_i], a[col_e]
+            recv_e = max(ae, (G - M) * h_c)
+            recv_i = max(ai, (M - 1) * max(h_c, h_n))
+            t += mult * max(recv_i / bi, recv_e / be)   # receives >= sends when balanced
+        return t + a[4] * (self.s0_i / bi + self.s0_e / be) + a[5] * self.s1_e / be
 
-    def memory(self, a: np.ndarray) -> float:
-        buffers = 2 * (a[0] + a[1] + a[2] + a[3]) + a[4] + a[5] / self.M
-        return a[6] + buffers
+    def memory(self, a) -> float:
+        return a[6] + 2 * (a[0] + a[1] + a[2] + a[3]) + a[4] + a[5] / self.M
 
 
 def _moves(curves: list[_Curve], pm: _Model, blocks: int, max_steps: int
@@ -202,18 +207,19 @@ def _moves(curves: list[_Curve], pm: _Model, blocks: int, max_steps: int
     """Greedy move sequence: (table, k0, k1) after each move, independent of the memory budget."""
     T = len(curves)
     state = [(0, 0) for _ in range(T)]
-    terms = np.array([pm.table_terms(c, 0, 0) for c in curves]) if T else np.zeros((0, 11))
-    agg = terms[:, :7].sum(axis=0)
-    hot = terms[:, 7:]
+    terms = [pm.table_terms(c, 0, 0) for c in curves]
+    agg = [sum(tt[i] for tt in terms) for i in range(7)]
+    hot = np.array([tt[7:] for tt in terms]).reshape(T, 4)
+    cols = np.arange(4)
 
     def top2():
-        if T == 1:
-            return hot[0].copy(), np.zeros(4, np.int64), np.zeros(4)
         i1 = hot.argmax(axis=0)
-        v1 = hot[i1, np.arange(4)]
+        v1 = hot[i1, cols]
+        if T == 1:
+            return v1.tolist(), i1.tolist(), [0.0] * 4
         h2 = hot.copy()
-        h2[i1, np.arange(4)] = -np.inf
-        return v1, i1, h2.max(axis=0)
+        h2[i1, cols] = -np.inf
+        return v1.tolist(), i1.tolist(), h2.max(axis=0).tolist()
 
     v1, i1, v2 = top2()
     cur_time = pm.time(agg, v1)
@@ -221,26 +227,27 @@ def _moves(curves: list[_Curve], pm: _Model, blocks: int, max_steps: int
     step = [max(1, c.k // blocks) for c in curves]
 
     def candidates(t: int):
+        # blocks grow geometrically from one row (the hottest rows matter most), up to k / blocks
         c = curves[t]
         k0, k1 = state[t]
-        b = step[t]
         out = []
         if k0 + k1 < c.k:                     # extend node replicas from the cold tier
+            b = min(step[t], max(1, k0 + k1))
             out.append((k0, min(c.k - k0, k1 + b)))
         if k0 < c.k:                          # move the global boundary down
-            n0 = min(c.k, k0 + b)
+            n0 = min(c.k, k0 + min(step[t], max(1, k0)))
             out.append((n0, max(0, k0 + k1 - n0)))
         return out
 
     def score(t: int, new: tuple[int, int]):
         nt = pm.table_terms(curves[t], *new)
-        a = agg - terms[t, :7] + nt[:7]
-        others = np.where(i1 == t, v2, v1) if T > 1 else np.full(4, -np.inf)
-        h = np.maximum(others, nt[7:])
+        ot = terms[t]
+        a = [agg[i] - ot[i] + nt[i] for i in range(7)]
+        h = [max(v2[j] if i1[j] == t else v1[j], nt[7 + j]) for j in range(4)]
         dt = pm.time(a, h) - cur_time
-        dm = pm.memory(a) - cur_mem
-        if dt >= -1e-18 * max(cur_time, 1e-30):
+        if dt >= -1e-15 * cur_time:
             return None
+        dm = pm.memory(a) - cur_mem
         # free wins (less time and less memory) first, then the best time saved per byte
         key = -1e300 + dt if dm <= 0 else dt / dm
         return key, nt
@@ -266,9 +273,10 @@ def _moves(curves: list[_Curve], pm: _Model, blocks: int, max_steps: int
             seq += 1
             continue
         nt = sc[1]
-        agg = agg - terms[t, :7] + nt[:7]
+        ot = terms[t]
+        agg = [agg[i] - ot[i] + nt[i] for i in range(7)]
         terms[t] = nt
-        hot = terms[:, 7:]
+        hot[t] = nt[7:]
         v1, i1, v2 = top2()
         state[t] = (n0, n1)
         cur_time = pm.time(agg, v1)
@@ -301,31 +309,40 @@ def _node_local(p: np.ndarray, M: int) -> np.ndarray:
 
 
 def _build_plan(curves: list[_Curve], state: Sequence[tuple[int, int]], topo: Topology,
-                cfg: PlannerConfig, model: CostModel) -> Plan:
+                cfg: PlannerConfig, model: CostModel, *, place: bool = True,
+                cold_cache: dict | None = None, weights: np.ndarray | None = None) -> Plan:
+    """The plan for per-table tier sizes ``state``; ``place`` also places the hottest cold rows by
+    load (skipped while comparing candidates, done for the chosen one); ``weights``: the cold
+    ranges' row share per GPU (default equal)."""
     G, M = topo.num_gpus, topo.gpus_per_node
     gpus = np.arange(G)
-    w = topo.inter_bw if (cfg.bandwidth_aware and topo.nodes > 1) else np.ones(G)
+    w = np.ones(G) if weights is None else weights
+    cold_cache = {} if cold_cache is None else cold_cache
     tps = []
+    empty_i64, empty_i32 = np.zeros(0, np.int64), np.zeros(0, np.int32)
     for c, (k0, k1) in zip(curves, state):
         t = c.table
-        cold = ColdSharding.ranges(gpus, t.num_rows, w)
-        g_ids = c.ids[:k0]
+        ck = (t.num_rows, w.tobytes())
+        cold = cold_cache.get(ck)
+        if cold is None:
+            cold = cold_cache[ck] = ColdSharding.ranges(gpus, t.num_rows, w)
+        g_ids = np.sort(c.ids[:k0])
         n_ids = c.ids[k0:k0 + k1]
         n_loc = _node_local(c.p[k0:k0 + k1], M)
-        # place individually only rows hot enough to unbalance a GPU: above 1/16 of the mean load
-        rest = c.p[k0 + k1:k0 + k1 + cfg.max_placed]
-        cold_mass = max(0.0, c.P_tot - c.P[k0 + k1])
-        n_hot = int(np.count_nonzero(rest >= cold_mass / G / 16)) if cold_mass > 0 else 0
-        placed = c.ids[k0 + k1:k0 + k1 + n_hot]
-        pp = rest[:n_hot]
-        if placed.size:
-            placed_gpus = _place_by_load(placed, pp, c, cold, w, topo)
-        else:
-            placed_gpus = np.zeros(0, np.int32)
-        og, on, op = np.argsort(g_ids), np.argsort(n_ids), np.argsort(placed)
-        tps.append(TablePlan(t, cold, global_ids=g_ids[og], node_ids=n_ids[on],
-                             node_local=n_loc[on], placed_ids=placed[op],
-                             placed_gpus=placed_gpus[op]))
+        on = np.argsort(n_ids)
+        placed, placed_gpus = empty_i64, empty_i32
+        if place and cfg.max_placed > 0:
+            # place individually the rows hot enough to unbalance a GPU: above 1/16 of the mean load
+            rest = c.p[k0 + k1:k0 + k1 + cfg.max_placed]
+            cold_mass = max(0.0, c.P_tot - c.P[k0 + k1])
+            n_hot = int(np.count_nonzero(rest >= cold_mass / G / 16)) if cold_mass > 0 else 0
+            if n_hot:
+                ids = c.ids[k0 + k1:k0 + k1 + n_hot]
+                gp = _place_by_load(ids, rest[:n_hot], c, cold, w, topo)
+                op = np.argsort(ids)
+                placed, placed_gpus = ids[op], gp[op]
+        tps.append(TablePlan(t, cold, global_ids=g_ids, node_ids=n_ids[on], node_local=n_loc[on],
+                             placed_ids=placed, placed_gpus=placed_gpus))
     return Plan("flexshard", topo, tps)
 
 
@@ -388,36 +405,102 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
                                                                  want_matrices=False)
     curves = [_Curve(t, sums[t.name], topo, batch_size, model, ml[t.name]) for t in tables]
     pm = _Model(topo, model)
-    steps = sum(2 * cfg.blocks + 2 for _ in curves)
-    moves = _moves(curves, pm, cfg.blocks, steps)
+    # fewer, larger blocks when there are many tables (planning time stays ~linear in tables)
+    blocks = int(min(cfg.blocks, max(8, 4096 // max(1, len(curves)))))
+    steps = sum(2 * blocks + 2 * max(1, c.k).bit_length() + 2 for c in curves)
+    moves = _moves(curves, pm, blocks, steps)
     # candidate prefixes: a fixed grid along the move sequence (independent of the budget)
     n = len(moves)
-    grid = sorted({0, n} | {int(round(n * f)) for f in
-                            np.linspace(0, 1, max(2, cfg.prefix_candidates))})
+    # a fixed grid along the move sequence (independent of the budget): geometric near the start
+    # (tight budgets fit only the first few moves) and linear over the rest
+    half = max(2, cfg.prefix_candidates // 2)
+    grid = sorted({0, n} | {int(round(x)) for x in np.geomspace(1, max(n, 1), half)}
+                  | {int(round(n * f)) for f in np.linspace(0, 1, half)})
+    grid = [g for g in grid if 0 <= g <= n]
     states = [(0, 0)] * len(curves)
     applied = 0
-    best = (rw_cost.comm_time_s, rw, rw_cost, 0) if rw_cost.peak_memory_bytes <= budget else None
+    cache: dict = {}
+    best = (rw_cost.comm_time_s, rw, rw_cost, 0, None, None) \
+        if rw_cost.peak_memory_bytes <= budget else None
+    evaluated: dict[tuple, tuple] = {}
+    # cold layouts tried: equal ranges, and on heterogeneous networks ranges weighted by each GPU's
+    # inter-node bandwidth (slow GPUs serve less but then request more over their slow links:
+    # which wins depends on the workload, so both are candidates)
+    layouts = [None]
+    if cfg.bandwidth_aware and topo.nodes > 1 and np.ptp(topo.inter_bw) > 0:
+        layouts.append(np.asarray(topo.inter_bw, dtype=np.float64))
+
+    def consider(st: list[tuple[int, int]], g: int) -> Cost:
+        nonlocal best
+        out = None
+        for li, w in enumerate(layouts):
+            key = (tuple(st), li)
+            if key in evaluated:
+                cost = evaluated[key][1]
+            else:
+                cand = _build_plan(curves, st, topo, cfg, model, place=False, cold_cache=cache,
+                                   weights=w)
+                cost = evaluate_analytic(cand, sums, batch_size, model, mean_lengths=ml,
+                                         want_matrices=False)
+                evaluated[key] = (cand, cost)
+                if cost.peak_memory_bytes <= budget * (1 + 1e-12):
+                    if best is None or cost.comm_time_s < best[0] * (1 - 1e-12):
+                        best = (cost.comm_time_s, cand, cost, g, list(st), w)
+            if out is None or cost.comm_time_s < out.comm_time_s:
+                out = cost
+        return out
+
+    def variants(st, factors0, factors01):
+        """Same tables, global boundary and replicated prefix scaled (prefixes of one order)."""
+        out = []
+        for a in factors0:
+            for b in factors01:
+                v = []
+                for (k0, k1), c in zip(st, curves):
+                    tot = min(c.k, int(round((k0 + k1) * b)))
+                    n0 = min(tot, int(round(max(k0, 1) * a)) if a else 0)
+                    v.append((n0, tot - n0))
+                out.append(v)
+        return out
+
+    at_grid = []
     for g in grid:
         while applied < g:
             t, k0, k1 = moves[applied]
             states[t] = (k0, k1)
             applied += 1
-        cand = _build_plan(curves, states, topo, cfg, model)
-        cost = evaluate_analytic(cand, sums, batch_size, model, mean_lengths=ml,
-                                 want_matrices=False)
-        if cost.peak_memory_bytes <= budget * (1 + 1e-12):
-            if best is None or cost.comm_time_s < best[0] * (1 - 1e-12):
-                best = (cost.comm_time_s, cand, cost, g)
+        cost = consider(list(states), g)
+        at_grid.append((cost.comm_time_s, g, list(states)))
+    if len(curves) <= cfg.variant_tables:
+        # with few tables, refine with the exact evaluator around the move sequence: the
+        # load-aware proxy is flat where hot node replicas or memory decide. The candidate set
+        # depends only on the inputs, never on the budget, so more memory is never worse.
+        for _, g, st in at_grid:
+            if g:
+                for v in variants(st, (0.25, 4.0), (0.5, 2.0)):
+                    consider(v, g)
+        for _, g, st in sorted(at_grid)[:3]:
+            for v in variants(st, (0, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 64), (0.5, 1, 2, 4)):
+                consider(v, g)
     if best is None:
         need = min(rw_cost.peak_memory_bytes, base_cost.peak_memory_bytes)
         raise ConfigError(f"memory budget {budget:.4g} bytes per GPU is impossible: even the "
                           f"row-wise plan needs {need:.4g} bytes per GPU at its peak")
-    _, chosen, cost, g = best
+    if best[4] is not None and cfg.max_placed > 0:
+        # the chosen tiers with the hottest cold rows placed by load: kept when it fits and helps
+        placed = _build_plan(curves, best[4], topo, cfg, model, place=True, cold_cache=cache,
+                             weights=best[5])
+        pc = evaluate_analytic(placed, sums, batch_size, model, mean_lengths=ml,
+                               want_matrices=False)
+        if pc.peak_memory_bytes <= budget * (1 + 1e-12) and pc.comm_time_s <= best[0]:
+            best = (pc.comm_time_s, placed, pc, best[3], best[4], best[5])
+    _, chosen, cost, g, _, w_best = best
     meta = {"planner": "flexshard", "batch_size": batch_size, "dedup": model.dedup,
             "budget_bytes": budget, "memory_policy": {"bytes_per_gpu": memory.bytes_per_gpu,
                                                       "baseline": memory.baseline,
                                                       "factor": memory.factor},
             "moves_applied": g, "moves_generated": n,
+            "cold_ranges": "bandwidth-weighted" if w_best is not None else "equal",
             "estimates": cost.to_json(), "baseline_estimates": base_cost.to_json(),
             "memory_room": _memory_room(cost, base_cost, budget)}
     chosen = Plan("flexshard" if chosen is not rw else "rw", topo, chosen.tables.values(), meta)

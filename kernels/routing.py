@@ -158,3 +158,75 @@ def place_by_load(p, base_load, inv_bw):
         load[g] += p[i]
         heapq.heappush(heap, (load[g] * inv_bw[g], g))
     return out
+
+
+@njit(nogil=True, cache=True)
+def cumulative_weights(w):
+    """Normalized cumulative weights ``cw[j] = sum(w[:j]) / sum(w)`` (float64[n + 1]).
+
+    The single definition behind weighted ranges: ``ColdSharding.ranges`` and the kernels that
+    recompute range bounds for a table of ``H`` rows both go through :func:`range_bound`."""
+    n = w.shape[0]
+    out = np.zeros(n + 1)
+    total = 0.0
+    for j in range(n):
+        total += w[j]
+    acc = 0.0
+    for j in range(n):
+        acc += w[j]
+        out[j + 1] = acc / total
+    return out
+
+
+@njit(nogil=True, cache=True, inline="always")
+def range_bound(cw_j, num_rows):
+    """Row where a weighted range starts: ``round(cw_j * num_rows)``, halves rounded up."""
+    b = np.int64(np.floor(cw_j * num_rows + 0.5))
+    if b > num_rows:
+        b = num_rows
+    return b
+
+
+@njit(nogil=True, cache=True)
+def range_bounds(w, num_rows):
+    """Bounds (int64[n + 1]) of weighted ranges over ``[0, num_rows)``: 0, ..., num_rows."""
+    cw = cumulative_weights(w)
+    n = w.shape[0]
+    out = np.empty(n + 1, dtype=np.int64)
+    for j in range(n + 1):
+        out[j] = range_bound(cw[j], num_rows)
+    out[0] = 0
+    out[n] = num_rows
+    return out
+
+
+@njit(nogil=True, cache=True)
+def weighted_range_slot(cw, num_rows, key):
+    """Slot ``j`` of ``key`` in the weighted ranges ``cw`` of a ``num_rows`` table (as range_slot
+    on ``range_bounds``), without materializing the bounds."""
+    n = cw.shape[0] - 1
+    if n <= 1:
+        return 0
+    if key >= num_rows:
+        return n - 1
+    j = np.int64(float(key) / float(num_rows) * n)
+    if j >= n:
+        j = n - 1
+    lo_b = 0 if j == 0 else range_bound(cw[j], num_rows)
+    hi_b = num_rows if j + 1 == n else range_bound(cw[j + 1], num_rows)
+    if lo_b <= key and key < hi_b:
+        return j
+    lo, hi = 0, n + 1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        bm = 0 if mid == 0 else (num_rows if mid == n else range_bound(cw[mid], num_rows))
+        if bm <= key:
+            lo = mid + 1
+        else:
+            hi = mid
+    j = lo - 1
+    if j < 0:
+        return 0
+    if j >= n:
+        return n - 1
+    return j

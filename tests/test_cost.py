@@ -329,3 +329,12 @@ def test_trace_errors():
         evaluate_trace(plan, [Batch(["s"], np.array([1, 2, 3, 9]), np.ones(4, np.int64))], 1)
     r = evaluate_trace(plan, [Batch(["s"], np.array([1, 2, 3]), np.ones(3, np.int64))], 1)
     assert r.mean.iterations == 0 and r.dropped_samples == 3
+
+
+@given(plans_and_batches())
+@settings(max_examples=40)
+def test_fast_row_bytes_equal_per_table_rows(pb):
+    plan, _, _ = pb
+    ref = sum(tp.rows_per_gpu(plan.topology) * float(tp.table.row_bytes)
+              for tp in plan.tables.values())
+    assert np.allclose(plan.row_bytes_per_gpu, ref, rtol=0, atol=1e-6)

@@ -11,7 +11,10 @@ from flexshard_stream import LogError
 from flexshard_stream import datasets as ds
 from flexshard_stream.logs import LogReader, inspect_log, log_max_ids, read_log
 
-DATA = ds.shared_data_dir()
+try:
+    DATA = ds.shared_data_dir()
+except ds.DatasetNotFoundError as e:  # the real data sits beside the repository in CI
+    pytest.skip(f"shared data absent: {e}", allow_module_level=True)
 
 
 def top1_share(ids: np.ndarray) -> float:

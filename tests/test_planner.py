@@ -1,0 +1,469 @@
+"""Property tests of the FlexShard planner (DESIGN.md section 4 invariants), through the public
+helpers of ``flexshard_stream.testing`` (which are themselves tested at the end: the checker must be
+able to fail)."""
+import copy
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
+
+from flexshard_stream import ConfigError
+from flexshard_stream import testing as fst
+from flexshard_stream.baselines import build_baseline, hugectr_hybrid, row_wise
+from flexshard_stream.cost import CostModel, evaluate_analytic, evaluate_trace
+from flexshard_stream.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.planner import MemoryPolicy, PlannerConfig, plan_flexshard
+from flexshard_stream.tables import EmbeddingTable
+from flexshard_stream.testing import (assert_plan_ok, check_plan, plans, sample_batches,
+                                      skewed_streams, skewed_summaries, tables, topologies,
+                                      workloads, zipf_summary)
+from flexshard_stream.topology import Topology
+
+# the planner runs in every example: few, small examples (the whole file runs in well under 90 s)
+PLANNER = settings(max_examples=25, deadline=None,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FEW = settings(max_examples=12, deadline=None,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+WORKLOADS = workloads(max_nodes=3, max_gpus_per_node=3, max_tables=3, max_rows=3000)
+MODELS = st.builds(CostModel, dedup=st.booleans(), allreduce=st.sampled_from(["hierarchical", "ring"]))
+REL = 1 + 1e-9
+
+
+def rw_cost(w, model=None):
+    return evaluate_analytic(row_wise(w.tables, w.topology), w.summaries, w.batch_size, model,
+                             want_matrices=False)
+
+
+def plan(w, memory=None, model=None, config=None):
+    return plan_flexshard(w.tables, w.topology, w.summaries, w.batch_size, memory, model,
+                          config=config)
+
+
+# ----------------------------------------------------------------------------- invariants
+@given(WORKLOADS, MODELS, st.sampled_from(["default", "factor", "bytes"]),
+       st.floats(1.0, 4.0))
+@PLANNER
+def test_flexshard_plans_pass_check_plan(w, model, policy, f):
+    """Routing from every GPU, tiers as prefixes of one frequency order, the budget, the file round
+    trip and bytes conservation, for the plans the planner returns."""
+    base = rw_cost(w, model)
+    memory = {"default": MemoryPolicy(), "factor": MemoryPolicy(factor=f),
+              "bytes": MemoryPolicy(bytes_per_gpu=base.peak_memory_bytes * f)}[policy]
+    r = plan(w, memory, model)
+    assert r.plan.strategy in ("flexshard", "rw")
+    assert_plan_ok(r.plan, summaries=w.summaries, budget_bytes=r.budget_bytes,
+                   batch_size=w.batch_size, model=model)
+    # the reported cost is the evaluator's cost of the returned plan
+    again = evaluate_analytic(r.plan, w.summaries, w.batch_size, model)
+    assert again.comm_time_s == pytest.approx(r.cost.comm_time_s, rel=1e-12)
+    assert again.peak_memory_bytes == pytest.approx(r.cost.peak_memory_bytes, rel=1e-12)
+
+
+@given(WORKLOADS, MODELS)
+@PLANNER
+def test_memory_neutral_by_default(w, model):
+    r = plan(w, model=model)
+    base = rw_cost(w, model)
+    assert r.budget_bytes == pytest.approx(base.peak_memory_bytes, rel=1e-12)
+    assert r.cost.peak_memory_bytes <= base.peak_memory_bytes * REL
+    assert np.all(r.cost.peak_memory_per_gpu <= base.peak_memory_bytes * REL)
+
+
+@given(WORKLOADS, MODELS, st.sampled_from(["default", "factor", "bytes"]), st.floats(1.0, 8.0))
+@PLANNER
+def test_never_worse_than_row_wise(w, model, policy, f):
+    base = rw_cost(w, model)
+    memory = {"default": MemoryPolicy(), "factor": MemoryPolicy(factor=f),
+              "bytes": MemoryPolicy(bytes_per_gpu=base.peak_memory_bytes * f)}[policy]
+    r = plan(w, memory, model)
+    assert r.cost.comm_time_s <= base.comm_time_s * REL
+    assert r.baseline.strategy == "rw"
+    assert r.baseline_cost.comm_time_s == pytest.approx(base.comm_time_s, rel=1e-12)
+
+
+@given(WORKLOADS, st.floats(1.0, 3.0), st.floats(1.001, 8.0))
+@PLANNER
+def test_more_memory_never_worse(w, f1, f2):
+    rw_peak = rw_cost(w).peak_memory_bytes
+    b1 = rw_peak * f1
+    b2 = b1 * f2
+    r1 = plan(w, MemoryPolicy(bytes_per_gpu=b1))
+    r2 = plan(w, MemoryPolicy(bytes_per_gpu=b2))
+    assert r1.cost.peak_memory_bytes <= b1 * REL and r2.cost.peak_memory_bytes <= b2 * REL
+    assert r2.cost.comm_time_s <= r1.cost.comm_time_s * REL
+
+
+@given(WORKLOADS, MODELS)
+@PLANNER
+def test_deterministic_and_inputs_untouched(w, model):
+    before = copy.deepcopy(w.summaries)
+    a = plan(w, model=model)
+    # equal inputs, freshly built (copied arrays, summaries in the other order)
+    w2 = fst.Workload(list(w.tables), w.topology,
+                      dict(reversed(list(copy.deepcopy(w.summaries).items()))), w.batch_size)
+    b = plan(w2, model=model)
+    assert a.plan == b.plan
+    assert a.cost.comm_time_s == b.cost.comm_time_s
+    assert a.budget_bytes == b.budget_bytes
+    for n, s in w.summaries.items():
+        assert np.array_equal(s.top_ids, before[n].top_ids)
+        assert np.array_equal(s.top_est, before[n].top_est)
+
+
+@given(WORKLOADS, st.floats(1.0, 4.0))
+@PLANNER
+def test_plan_files_round_trip(tmp_path_factory, w, f):
+    r = plan(w, MemoryPolicy(factor=f))
+    d = tmp_path_factory.mktemp("plan") / "p"
+    r.plan.save(d)
+    back = Plan.load(d)
+    assert back == r.plan
+    assert back.meta["budget_bytes"] == pytest.approx(r.budget_bytes, rel=1e-15)
+    assert back.meta["moves_applied"] == r.moves_applied
+    for name, tp in r.plan.tables.items():
+        ids = np.arange(tp.table.num_rows)
+        for g in range(w.topology.num_gpus):
+            assert np.array_equal(back.route(name, ids, g), r.plan.route(name, ids, g))
+    back.save(d)  # overwriting an existing plan directory
+    assert Plan.load(d) == r.plan
+
+
+# ----------------------------------------------------------------------------- errors
+@given(WORKLOADS, st.floats(0.01, 0.99))
+@FEW
+def test_impossible_budget_raises_naming_it(w, f):
+    """Below the row-wise peak and below the average stored rows per GPU (any plan stores every row
+    at least once, so some GPU holds at least the average): impossible."""
+    base = rw_cost(w)
+    avg_rows = sum(t.table_bytes for t in w.tables) / w.topology.num_gpus
+    b = f * min(base.peak_memory_bytes, avg_rows)
+    with pytest.raises(ConfigError, match=re.escape(f"memory budget {b:.4g} bytes")):
+        plan(w, MemoryPolicy(bytes_per_gpu=b))
+
+
+def test_missing_summary_and_bad_inputs_raise():
+    topo = Topology.uniform(2, 2)
+    t0 = EmbeddingTable("a", 100, 8)
+    t1 = EmbeddingTable("b", 100, 8, feature="fb")
+    s0, s1 = zipf_summary(t0, 1.1), zipf_summary(t1, 1.1)
+    with pytest.raises(ConfigError, match="no frequency summary for table 'b'"):
+        plan_flexshard([t0, t1], topo, {"a": s0}, 16)
+    # keyed by feature is fine (so the error above is about the missing summary, nothing else)
+    assert plan_flexshard([t0, t1], topo, {"a": s0, "fb": s1}, 16).plan.tables.keys() == {"a", "b"}
+    with pytest.raises(ConfigError, match="batch_size"):
+        plan_flexshard([t0], topo, {"a": s0}, 0)
+
+
+# ----------------------------------------------------------------------------- hand-checkable
+def _skewed_case():
+    topo = Topology.uniform(2, 2, intra_node_bandwidth=300e9, inter_node_bandwidth=25e9)
+    t = EmbeddingTable("items", 10_000, 64, "fp32", "sequence", optimizer_state_bytes=4)
+    s = zipf_summary(t, 1.3, total=10**7, top_k=1000, seed=7, mean_length=20.0)
+    return topo, t, s
+
+
+def test_hand_skewed_table_replicates_hot_rows():
+    """One heavily skewed table (Zipf 1.3) on 2 nodes x 2 GPUs, B = 256, 20 IDs per sample, a
+    generous budget (4x the row-wise peak): the hottest row alone draws ~ 25% of the lookups, so it
+    and the next few hottest must be replicated, and inter-node bytes must drop against row-wise
+    (in the model and on a trace drawn from the same distribution)."""
+    topo, t, s = _skewed_case()
+    B = 256
+    rw = row_wise([t], topo)
+    base = evaluate_analytic(rw, {"items": s}, B)
+    r = plan_flexshard([t], topo, {"items": s}, B,
+                       MemoryPolicy(bytes_per_gpu=4 * base.peak_memory_bytes))
+    tp = r.plan["items"]
+    assert r.plan.strategy == "flexshard"
+    replicated = np.union1d(tp.global_ids, tp.node_ids)
+    hottest = s.top_ids[:8]
+    assert np.isin(hottest, replicated).all(), (hottest, tp.tier_sizes())
+    assert_plan_ok(r.plan, summaries={"items": s}, batch_size=B, budget_bytes=r.budget_bytes)
+    assert r.cost.inter_node_bytes < 0.8 * base.inter_node_bytes
+    assert r.cost.comm_time_s < base.comm_time_s
+    batches = sample_batches([t], {"items": s}, topo, B, iterations=3, seed=1)
+    tr_plan = evaluate_trace(r.plan, batches, B).mean
+    tr_rw = evaluate_trace(rw, batches, B).mean
+    assert tr_plan.inter_node_bytes < 0.8 * tr_rw.inter_node_bytes
+    # global replicas never leave their GPU: a global row never appears in the index exchange
+    g = tp.global_ids
+    for src in range(topo.num_gpus):
+        assert np.all(r.plan.route("items", g, src) == src)
+
+
+def _topo_with_inter_bw(bw):
+    u = Topology.uniform(2, 2)
+    return Topology(2, 2, u.hbm_bytes, u.intra_bw, np.asarray(bw, float), u.uvm_bw,
+                    u.host_memory_bytes, "skewed")
+
+
+def test_hand_heterogeneous_weighted_ranges():
+    """Local GPU 1 of each node has a 4x slower inter-node link (25, 6.25, 25, 6.25 GB/s). The
+    planner prices two cold layouts: equal ranges, and ranges weighted 4:1:4:1 (8000 / 2000 rows of
+    20000) so the slow GPUs store fewer rows. Whichever it picks must be the one its metadata names,
+    and bandwidth awareness never makes the plan slower than the bandwidth-blind planner."""
+    topo = _topo_with_inter_bw([25e9, 6.25e9, 25e9, 6.25e9])
+    t = EmbeddingTable("items", 20_000, 32, "fp32", "sequence")
+    s = zipf_summary(t, 1.05, total=10**6, top_k=200, seed=3, mean_length=10.0)
+    r = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0))
+    assert r.plan.strategy == "flexshard"
+    tp = r.plan["items"]
+    assert tp.cold.kind == "range"
+    widths = np.diff(tp.cold.bounds)
+    if r.plan.meta["cold_ranges"] == "bandwidth-weighted":
+        assert np.abs(widths - np.array([8000, 2000, 8000, 2000])).max() <= 1
+        rows = tp.rows_per_gpu(topo)
+        assert rows[1] < rows[0] and rows[3] < rows[2], rows
+    else:
+        assert widths.tolist() == [5000] * 4
+    assert_plan_ok(r.plan, summaries={"items": s}, batch_size=64, budget_bytes=r.budget_bytes)
+    flat = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0),
+                          config=PlannerConfig(bandwidth_aware=False))
+    assert flat.plan.strategy == "flexshard"
+    assert np.diff(flat.plan["items"].cold.bounds).tolist() == [5000] * 4
+    assert r.cost.comm_time_s <= flat.cost.comm_time_s * REL
+
+
+def test_weighted_ranges_give_slow_gpus_fewer_rows():
+    from flexshard_stream.planner import _build_plan, _Curve
+    topo = _topo_with_inter_bw([25e9, 6.25e9, 25e9, 6.25e9])
+    t = EmbeddingTable("items", 20_000, 32, "fp32", "sequence")
+    s = zipf_summary(t, 1.05, total=10**6, top_k=200, seed=3, mean_length=10.0)
+    c = _Curve(t, s, topo, 64, CostModel(), 10.0)
+    p = _build_plan([c], [(0, 0)], topo, PlannerConfig(), CostModel(), place=False,
+                    weights=np.asarray(topo.inter_bw))
+    rows = p["items"].rows_per_gpu(topo)
+    assert rows.tolist() == [8000, 2000, 8000, 2000]
+
+
+def test_bandwidth_awareness_never_hurts_on_a_slow_node():
+    """A whole node behind slow links: weighted ranges alone make the slow GPUs request more over
+    their slow links (1.55x row-wise here); the planner must price equal ranges too and never do
+    worse than the bandwidth-blind planner."""
+    topo = _topo_with_inter_bw([25e9, 25e9, 6.25e9, 6.25e9])
+    t = EmbeddingTable("items", 20_000, 32, "fp32", "sequence")
+    s = zipf_summary(t, 1.05, total=10**6, top_k=200, seed=3, mean_length=10.0)
+    aware = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0))
+    blind = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0),
+                           config=PlannerConfig(bandwidth_aware=False))
+    assert aware.cost.comm_time_s <= blind.cost.comm_time_s * REL
+
+
+@given(workloads(max_nodes=3, max_gpus_per_node=2, max_tables=2, max_rows=3000, min_nodes=2),
+       st.floats(1.0, 4.0))
+@PLANNER
+def test_heterogeneous_cold_ranges_follow_bandwidth(w, f):
+    """On any multi-node topology the cold tier's ranges are equal or (when the planner picked the
+    bandwidth-weighted layout) proportional to each GPU's inter-node bandwidth: a GPU behind a
+    slower link never gets a wider range."""
+    r = plan(w, MemoryPolicy(factor=f))
+    if r.plan.strategy != "flexshard":
+        return  # the row-wise baseline won: its ranges are equal by definition
+    bw = w.topology.inter_bw
+    if r.plan.meta["cold_ranges"] == "equal":
+        bw = np.ones_like(bw)
+    G = w.topology.num_gpus
+    for tp in r.plan.tables.values():
+        assert tp.cold.kind == "range" and tp.cold.gpus.tolist() == list(range(G))
+        widths = np.diff(tp.cold.bounds).astype(float)
+        H = tp.table.num_rows
+        assert np.abs(widths - H * bw / bw.sum()).max() <= 1.0 + 1e-9
+        # rounding the bounds to whole rows moves a width by at most one row
+        i, j = np.nonzero(bw[:, None] < bw[None, :])
+        assert np.all(widths[i] <= widths[j] + 1), (bw, widths)
+
+
+# ----------------------------------------------------------------------------- the helpers
+@st.composite
+def plans_with_summaries(draw):
+    topo = draw(topologies(3, 3))
+    tabs = draw(tables(3, 2000))
+    summ = draw(skewed_summaries(tabs))
+    return draw(plans(topo, tabs, summaries=summ)), summ
+
+
+@given(plans_with_summaries(), st.sampled_from([1, 16]), MODELS)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_generated_plans_pass_the_checker(ps, B, model):
+    """The checker is not stricter than the design: arbitrary valid plans whose tiers are summary
+    prefixes pass, with conservation checked on the analytic cost."""
+    p, summ = ps
+    assert_plan_ok(p, summaries=summ, batch_size=B, model=model)
+
+
+@given(plans(topologies(3, 3), tables(2, 500)), st.data())
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_generated_plans_route_and_conserve_on_streams(p, data):
+    tabs = [tp.table for tp in p.tables.values()]
+    B = data.draw(st.integers(1, 4))
+    batches = data.draw(skewed_streams(tabs, p.topology, B))
+    G = p.topology.num_gpus
+    for b in batches:
+        assert b.batch_size == G * B and set(b.keys) == {t.feature for t in tabs}
+    # no summaries: routing, stored-row budget and the trace's conservation only
+    assert_plan_ok(p, batches=batches, batch_size=B, budget_bytes=p.row_bytes_per_gpu.max())
+
+
+@given(WORKLOADS)
+@FEW
+def test_baselines_pass_the_checker(w):
+    for name in ("rw", "rw-hash", "tw", "twrw", "dp"):
+        assert_plan_ok(build_baseline(name, w.tables, w.topology), summaries=w.summaries,
+                       batch_size=w.batch_size)
+    assert_plan_ok(hugectr_hybrid(w.tables, w.topology, w.summaries, iterations=1),
+                   summaries=w.summaries, round_trip=False)
+
+
+def test_sampled_streams_follow_the_summary():
+    topo, t, s = _skewed_case()
+    batches = sample_batches([t], {"items": s}, topo, 64, iterations=20, seed=5)
+    ids = np.concatenate([b.values for b in batches])
+    lens = np.concatenate([b.lengths for b in batches])
+    assert lens.mean() == pytest.approx(20.0, rel=0.05)
+    p = s.top_est / s.total
+    freq = np.bincount(ids, minlength=t.num_rows) / ids.size
+    assert freq[s.top_ids[:5]] == pytest.approx(p[:5], rel=0.05)
+    tail = np.setdiff1d(np.arange(t.num_rows), s.top_ids)
+    assert freq[tail].sum() == pytest.approx(s.tail_mass / s.total, rel=0.05)
+
+
+def _small_plan():
+    topo = Topology.uniform(2, 2)
+    t = EmbeddingTable("s", 50, 4)
+    s = zipf_summary(t, 1.2, top_k=20, seed=1, mean_length=4.0)
+    order = s.top_ids
+    tp = TablePlan(t, ColdSharding.ranges(range(4), 50), global_ids=np.sort(order[:2]),
+                   node_ids=np.sort(order[2:4]), node_local=[0, 1])
+    return Plan("hand", topo, [tp]), {"s": s}, t, topo
+
+
+@given(skewed_summaries(tables(1, 400, min_rows=10), max_top=64, ties=False), st.data())
+@settings(max_examples=30, deadline=None)
+def test_checker_catches_non_prefix_tiers(summ, data):
+    (name, s), = summ.items()
+    assume(s.k >= 3)
+    t = EmbeddingTable(name, s.num_rows, 4)
+    topo = Topology.uniform(2, 2)
+    order, est = s.top_ids, s.top_est
+    i = data.draw(st.integers(1, s.k - 1))
+    assume(est[i] < est[0])
+    ok = check_plan(Plan("x", topo, [TablePlan(t, ColdSharding.hashed(range(4)),
+                                               global_ids=np.sort(order[:i]))]),
+                    summaries=summ, round_trip=False)
+    assert ok == []
+    # the global tier skips the hottest row
+    bad = check_plan(Plan("x", topo, [TablePlan(t, ColdSharding.hashed(range(4)),
+                                                global_ids=[order[i]])]),
+                     summaries=summ, round_trip=False)
+    assert any("global tier are not a prefix" in v for v in bad), bad
+    # global + node together skip a row hotter than a node row
+    j = data.draw(st.integers(0, i - 1))
+    assume(est[j] > est[i])
+    g = np.setdiff1d(order[:i], [order[j]])
+    bad = check_plan(Plan("x", topo, [TablePlan(t, ColdSharding.hashed(range(4)), global_ids=g,
+                                                node_ids=[order[i]], node_local=[0])]),
+                     summaries=summ, round_trip=False)
+    assert any("global + node tiers are not a prefix" in v for v in bad), bad
+
+
+def test_checker_catches_node_tier_hotter_than_global():
+    p, summ, t, topo = _small_plan()
+    tp = p["s"]
+    swapped = TablePlan(t, tp.cold, global_ids=tp.node_ids, node_ids=tp.global_ids,
+                        node_local=[0, 1])
+    v = check_plan(Plan("x", topo, [swapped]), summaries=summ, round_trip=False)
+    assert any("global tier are not a prefix" in m for m in v), v
+    assert check_plan(p, summaries=summ) == []
+    assert any("no frequency summary" in m for m in check_plan(p, summaries={}, round_trip=False))
+
+
+def test_checker_catches_budget():
+    p, summ, t, topo = _small_plan()
+    c = evaluate_analytic(p, summ, 8)
+    assert check_plan(p, summaries=summ, batch_size=8, budget_bytes=c.peak_memory_bytes) == []
+    v = check_plan(p, summaries=summ, batch_size=8, budget_bytes=c.peak_memory_bytes * 0.99)
+    assert len(v) == 1 and "over the budget" in v[0] and "peak memory" in v[0], v
+    rows = p.row_bytes_per_gpu.max()
+    assert check_plan(p, budget_bytes=rows) == []
+    v = check_plan(p, budget_bytes=rows * 0.99)
+    assert len(v) == 1 and "stored rows" in v[0], v
+    # a FlexShard plan against a budget smaller than its peak
+    r = plan_flexshard([t], topo, summ, 8)
+    v = check_plan(r.plan, summaries=summ, batch_size=8,
+                   budget_bytes=r.cost.peak_memory_bytes * 0.9)
+    assert any("over the budget" in m for m in v)
+
+
+class _MisroutingPlan(Plan):
+    """Serves global replicas from the next GPU and node replicas from the other node."""
+
+    def route(self, table, ids, src_gpu):
+        out = super().route(table, ids, src_gpu).astype(np.int64)
+        ids = np.asarray(ids)
+        src = np.broadcast_to(np.asarray(src_gpu), ids.shape)
+        tp = self[table]
+        G, M = self.topology.num_gpus, self.topology.gpus_per_node
+        g = np.isin(ids, tp.global_ids)
+        out[g] = (src[g] + 1) % G
+        n = np.isin(ids, tp.node_ids)
+        out[n] = (out[n] + M) % G
+        return out.astype(np.int32)
+
+
+class _OffByOneTablePlan(TablePlan):
+    def rows_per_gpu(self, topo):
+        out = super().rows_per_gpu(topo)
+        out[0] += 1
+        return out
+
+
+class _LossySavePlan(Plan):
+    """Saves the plan without its node tier."""
+
+    def save(self, directory):
+        tps = [TablePlan(tp.table, tp.cold, global_ids=tp.global_ids) for tp in self.tables.values()]
+        return Plan(self.strategy, self.topology, tps, self.meta).save(directory)
+
+
+def test_checker_catches_routing_accounting_and_round_trip_failures():
+    p, summ, t, topo = _small_plan()
+    tp = p["s"]
+    v = check_plan(_MisroutingPlan("x", topo, [tp]))
+    assert any("global replica" in m and "expected GPU" in m for m in v), v
+    assert any("node replica" in m for m in v), v
+    v = check_plan(Plan("x", topo, [_OffByOneTablePlan(t, tp.cold, tp.global_ids, tp.node_ids,
+                                                       tp.node_local)]))
+    assert any("memory accounting and routing disagree" in m for m in v), v
+    v = check_plan(_LossySavePlan("x", topo, [tp]))
+    assert len(v) == 1 and "Plan.save / Plan.load" in v[0] and "node_ids" in v[0], v
+    # the sampled path (tables too large to route every ID) still sees the tier members
+    v = check_plan(_MisroutingPlan("x", topo, [tp]), full_route_limit=0, sample_ids=4)
+    assert any("global replica" in m for m in v), v
+
+
+def test_checker_catches_broken_conservation(monkeypatch):
+    p, summ, t, topo = _small_plan()
+    real = fst.evaluate_analytic
+
+    def broken(*a, **k):
+        c = real(*a, **k)
+        c.send["index"] = c.send["index"] * 2
+        c.matrices["backward"] = c.matrices["backward"] + 1.0
+        return c
+
+    monkeypatch.setattr(fst, "evaluate_analytic", broken)
+    v = check_plan(p, summaries=summ, batch_size=8, round_trip=False)
+    assert any("index bytes sent" in m for m in v), v
+    assert any("backward bytes are not the forward bytes transposed" in m for m in v), v
+
+
+def test_strategies_without_hypothesis_say_how_to_install(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "hypothesis", None)
+    monkeypatch.setitem(sys.modules, "hypothesis.strategies", None)
+    with pytest.raises(ImportError, match="pip install hypothesis"):
+        topologies()
+    p, summ, _, _ = _small_plan()
+    assert check_plan(p, summaries=summ, batch_size=4) == []  # the checker needs numpy only
