@@ -98,9 +98,19 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
 
 
 @app.command()
-def demo(topk: int = typer.Option(5, help="Top rows to print per table.")):
-    """Sketch the embedded default trace and print its statistics."""
+def demo(topk: int = typer.Option(5, help="Top rows to print per table."),
+         topology: str = typer.Option("2x8", help="Topology for the planning part."),
+         batch_size: int = typer.Option(64, help="Samples per GPU per iteration (B).")):
+    """Sketch the embedded default trace, print its statistics, then plan it and compare plans."""
     from rich.console import Console
+    from rich.table import Table
+
+    from .baselines import build_baseline
+    from .batch import rebatch
+    from .cost import CostModel, evaluate_trace
+    from .logs import read_log
+    from .planner import plan_flexshard
+    from .topology import Topology
 
     path = _default_trace()
     con = Console()
@@ -109,8 +119,49 @@ def demo(topk: int = typer.Option(5, help="Top rows to print per table.")):
     st, secs = _sketch_logs([path], None, 8192, show_progress=True)
     _print_tables(st, topk, secs)
     con.print("Each table is sketched by Numba kernels (count-min, Misra-Gries heavy hitters, "
-              "HyperLogLog; exact counts when the table is small) in one pass. "
-              "Next: `flexshard-stream stats LOG --json` on your own logs.")
+              "HyperLogLog; exact counts when the table is small) in one pass.\n")
+
+    # plan on the first half of the trace, evaluate every plan on the second half (out of sample)
+    topo = Topology.load(topology)
+    tabs = _load_tables([path], None)
+    spi = topo.num_gpus * batch_size
+    batches = list(rebatch(read_log([str(path)], batch_size=spi), spi, drop_last=True))
+    half = len(batches) // 2
+    prof = _profile_batches(batches[:half], tabs)
+    by_feat = {t.feature: t.name for t in tabs}
+    summaries = {by_feat[f]: s for f, s in prof.summary(k=1 << 20).items()}
+    t = Table(title=f"planned on the first {half} iterations, evaluated on the next "
+                    f"{len(batches) - half} (out of sample), {topo.summary().split(';')[0]}, "
+                    f"B = {batch_size}")
+    for col in ("de-dup", "plan", "all-to-all / iter", "inter-node / iter", "sync / iter",
+                "comm time / iter", "peak memory / GPU"):
+        t.add_column(col)
+    for dedup in (False, True):
+        model = CostModel(dedup=dedup)
+        res = plan_flexshard(tabs, topo, summaries, batch_size, model=model)
+        plans = [build_baseline("rw", tabs, topo), build_baseline("twrw", tabs, topo), res.plan]
+        costs = [evaluate_trace(p, batches[half:], batch_size, model).mean for p in plans]
+        base = costs[0].comm_time_s
+        for p, c in zip(plans, costs):
+            name = p.strategy if p.strategy != "flexshard" else \
+                f"flexshard ({base / max(c.comm_time_s, 1e-30):.2f}x vs rw)"
+            t.add_row("on" if dedup else "off", name, f"{c.a2a_bytes / 1e6:,.2f} MB",
+                      f"{c.inter_node_bytes / 1e6:,.2f} MB", f"{c.sync_bytes / 1e6:,.2f} MB",
+                      f"{c.comm_time_s * 1e6:,.1f} us", f"{c.peak_memory_bytes / 1e6:,.1f} MB")
+    con.print(t)
+    con.print("FlexShard replicates the rows that carry most lookups (globally or per node) and "
+              "shards the rest by load, within the row-wise plan's peak memory. Next: "
+              "`flexshard-stream stats LOG --json`, `flexshard-stream plan --strategy flexshard`, "
+              "`flexshard-stream evaluate` on your own logs.")
+
+
+def _profile_batches(batches, tables):
+    from .config import TableConfig
+    from .stream import StreamStats
+    st = StreamStats([TableConfig(t.name, t.num_rows, t.feature) for t in tables])
+    for b in batches:
+        st.update(b)
+    return st
 
 
 def _load_tables(logs: List[Path], tables: Optional[Path]):
