@@ -430,22 +430,18 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     if cfg.bandwidth_aware and topo.nodes > 1 and np.ptp(topo.inter_bw) > 0:
         layouts.append(np.asarray(topo.inter_bw, dtype=np.float64))
 
-    def consider(st: list[tuple[int, int]], g: int) -> Cost:
-        nonlocal best
+    def consider(st: list[tuple[int, int]], g: int, place: bool = False) -> Cost:
+        """Price tier sizes ``st`` under every cold layout; returns the fastest cost."""
         out = None
         for li, w in enumerate(layouts):
-            key = (tuple(st), li)
-            if key in evaluated:
-                cost = evaluated[key][1]
-            else:
-                cand = _build_plan(curves, st, topo, cfg, model, place=False, cold_cache=cache,
+            key = (tuple(st), li, place)
+            if key not in evaluated:
+                cand = _build_plan(curves, st, topo, cfg, model, place=place, cold_cache=cache,
                                    weights=w)
                 cost = evaluate_analytic(cand, sums, batch_size, model, mean_lengths=ml,
                                          want_matrices=False)
-                evaluated[key] = (cand, cost)
-                if cost.peak_memory_bytes <= budget * (1 + 1e-12):
-                    if best is None or cost.comm_time_s < best[0] * (1 - 1e-12):
-                        best = (cost.comm_time_s, cand, cost, g, list(st), w)
+                evaluated[key] = (cand, cost, g, list(st), w)
+            cost = evaluated[key][1]
             if out is None or cost.comm_time_s < out.comm_time_s:
                 out = cost
         return out
@@ -482,18 +478,25 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
         for _, g, st in sorted(at_grid)[:3]:
             for v in variants(st, (0, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 64), (0.5, 1, 2, 4)):
                 consider(v, g)
+    if cfg.max_placed > 0:
+        # the hottest cold rows placed by load, on a budget-independent set of candidates: every
+        # grid prefix when there are few tables, and the three fastest candidates overall
+        unplaced = sorted((v[1].comm_time_s, i) for i, v in enumerate(evaluated.values()))
+        vals = list(evaluated.values())
+        todo = [(vals[i][3], vals[i][2]) for _, i in unplaced[:3]]
+        if len(curves) <= cfg.variant_tables:
+            todo += [(st, g) for _, g, st in at_grid]
+        for st, g in todo:
+            if any(k0 or k1 for k0, k1 in st) or g == 0:
+                consider(st, g, place=True)
+    for cand, cost, g, st, w in evaluated.values():
+        if cost.peak_memory_bytes <= budget * (1 + 1e-12):
+            if best is None or cost.comm_time_s < best[0] * (1 - 1e-12):
+                best = (cost.comm_time_s, cand, cost, g, st, w)
     if best is None:
         need = min(rw_cost.peak_memory_bytes, base_cost.peak_memory_bytes)
         raise ConfigError(f"memory budget {budget:.4g} bytes per GPU is impossible: even the "
                           f"row-wise plan needs {need:.4g} bytes per GPU at its peak")
-    if best[4] is not None and cfg.max_placed > 0:
-        # the chosen tiers with the hottest cold rows placed by load: kept when it fits and helps
-        placed = _build_plan(curves, best[4], topo, cfg, model, place=True, cold_cache=cache,
-                             weights=best[5])
-        pc = evaluate_analytic(placed, sums, batch_size, model, mean_lengths=ml,
-                               want_matrices=False)
-        if pc.peak_memory_bytes <= budget * (1 + 1e-12) and pc.comm_time_s <= best[0]:
-            best = (pc.comm_time_s, placed, pc, best[3], best[4], best[5])
     _, chosen, cost, g, _, w_best = best
     meta = {"planner": "flexshard", "batch_size": batch_size, "dedup": model.dedup,
             "budget_bytes": budget, "memory_policy": {"bytes_per_gpu": memory.bytes_per_gpu,

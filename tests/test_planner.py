@@ -14,6 +14,7 @@ from flexshard_stream.baselines import build_baseline, hugectr_hybrid, row_wise
 from flexshard_stream.cost import CostModel, evaluate_analytic, evaluate_trace
 from flexshard_stream.plan import ColdSharding, Plan, TablePlan
 from flexshard_stream.planner import MemoryPolicy, PlannerConfig, plan_flexshard
+from flexshard_stream.summary import FrequencySummary
 from flexshard_stream.tables import EmbeddingTable
 from flexshard_stream.testing import (assert_plan_ok, check_plan, plans, sample_batches,
                                       skewed_streams, skewed_summaries, tables, topologies,
@@ -199,80 +200,105 @@ def _topo_with_inter_bw(bw):
                     u.host_memory_bytes, "skewed")
 
 
-def test_hand_heterogeneous_weighted_ranges():
-    """Local GPU 1 of each node has a 4x slower inter-node link (25, 6.25, 25, 6.25 GB/s). The
-    planner prices two cold layouts: equal ranges, and ranges weighted 4:1:4:1 (8000 / 2000 rows of
-    20000) so the slow GPUs store fewer rows. Whichever it picks must be the one its metadata names,
-    and bandwidth awareness never makes the plan slower than the bandwidth-blind planner."""
-    topo = _topo_with_inter_bw([25e9, 6.25e9, 25e9, 6.25e9])
+def _hot_in_range_case():
+    """GPU 3 alone is behind a 4x slower inter-node link; the 200 hot rows (60% of the lookups) sit
+    at IDs 15000..15199, inside GPU 3's equal range [15000, 20000)."""
+    topo = _topo_with_inter_bw([25e9, 25e9, 25e9, 6.25e9])
     t = EmbeddingTable("items", 20_000, 32, "fp32", "sequence")
-    s = zipf_summary(t, 1.05, total=10**6, top_k=200, seed=3, mean_length=10.0)
+    p = np.arange(1, 201) ** -1.05
+    est = p / p.sum() * 0.6 * 10**6
+    s = FrequencySummary("items", 10**6, np.arange(15_000, 15_200), est, est, est, 20_000, 20_000,
+                         20_000, 0.4 * 10**6, 19_800, 20_000, True, 10**5, 10.0)
+    return topo, t, s
+
+
+def test_hand_heterogeneous_weighted_ranges():
+    """With room for it (2x the row-wise peak), the cold tier's ranges are weighted by inter-node
+    bandwidth 25:25:25:6.25, 20000 rows -> 6154 / 6154 / 6154 / 1538: the slow GPU stores a quarter
+    of the rows and no longer serves the hot rows; without bandwidth awareness that plan is not a
+    candidate and the result is slower."""
+    topo, t, s = _hot_in_range_case()
     r = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0))
     assert r.plan.strategy == "flexshard"
+    assert r.plan.meta["cold_ranges"] == "bandwidth-weighted"
     tp = r.plan["items"]
     assert tp.cold.kind == "range"
-    widths = np.diff(tp.cold.bounds)
-    if r.plan.meta["cold_ranges"] == "bandwidth-weighted":
-        assert np.abs(widths - np.array([8000, 2000, 8000, 2000])).max() <= 1
-        rows = tp.rows_per_gpu(topo)
-        assert rows[1] < rows[0] and rows[3] < rows[2], rows
-    else:
-        assert widths.tolist() == [5000] * 4
+    assert np.diff(tp.cold.bounds).tolist() == [6154, 6154, 6154, 1538]
+    rows = tp.rows_per_gpu(topo)
+    assert rows[3] < 0.3 * rows[:3].min(), rows
+    assert r.plan.route("items", np.arange(15_000, 15_200), 3).max() < 3  # hot rows left GPU 3
     assert_plan_ok(r.plan, summaries={"items": s}, batch_size=64, budget_bytes=r.budget_bytes)
-    flat = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0),
-                          config=PlannerConfig(bandwidth_aware=False))
-    assert flat.plan.strategy == "flexshard"
-    assert np.diff(flat.plan["items"].cold.bounds).tolist() == [5000] * 4
-    assert r.cost.comm_time_s <= flat.cost.comm_time_s * REL
-
-
-def test_weighted_ranges_give_slow_gpus_fewer_rows():
-    from flexshard_stream.planner import _build_plan, _Curve
-    topo = _topo_with_inter_bw([25e9, 6.25e9, 25e9, 6.25e9])
-    t = EmbeddingTable("items", 20_000, 32, "fp32", "sequence")
-    s = zipf_summary(t, 1.05, total=10**6, top_k=200, seed=3, mean_length=10.0)
-    c = _Curve(t, s, topo, 64, CostModel(), 10.0)
-    p = _build_plan([c], [(0, 0)], topo, PlannerConfig(), CostModel(), place=False,
-                    weights=np.asarray(topo.inter_bw))
-    rows = p["items"].rows_per_gpu(topo)
-    assert rows.tolist() == [8000, 2000, 8000, 2000]
+    blind = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0),
+                           config=PlannerConfig(bandwidth_aware=False))
+    assert np.ptp(np.diff(blind.plan["items"].cold.bounds)) == 0
+    assert r.cost.comm_time_s < blind.cost.comm_time_s
 
 
 def test_bandwidth_awareness_never_hurts_on_a_slow_node():
-    """A whole node behind slow links: weighted ranges alone make the slow GPUs request more over
-    their slow links (1.55x row-wise here); the planner must price equal ranges too and never do
-    worse than the bandwidth-blind planner."""
+    """A whole node behind 4x slower links: weighted ranges would make its GPUs *request* more over
+    their slow links (the fast node owning 80% of the rows), 1.55x row-wise's time in the model;
+    the planner must keep equal ranges there and do as well as with bandwidth awareness off.
+    (Regression: the planner once only tried weighted ranges and fell back to row-wise.)"""
     topo = _topo_with_inter_bw([25e9, 25e9, 6.25e9, 6.25e9])
     t = EmbeddingTable("items", 20_000, 32, "fp32", "sequence")
     s = zipf_summary(t, 1.05, total=10**6, top_k=200, seed=3, mean_length=10.0)
+    weighted = Plan("w", topo, [TablePlan(t, ColdSharding.ranges(range(4), 20_000, topo.inter_bw))])
+    rw = evaluate_analytic(row_wise([t], topo), {"items": s}, 64)
+    assert evaluate_analytic(weighted, {"items": s}, 64).comm_time_s > 1.4 * rw.comm_time_s
     aware = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0))
     blind = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0),
                            config=PlannerConfig(bandwidth_aware=False))
+    assert aware.plan.strategy == "flexshard" and aware.plan.meta["cold_ranges"] == "equal"
     assert aware.cost.comm_time_s <= blind.cost.comm_time_s * REL
+    assert aware.cost.comm_time_s < 0.95 * rw.comm_time_s
 
 
 @given(workloads(max_nodes=3, max_gpus_per_node=2, max_tables=2, max_rows=3000, min_nodes=2),
        st.floats(1.0, 4.0))
 @PLANNER
-def test_heterogeneous_cold_ranges_follow_bandwidth(w, f):
-    """On any multi-node topology the cold tier's ranges are equal or (when the planner picked the
-    bandwidth-weighted layout) proportional to each GPU's inter-node bandwidth: a GPU behind a
-    slower link never gets a wider range."""
+def test_heterogeneous_cold_ranges(w, f):
+    """The cold tier is either equal ranges (as row-wise) or ranges proportional to each GPU's
+    inter-node bandwidth (a GPU behind a slower link never gets a wider range), over all GPUs."""
     r = plan(w, MemoryPolicy(factor=f))
-    if r.plan.strategy != "flexshard":
-        return  # the row-wise baseline won: its ranges are equal by definition
     bw = w.topology.inter_bw
-    if r.plan.meta["cold_ranges"] == "equal":
-        bw = np.ones_like(bw)
     G = w.topology.num_gpus
+    weighted = r.plan.meta.get("cold_ranges") == "bandwidth-weighted"
+    assert not weighted or r.plan.strategy == "flexshard"
     for tp in r.plan.tables.values():
         assert tp.cold.kind == "range" and tp.cold.gpus.tolist() == list(range(G))
-        widths = np.diff(tp.cold.bounds).astype(float)
         H = tp.table.num_rows
-        assert np.abs(widths - H * bw / bw.sum()).max() <= 1.0 + 1e-9
-        # rounding the bounds to whole rows moves a width by at most one row
-        i, j = np.nonzero(bw[:, None] < bw[None, :])
-        assert np.all(widths[i] <= widths[j] + 1), (bw, widths)
+        if weighted:
+            assert tp.cold == ColdSharding.ranges(range(G), H, bw)
+            widths = np.diff(tp.cold.bounds).astype(float)
+            assert np.abs(widths - H * bw / bw.sum()).max() <= 1.0 + 1e-9
+            # rounding the bounds to whole rows moves a width by at most one row
+            i, j = np.nonzero(bw[:, None] < bw[None, :])
+            assert np.all(widths[i] <= widths[j] + 1), (bw, widths)
+        else:
+            assert tp.cold == ColdSharding.ranges(range(G), H)
+
+
+# regression (found by the property test below): the placement of the hottest cold rows was
+# tried only for the budget-dependent winner, so a larger budget could give a slower plan
+def test_more_memory_never_worse_regression_placement():
+    t0 = EmbeddingTable("t0", 2926, 4, "fp32", "pooled")
+    t1 = EmbeddingTable("t1", 1, 1, "fp32", "sequence")
+    est = np.array([116.83910789, 58.41955395, 38.9463693, 29.20977697])
+    one = np.array([1000.0])
+    summ = {"t0": FrequencySummary("t0", 1000, np.array([1303, 2826, 351, 1248]), est, est, est,
+                                   2926.0, 2926.0, 2926.0, 1000 - est.sum(), 2922.0, 2926, True,
+                                   1000, 1.0),
+            "t1": FrequencySummary("t1", 1000, np.array([0]), one, one, one, 1.0, 1.0, 1.0, 0.0,
+                                   0.0, 1, True, 1000, 1.0)}
+    u = Topology.uniform(3, 2, intra_node_bandwidth=100e9)
+    bw = np.array([1.5625e9, 1.5625e9, 1.5625e9, 12.5e9, 6.25e9, 0.78125e9])
+    topo = Topology(3, 2, u.hbm_bytes, u.intra_bw, bw, u.uvm_bw, u.host_memory_bytes, "x")
+    w = fst.Workload([t0, t1], topo, summ, 8)
+    b1 = rw_cost(w).peak_memory_bytes
+    r1 = plan(w, MemoryPolicy(bytes_per_gpu=b1))
+    r2 = plan(w, MemoryPolicy(bytes_per_gpu=3 * b1))
+    assert r1.cost.peak_memory_bytes <= 3 * b1  # the b1 plan is a valid answer at b2
+    assert r2.cost.comm_time_s <= r1.cost.comm_time_s * REL
 
 
 # ----------------------------------------------------------------------------- the helpers
