@@ -240,7 +240,8 @@ def kernel_only(plan, batches, B, dedup, fresh_scratch=True):
                 ce = np.zeros((G, G), np.int64)
                 tn = np.zeros(M, np.int64)
                 t0 = time.perf_counter()
-                table_traffic(ids, lens, B, M, r.keys, r.vals, r.used, r.lg, r.cold_kind, r.gpus,
+                table_traffic(ids, lens, B, M, tp.table.num_rows, r.keys, r.vals, r.used, r.lg,
+                              r.cold_kind, r.gpus,
                               r.bounds, r.seed, dedup, tp.table.kind == "pooled", set_tab,
                               held["stamp"], held["touch"][n], dp_tab, marks, ci, ce, tn)
                 per_table[n] += time.perf_counter() - t0

@@ -220,6 +220,14 @@ def _finish(topo: Topology, a2a: Mapping[str, tuple[np.ndarray, np.ndarray]],
 
 
 # ----------------------------------------------------------------------------- trace mode
+def _split_features(batch: Batch) -> list[tuple[str, np.ndarray, np.ndarray, int]]:
+    """Per-feature views of a batch; ID ranges are checked inside the trace kernel (one pass)."""
+    offs = batch.key_offsets()
+    bs = batch.batch_size
+    return [(k, batch.values[offs[i]:offs[i + 1]], batch.lengths[i * bs:(i + 1) * bs], -1)
+            for i, k in enumerate(batch.keys)]
+
+
 class _Scratch:
     """Reusable hash-set scratch of the trace kernel, grown on demand; stamps avoid clearing."""
 
@@ -295,7 +303,7 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
             if k not in by_feature:
                 raise BatchError(f"no table in plan {plan.strategy!r} for this feature; "
                                  f"plan features: {sorted(by_feature)}", feature=k, field="keys")
-        parts = validate_batch(it, configs)
+        parts = _split_features(it)
         idx_m = np.zeros((G, G))
         fwd_m = np.zeros((G, G))
         s_global = 0.0
@@ -310,10 +318,14 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
             cnt_idx = np.zeros((G, G), np.int64)
             cnt_emb = np.zeros((G, G), np.int64)
             touched_node = np.zeros(M, np.int64)
-            tg = table_traffic(ids, lens, batch_size, M, r.keys, r.vals, r.used, r.lg, r.cold_kind,
-                               r.gpus, r.bounds, r.seed, model.dedup,
+            tg = table_traffic(ids, lens, batch_size, M, tp.table.num_rows, r.keys, r.vals, r.used,
+                               r.lg, r.cold_kind, r.gpus, r.bounds, r.seed, model.dedup,
                                tp.table.kind == "pooled", scratch.set_tab, stamp, touch[feat],
                                scratch.dp_tab, scratch.marks, cnt_idx, cnt_emb, touched_node)
+            if tg < 0:  # an ID out of range: the kernel stopped; name it (nothing was counted)
+                validate_batch(it, configs)
+                raise BatchError(f"ID {int(ids[-tg - 1])} out of range", feature=feat,
+                                 field="values", position=int(-tg - 1))
             eb = float(tp.table.embedding_bytes)
             idx_m += cnt_idx * float(model.index_bytes)
             fwd_m += cnt_emb.T * eb          # embeddings flow owner -> requester

@@ -23,8 +23,8 @@ _MAP_SEED = np.uint64(0x2545F4914F6CDD1D)
 
 
 @njit(nogil=True, cache=True)
-def table_traffic(ids, lengths, B, M, keys, vals, used, lg, cold_kind, gpus, bounds, seed,
-                  dedup, pooled, set_tab, stamp0, touch_stamp, dp_tab, marks,
+def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind, gpus, bounds,
+                  seed, dedup, pooled, set_tab, stamp0, touch_stamp, dp_tab, marks,
                   cnt_idx, cnt_emb, touched_node):
     """Accumulate one iteration of one table into ``cnt_idx`` / ``cnt_emb`` (int64[G, G]).
 
@@ -34,7 +34,9 @@ def table_traffic(ids, lengths, B, M, keys, vals, used, lg, cold_kind, gpus, bou
     the routing map) marks replica rows already counted for the all-reduce (stamp ``stamp0``).
     ``dp_tab`` (int64[cap2, 2], cap2 >= 2 * len(ids)) is the touched-row set of data-parallel tables.
     ``marks`` (int64[G], -1) is pooled scratch. Returns the distinct global-replica rows touched;
-    ``touched_node[m]`` gets the distinct node-replica rows on local GPU ``m`` touched.
+    ``touched_node[m]`` gets the distinct node-replica rows on local GPU ``m`` touched. An ID outside
+    ``[0, num_rows)`` stops the count and returns ``-(position + 1)`` (the caller discards the
+    partial counts and raises).
     """
     nsamp = lengths.shape[0]
     G = (nsamp + B - 1) // B
@@ -70,6 +72,8 @@ def table_traffic(ids, lengths, B, M, keys, vals, used, lg, cold_kind, gpus, bou
             n = lengths[s]
             for k in range(pos, pos + n):
                 key = ids[k]
+                if key < 0 or key >= num_rows:
+                    return -(k + 1)
                 special = False
                 if use_map:
                     i = np.int64(mix64(uint64(key), _MAP_SEED) >> map_shift) & map_mask
