@@ -202,27 +202,33 @@ class _Model:
         return a[6] + 2 * (a[0] + a[1] + a[2] + a[3]) + a[4] + a[5] / self.M
 
 
+_HOT_P = 16.0  # p-norm over tables of the hottest-row loads: a smooth stand-in for their max
+
+
 def _moves(curves: list[_Curve], pm: _Model, blocks: int, max_steps: int
            ) -> list[tuple[int, int, int]]:
-    """Greedy move sequence: (table, k0, k1) after each move, independent of the memory budget."""
+    """Greedy move sequence: (table, k0, k1) after each move, independent of the memory budget.
+
+    The busiest GPU's load depends on the hottest single row of *any* table; with a plain max,
+    promoting one table's hottest row gains nothing while another table's is as hot, and the greedy
+    stalls on that plateau. The proxy therefore aggregates the hottest-row loads with a p-norm
+    (p = 16), which every table's promotion lowers.
+    """
     T = len(curves)
     state = [(0, 0) for _ in range(T)]
     terms = [pm.table_terms(c, 0, 0) for c in curves]
     agg = [sum(tt[i] for tt in terms) for i in range(7)]
-    hot = np.array([tt[7:] for tt in terms]).reshape(T, 4)
-    cols = np.arange(4)
+    # normalise by the initial hottest cold-row loads (node-replica loads never exceed them)
+    sc_idx = max([tt[7] for tt in terms] + [1e-300])
+    sc_emb = max([tt[8] for tt in terms] + [1e-300])
+    scale = [sc_idx, sc_emb, sc_idx, sc_emb]
+    P = _HOT_P
+    hsum = [sum((tt[7 + j] / scale[j]) ** P for tt in terms) for j in range(4)]
 
-    def top2():
-        i1 = hot.argmax(axis=0)
-        v1 = hot[i1, cols]
-        if T == 1:
-            return v1.tolist(), i1.tolist(), [0.0] * 4
-        h2 = hot.copy()
-        h2[i1, cols] = -np.inf
-        return v1.tolist(), i1.tolist(), h2.max(axis=0).tolist()
+    def hot_of(hs):
+        return [scale[j] * max(hs[j], 0.0) ** (1.0 / P) for j in range(4)]
 
-    v1, i1, v2 = top2()
-    cur_time = pm.time(agg, v1)
+    cur_time = pm.time(agg, hot_of(hsum))
     cur_mem = pm.memory(agg)
     step = [max(1, c.k // blocks) for c in curves]
 
@@ -243,25 +249,39 @@ def _moves(curves: list[_Curve], pm: _Model, blocks: int, max_steps: int
         nt = pm.table_terms(curves[t], *new)
         ot = terms[t]
         a = [agg[i] - ot[i] + nt[i] for i in range(7)]
-        h = [max(v2[j] if i1[j] == t else v1[j], nt[7 + j]) for j in range(4)]
-        dt = pm.time(a, h) - cur_time
-        if dt >= -1e-15 * cur_time:
+        hs = [hsum[j] - (ot[7 + j] / scale[j]) ** P + (nt[7 + j] / scale[j]) ** P
+              for j in range(4)]
+        dt = pm.time(a, hot_of(hs)) - cur_time
+        if dt >= -1e-12 * cur_time:
             return None
         dm = pm.memory(a) - cur_mem
-        # free wins (less time and less memory) first, then the best time saved per byte
-        key = -1e300 + dt if dm <= 0 else dt / dm
-        return key, nt
+        # free wins (less time and less memory) first, largest saving first; then the best time
+        # saved per byte of memory
+        key = (0, dt) if dm <= 0 else (1, dt / dm)
+        return key, nt, hs
 
-    heap: list[tuple[float, int, int, int, int]] = []
+    heap: list[tuple[tuple[int, float], int, int, int, int]] = []
     seq = 0
-    for t in range(T):
-        for new in candidates(t):
-            sc = score(t, new)
-            if sc is not None:
-                heapq.heappush(heap, (sc[0], seq, t, new[0], new[1]))
-                seq += 1
+
+    def refresh() -> None:
+        """Score every table's candidates: a table whose moves did not pay earlier may pay now
+        (the busiest GPU's load moved to its rows when other tables promoted theirs)."""
+        nonlocal seq
+        heap.clear()
+        for t in range(T):
+            for new in candidates(t):
+                sc = score(t, new)
+                if sc is not None:
+                    heapq.heappush(heap, (sc[0], seq, t, new[0], new[1]))
+                    seq += 1
+
+    refresh()
     out: list[tuple[int, int, int]] = []
-    while heap and len(out) < max_steps:
+    while len(out) < max_steps:
+        if not heap:
+            refresh()
+            if not heap:
+                break
         key, _, t, n0, n1 = heapq.heappop(heap)
         if (n0, n1) not in candidates(t):
             continue  # stale: the table moved since this candidate was scored
@@ -272,14 +292,13 @@ def _moves(curves: list[_Curve], pm: _Model, blocks: int, max_steps: int
             heapq.heappush(heap, (sc[0], seq, t, n0, n1))  # lazily re-scored: not best any more
             seq += 1
             continue
-        nt = sc[1]
+        _, nt, hs = sc
         ot = terms[t]
         agg = [agg[i] - ot[i] + nt[i] for i in range(7)]
         terms[t] = nt
-        hot[t] = nt[7:]
-        v1, i1, v2 = top2()
+        hsum = hs
         state[t] = (n0, n1)
-        cur_time = pm.time(agg, v1)
+        cur_time = pm.time(agg, hot_of(hsum))
         cur_mem = pm.memory(agg)
         out.append((t, n0, n1))
         for new in candidates(t):
