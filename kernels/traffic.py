@@ -114,32 +114,21 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                         dst = np.int64(gpus[np.int64(mix64(uint64(key), seed) % ngpu)])
                     else:
                         # range: guess by proportion (exact for equal ranges), else binary search
-                        if nb <= 1 or key <= 0:
-                            j = 0
-                            if nb > 1:
-                                lo, hi = 0, nb + 1
-                                while lo < hi:
-                                    mid = (lo + hi) >> 1
-                                    if bounds[mid] <= key:
-                                        lo = mid + 1
-                                    else:
-                                        hi = mid
-                                j = min(max(lo - 1, 0), nb - 1)
-                        elif key >= last:
-                            j = nb - 1
-                        else:
-                            j = np.int64(float(key) / float(last) * nb)
-                            if j >= nb:
+                        j = 0
+                        if nb > 1:
+                            if key >= last:
                                 j = nb - 1
-                            if not (bounds[j] <= key and key < bounds[j + 1]):
-                                lo, hi = 0, nb + 1
-                                while lo < hi:
-                                    mid = (lo + hi) >> 1
-                                    if bounds[mid] <= key:
-                                        lo = mid + 1
-                                    else:
-                                        hi = mid
-                                j = min(max(lo - 1, 0), nb - 1)
+                            else:
+                                j = min(np.int64(float(key) / float(last) * nb), nb - 1)
+                                if not (bounds[j] <= key and key < bounds[j + 1]):
+                                    lo, hi = 0, nb + 1
+                                    while lo < hi:
+                                        mid = (lo + hi) >> 1
+                                        if bounds[mid] <= key:
+                                            lo = mid + 1
+                                        else:
+                                            hi = mid
+                                    j = min(max(lo - 1, 0), nb - 1)
                         dst = np.int64(gpus[j])
                 if dst == src:
                     continue
