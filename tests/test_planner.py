@@ -68,8 +68,9 @@ def test_memory_neutral_by_default(w, model):
     r = plan(w, model=model)
     base = rw_cost(w, model)
     assert r.budget_bytes == pytest.approx(base.peak_memory_bytes, rel=1e-12)
-    assert r.cost.peak_memory_bytes <= base.peak_memory_bytes * REL
-    assert np.all(r.cost.peak_memory_per_gpu <= base.peak_memory_bytes * REL)
+    # the plan's memory by the evaluator itself, not as the planner reports it
+    peak = evaluate_analytic(r.plan, w.summaries, w.batch_size, model).peak_memory_per_gpu
+    assert np.all(peak <= base.peak_memory_bytes * REL), (peak, base.peak_memory_bytes)
 
 
 @given(WORKLOADS, MODELS, st.sampled_from(["default", "factor", "bytes"]), st.floats(1.0, 8.0))
@@ -80,6 +81,8 @@ def test_never_worse_than_row_wise(w, model, policy, f):
               "bytes": MemoryPolicy(bytes_per_gpu=base.peak_memory_bytes * f)}[policy]
     r = plan(w, memory, model)
     assert r.cost.comm_time_s <= base.comm_time_s * REL
+    again = evaluate_analytic(r.plan, w.summaries, w.batch_size, model)
+    assert again.comm_time_s <= base.comm_time_s * REL
     assert r.baseline.strategy == "rw"
     assert r.baseline_cost.comm_time_s == pytest.approx(base.comm_time_s, rel=1e-12)
 
