@@ -290,7 +290,6 @@ def torchrec_shard_comm(sharding: str,
 
     pooled = kind == "pooled"
     W, LW, D = world_size, local_world_size, dim
-    bw = {"intra": intra_host_bw, "inter": inter_host_bw}
     batch_inputs = torchrec_batch_inputs(batch_size, L, num_poolings)
     batch_outputs = torchrec_batch_outputs(batch_size, L, pooled, num_poolings)
     components: list[dict[str, Any]] = []

@@ -65,7 +65,6 @@ def analytic_traffic(G, M, B, dedup,
             for m in range(M):
                 q_n[m] = 0.0
         p_special = np.full(b - a, -1.0)  # probability of special rows found in the top
-        special = sp_ids[a:b]
         ca, cb = lay_off[lt], lay_off[lt + 1]
         bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
         ncold = uint64(cb - ca)

@@ -5,7 +5,6 @@ of leading zeros of the remaining ``64 - p`` bits (at most ``65 - p``). The esti
 estimator, no empirical bias tables) is computed in Python from the register histogram.
 """
 
-import numpy as np
 from numba import njit, uint64, uint8
 from numba.cpython.unsafe.numbers import leading_zeros
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from flexshard_stream import SketchConfig, StreamStats, TableStats
+from flexshard_stream import StreamStats, TableStats
 from flexshard_stream.batch import Batch
 
 

@@ -354,7 +354,7 @@ def test_note_and_units_are_reported():
 # ------------------------------------------------------------------ plan-level wrapper
 def test_plan_level_torchrec_estimate_matches_shard_formula():
     from flexshard_stream.baselines import row_wise, table_row_wise, table_wise
-    from flexshard_stream.plan import ColdSharding, Plan, TablePlan
+    from flexshard_stream.plan import ColdSharding, TablePlan
     from flexshard_stream.tables import EmbeddingTable
     from flexshard_stream.torchrec_compat import torchrec_plan_comm, torchrec_sharding_of
     from flexshard_stream.topology import Topology
