@@ -432,7 +432,9 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     n = len(moves)
     # a fixed grid along the move sequence (independent of the budget): geometric near the start
     # (tight budgets fit only the first few moves) and linear over the rest
-    half = max(2, cfg.prefix_candidates // 2)
+    # many tables on many GPUs: fewer exact pricings (each prices a whole fresh plan)
+    big = len(curves) > cfg.variant_tables and len(curves) * topo.num_gpus > (1 << 20)
+    half = max(2, cfg.prefix_candidates // (4 if big else 2))
     grid = sorted({0, n} | {int(round(x)) for x in np.geomspace(1, max(n, 1), half)}
                   | {int(round(n * f)) for f in np.linspace(0, 1, half)})
     grid = [g for g in grid if 0 <= g <= n]
@@ -502,7 +504,7 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
         # grid prefix when there are few tables, and the three fastest candidates overall
         unplaced = sorted((v[1].comm_time_s, i) for i, v in enumerate(evaluated.values()))
         vals = list(evaluated.values())
-        todo = [(vals[i][3], vals[i][2]) for _, i in unplaced[:3]]
+        todo = [(vals[i][3], vals[i][2]) for _, i in unplaced[:1 if big else 3]]
         if len(curves) <= cfg.variant_tables:
             todo += [(st, g) for _, g, st in at_grid]
         for st, g in todo:
