@@ -152,6 +152,8 @@ class TableStats:
             if max_id > self.max_id:
                 self.max_id = max_id
         if lengths is not None and lengths.size:
+            if not lengths.flags.writeable:  # DataSketches' KLL binding rejects read-only arrays
+                lengths = lengths.copy()
             self._lengths.update(lengths)
             self.samples += int(lengths.size)
 

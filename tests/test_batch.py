@@ -140,3 +140,14 @@ def test_from_torch_kjt_zero_copy():
     b = Batch.from_dlpack(["a"], v, torch.tensor([2, 1]))
     v[0] = 42
     assert b.values[0] == 42
+
+
+def test_read_only_arrays_are_accepted():
+    """Arrays from arrow/polars or loaders are often read-only views; updates must not need to write."""
+    v = np.array([1, 2, 3], np.int64)
+    lens = np.array([2, 1], np.int64)
+    v.setflags(write=False)
+    lens.setflags(write=False)
+    s = StreamStats()
+    s.update(Batch(["a"], v, lens))
+    assert s["a"].total == 3 and s["a"].length_quantiles()["0.5"] in (1.0, 2.0)
