@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import tempfile
 import zlib
@@ -32,7 +33,7 @@ END = b"FSEND\0\0\0"
 VERSION = 1
 _DTYPES = {"int64", "uint64", "uint32", "uint8", "int32", "float64", "float32"}
 
-__all__ = ["pack", "unpack", "write_atomic", "read_file"]
+__all__ = ["pack", "unpack", "write_atomic", "read_file", "replace_directory"]
 
 
 def pack(kind: str, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
@@ -142,3 +143,15 @@ def read_file(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.nd
     except FileNotFoundError:
         raise FormatError(f"{path}: no such file") from None
     return unpack(data, kind, str(path))
+
+
+def replace_directory(tmp: Path, target: Path) -> None:
+    """Publish the finished directory ``tmp`` as ``target``: an existing ``target`` is moved aside
+    first and removed only after the new one is in place (plan and export directories)."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, old / target.name)
+    os.replace(tmp, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -62,6 +62,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .container import replace_directory
 from .errors import ConfigError, FormatError
 from .plan import ColdSharding, Plan, Router, TablePlan
 from .summary import FrequencySummary
@@ -443,13 +444,7 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
             "schema_version": EXPORT_SCHEMA_VERSION, "tables": configs})
         _write_json(tmp / MANIFEST_FILE, manifest)
         load_torchrec_export(tmp)  # verify before publishing
-        old = None
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-            os.replace(out_dir, old / "export")
-        os.replace(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_directory(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

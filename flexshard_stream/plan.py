@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from .container import replace_directory
 from .errors import ConfigError, FormatError
 from .kernels.routing import (COLD_HASH, COLD_RANGE, COLD_REPLICATED, cumulative_weights,
                               hash_owner_counts, map_build, range_bounds, route_ids)
@@ -463,13 +464,7 @@ class Plan:
                 f.flush()
                 os.fsync(f.fileno())
             Plan.load(tmp)  # verify before publishing
-            old = None
-            if directory.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
-                os.replace(directory, old / "plan")
-            os.replace(tmp, directory)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            replace_directory(tmp, directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
