@@ -18,7 +18,6 @@ Pipeline (docs/PLANNER.md gives the reasoning and where it departs from the pape
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 from .baselines import build_baseline
 from .cost import Cost, CostModel, evaluate_analytic
 from .errors import ConfigError
+from .kernels.greedy import greedy_moves
 from .kernels.routing import place_by_load
 from .plan import ColdSharding, Plan, TablePlan
 from .summary import FrequencySummary
@@ -66,6 +66,9 @@ class PlannerConfig:
     bandwidth_aware : bool  weighted cold ranges and load-per-bandwidth placement
     variant_tables : int    up to this many tables, each prefix is also tried with its global
                             boundary 2..64x deeper (exact evaluation)
+    thresholds : int        shared marginal-value thresholds: every pair ``th0 >= th1`` of this
+                            many levels (plus "none") cuts every table at the same expected
+                            requests per byte; priced exactly when tables x GPUs <= 2^20 (0: off)
     """
 
     blocks: int = 64
@@ -73,6 +76,7 @@ class PlannerConfig:
     prefix_candidates: int = 16
     bandwidth_aware: bool = True
     variant_tables: int = 8
+    thresholds: int = 10
 
 
 @dataclass
@@ -116,7 +120,7 @@ class _Curve:
         self.table = t
         lam = G * B * L * p
         req = -np.expm1(-lam / G) if model.dedup else lam / G
-        self.req_list = req.tolist()
+        self.req = req
         self.R = np.concatenate([[0.0], np.cumsum(req)])
         self.U = np.concatenate([[0.0], np.cumsum(-np.expm1(-lam))])
         self.P = np.concatenate([[0.0], np.cumsum(p)])
@@ -127,7 +131,6 @@ class _Curve:
         self.tail_req1 = tail_req / s.tail_rows if s.tail_rows > 0 else 0.0
         self.P_tot = self.P[-1] + (s.tail_rows * pt if s.total else 0.0)
         self.k = self.ids.size
-        self.R, self.U, self.P = self.R.tolist(), self.U.tolist(), self.P.tolist()
         self.L = L
         self.B = B
         self.pooled = t.kind == "pooled"
@@ -136,7 +139,8 @@ class _Curve:
 
 
 class _Model:
-    """Load-aware approximation of the evaluator's time and per-GPU memory (the planner's proxy).
+    """Constants of the load-aware approximation of the evaluator (the planner's proxy, computed in
+    ``kernels/greedy.py``).
 
     Per GPU and phase, the bytes sent are the balanced average; the bytes received at the busiest GPU
     are the larger of the average and the load of the single hottest row it must serve (rows are
@@ -159,153 +163,61 @@ class _Model:
             self.s0_e = 2 * (G - 1) / G * (1 - (M - 1) / max(M, 1)) if G > 1 else 0.0
         self.s1_e = 2 * (N - 1) / N / M if N > 1 else 0.0
 
-    def table_terms(self, c: _Curve, k0: int, k1: int) -> tuple:
-        """Per-GPU sums (idx_intra, idx_inter, emb_intra, emb_inter, s0, s1, rows) followed by the
-        hottest single-row loads (cold_idx, cold_emb, node_idx, node_emb) for tiers (k0, k1).
-        Plain floats: this runs in the planner's inner loop."""
-        G, M = self.G, self.M
-        R = c.R
-        cold_req = c.R_tot - R[k0 + k1]
-        node_req = R[k0 + k1] - R[k0]
-        ib = self.ib
-        idx_intra = (cold_req * (M - 1) / G + node_req * (M - 1) / M) * ib
-        idx_inter = cold_req * (G - M) / G * ib
-        if c.pooled:
-            qc = max(0.0, c.P_tot - c.P[k0 + k1])
-            qn = c.P[k0 + k1] - c.P[k0]
-            emb_inter = (G - M) * c.B * -math.expm1(-c.L * qc / G) * c.eb
-            emb_intra = (M - 1) * c.B * -math.expm1(-c.L * (qc / G + qn / M)) * c.eb
-        else:
-            emb_intra = idx_intra / ib * c.eb
-            emb_inter = idx_inter / ib * c.eb
-        s0 = c.U[k0] * c.eb
-        s1 = (c.U[k0 + k1] - c.U[k0]) * c.eb
-        rows = (k0 + k1 / M) * c.rb + (c.table.num_rows - k0 - k1) * c.rb / G
-        hc = c.req_list[k0 + k1] if k0 + k1 < c.k else c.tail_req1
-        hn = c.req_list[k0] if k1 > 0 else 0.0
-        return (idx_intra, idx_inter, emb_intra, emb_inter, s0, s1, rows,
-                hc * ib, hc * c.eb, hn * ib, hn * c.eb)
-
-    def time(self, a, hot) -> float:
-        """``a``: summed terms; ``hot``: max over tables of the four hottest-row loads."""
-        G, M, bi, be = self.G, self.M, self.bi, self.be
-        t = 0.0
-        for col_i, col_e, h_c, h_n, mult in ((0, 1, hot[0], hot[2], 1.0),
-                                             (2, 3, hot[1], hot[3], 2.0)):
-            ai, ae = a[col_i], a[col_e]
-            recv_e = max(ae, (G - M) * h_c)
-            recv_i = max(ai, (M - 1) * max(h_c, h_n))
-            t += mult * max(recv_i / bi, recv_e / be)   # receives >= sends when balanced
-        return t + a[4] * (self.s0_i / bi + self.s0_e / be) + a[5] * self.s1_e / be
-
-    def memory(self, a) -> float:
-        return a[6] + 2 * (a[0] + a[1] + a[2] + a[3]) + a[4] + a[5] / self.M
-
 
 _HOT_P = 16.0  # p-norm over tables of the hottest-row loads: a smooth stand-in for their max
 
 
 def _moves(curves: list[_Curve], pm: _Model, blocks: int, max_steps: int
            ) -> list[tuple[int, int, int]]:
-    """Greedy move sequence: (table, k0, k1) after each move, independent of the memory budget.
+    """Greedy move sequence (table, k0, k1 after each move), independent of the memory budget:
+    one Numba call (``kernels/greedy.py``).
 
     The busiest GPU's load depends on the hottest single row of *any* table; with a plain max,
     promoting one table's hottest row gains nothing while another table's is as hot, and the greedy
     stalls on that plateau. The proxy therefore aggregates the hottest-row loads with a p-norm
-    (p = 16), which every table's promotion lowers.
-    """
+    (p = 16), which every table's promotion lowers. Blocks grow geometrically from one row (the
+    hottest rows matter most) up to ``k / blocks`` rows. When no move is left in the heap, every
+    table is scored again: a table whose moves did not pay earlier may pay now."""
     T = len(curves)
-    state = [(0, 0) for _ in range(T)]
-    terms = [pm.table_terms(c, 0, 0) for c in curves]
-    agg = [sum(tt[i] for tt in terms) for i in range(7)]
-    # normalise by the initial hottest cold-row loads (node-replica loads never exceed them)
-    sc_idx = max([tt[7] for tt in terms] + [1e-300])
-    sc_emb = max([tt[8] for tt in terms] + [1e-300])
-    scale = [sc_idx, sc_emb, sc_idx, sc_emb]
-    P = _HOT_P
-    hsum = [sum((tt[7 + j] / scale[j]) ** P for tt in terms) for j in range(4)]
+    if T == 0 or max_steps <= 0:
+        return []
+    ks = np.array([c.k for c in curves], np.int64)
+    off = np.zeros(T + 1, np.int64)
+    off[1:] = np.cumsum(ks + 1)
+    R = np.concatenate([np.asarray(c.R, np.float64) for c in curves])
+    U = np.concatenate([np.asarray(c.U, np.float64) for c in curves])
+    P = np.concatenate([np.asarray(c.P, np.float64) for c in curves])
+    req = np.concatenate([c.req for c in curves] + [np.zeros(1)])
+    tab = np.array([[c.R_tot, c.tail_req1, c.P_tot, c.k, c.L, c.B, float(c.pooled), c.eb, c.rb,
+                     c.table.num_rows] for c in curves], np.float64)
+    step = np.maximum(1, ks // blocks)
+    out = np.zeros((max_steps, 3), np.int64)
+    n = greedy_moves(R, U, P, req, off, tab, step, float(pm.G), float(pm.M), pm.ib, pm.bi, pm.be,
+                     pm.s0_i, pm.s0_e, pm.s1_e, _HOT_P, max_steps, out)
+    return [tuple(r) for r in out[:n].tolist()]
 
-    def hot_of(hs):
-        return [scale[j] * max(hs[j], 0.0) ** (1.0 / P) for j in range(4)]
 
-    cur_time = pm.time(agg, hot_of(hsum))
-    cur_mem = pm.memory(agg)
-    step = [max(1, c.k // blocks) for c in curves]
-
-    def candidates(t: int):
-        # blocks grow geometrically from one row (the hottest rows matter most), up to k / blocks
-        c = curves[t]
-        k0, k1 = state[t]
-        out = []
-        if k0 + k1 < c.k:                     # extend node replicas from the cold tier
-            b = min(step[t], max(1, k0 + k1))
-            out.append((k0, min(c.k - k0, k1 + b)))
-        if k0 < c.k:                          # move the global boundary down
-            n0 = min(c.k, k0 + min(step[t], max(1, k0)))
-            out.append((n0, max(0, k0 + k1 - n0)))
-        return out
-
-    def score(t: int, new: tuple[int, int]):
-        nt = pm.table_terms(curves[t], *new)
-        ot = terms[t]
-        a = [agg[i] - ot[i] + nt[i] for i in range(7)]
-        hs = [hsum[j] - (ot[7 + j] / scale[j]) ** P + (nt[7 + j] / scale[j]) ** P
-              for j in range(4)]
-        dt = pm.time(a, hot_of(hs)) - cur_time
-        if dt >= -1e-12 * cur_time:
-            return None
-        dm = pm.memory(a) - cur_mem
-        # free wins (less time and less memory) first, largest saving first; then the best time
-        # saved per byte of memory
-        key = (0, dt) if dm <= 0 else (1, dt / dm)
-        return key, nt, hs
-
-    heap: list[tuple[tuple[int, float], int, int, int, int]] = []
-    seq = 0
-
-    def refresh() -> None:
-        """Score every table's candidates: a table whose moves did not pay earlier may pay now
-        (the busiest GPU's load moved to its rows when other tables promoted theirs)."""
-        nonlocal seq
-        heap.clear()
-        for t in range(T):
-            for new in candidates(t):
-                sc = score(t, new)
-                if sc is not None:
-                    heapq.heappush(heap, (sc[0], seq, t, new[0], new[1]))
-                    seq += 1
-
-    refresh()
-    out: list[tuple[int, int, int]] = []
-    while len(out) < max_steps:
-        if not heap:
-            refresh()
-            if not heap:
-                break
-        key, _, t, n0, n1 = heapq.heappop(heap)
-        if (n0, n1) not in candidates(t):
-            continue  # stale: the table moved since this candidate was scored
-        sc = score(t, (n0, n1))
-        if sc is None:
-            continue
-        if heap and sc[0] > heap[0][0] and sc[0] != key:
-            heapq.heappush(heap, (sc[0], seq, t, n0, n1))  # lazily re-scored: not best any more
-            seq += 1
-            continue
-        _, nt, hs = sc
-        ot = terms[t]
-        agg = [agg[i] - ot[i] + nt[i] for i in range(7)]
-        terms[t] = nt
-        hsum = hs
-        state[t] = (n0, n1)
-        cur_time = pm.time(agg, hot_of(hsum))
-        cur_mem = pm.memory(agg)
-        out.append((t, n0, n1))
-        for new in candidates(t):
-            s2 = score(t, new)
-            if s2 is not None:
-                heapq.heappush(heap, (s2[0], seq, t, new[0], new[1]))
-                seq += 1
+def _threshold_states(curves: list[_Curve], levels: int) -> list[list[tuple[int, int]]]:
+    """Tier sizes cut at shared marginal values: a row is a global replica when its expected
+    requests per GPU per iteration per stored byte (``req * D*e / row_bytes``) reach ``th0``, a node
+    replica when they reach ``th1 <= th0``; all pairs over ``levels`` geometric thresholds between
+    the hottest and coldest summarized rows, plus "none". Independent of the memory budget."""
+    score = [c.req * (c.eb / c.rb) for c in curves]
+    nonempty = [s for s in score if s.size]
+    if not nonempty or levels <= 0:
+        return []
+    hi = max(float(s[0]) for s in nonempty)
+    lo = max(min(float(s[-1]) for s in nonempty), hi * 1e-9)
+    if not hi > 0:
+        return []
+    ths = [math.inf] + list(np.geomspace(hi, lo, levels))
+    counts = [[int(np.searchsorted(-s, -th, side="right")) for s in score] for th in ths]
+    out = []
+    for i0 in range(len(ths)):
+        for i1 in range(i0, len(ths)):
+            st = [(a, b - a) for a, b in zip(counts[i0], counts[i1])]
+            if any(b for b in counts[i1]):
+                out.append(st)
     return out
 
 
@@ -339,9 +251,10 @@ def _build_plan(curves: list[_Curve], state: Sequence[tuple[int, int]], topo: To
     cold_cache = {} if cold_cache is None else cold_cache
     tps = []
     empty_i64, empty_i32 = np.zeros(0, np.int64), np.zeros(0, np.int32)
+    wkey = w.tobytes()  # once: G floats, hashed per table otherwise
     for c, (k0, k1) in zip(curves, state):
         t = c.table
-        ck = (t.num_rows, w.tobytes())
+        ck = (t.num_rows, wkey)
         cold = cold_cache.get(ck)
         if cold is None:
             cold = cold_cache[ck] = ColdSharding.ranges(gpus, t.num_rows, w)
@@ -428,15 +341,19 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     blocks = int(min(cfg.blocks, max(8, 4096 // max(1, len(curves)))))
     steps = sum(2 * blocks + 2 * max(1, c.k).bit_length() + 2 for c in curves)
     moves = _moves(curves, pm, blocks, steps)
-    # candidate prefixes: a fixed grid along the move sequence (independent of the budget)
     n = len(moves)
-    # a fixed grid along the move sequence (independent of the budget): geometric near the start
-    # (tight budgets fit only the first few moves) and linear over the rest
-    # many tables on many GPUs: fewer exact pricings (each prices a whole fresh plan)
+    # candidate prefixes, a fixed grid along the move sequence (independent of the budget):
+    # geometric near the start (tight budgets fit only the first few moves), linear over the rest.
+    # Many tables on many GPUs: each exact pricing builds and prices a whole fresh plan (~0.2 s at
+    # 1,000 tables x 4,096 GPUs), and the first moves change nothing there (another table's hot row
+    # still sets the busiest GPU), so five prefixes from n/64 on.
     big = len(curves) > cfg.variant_tables and len(curves) * topo.num_gpus > (1 << 20)
-    half = max(2, cfg.prefix_candidates // (4 if big else 2))
-    grid = sorted({0, n} | {int(round(x)) for x in np.geomspace(1, max(n, 1), half)}
-                  | {int(round(n * f)) for f in np.linspace(0, 1, half)})
+    if big:
+        grid = sorted({int(round(n * f)) for f in (1 / 64, 0.25, 0.5, 0.75, 1.0)} - {0})
+    else:
+        half = max(2, cfg.prefix_candidates // 2)
+        grid = sorted({0, n} | {int(round(x)) for x in np.geomspace(1, max(n, 1), half)}
+                      | {int(round(n * f)) for f in np.linspace(0, 1, half)})
     grid = [g for g in grid if 0 <= g <= n]
     states = [(0, 0)] * len(curves)
     applied = 0
@@ -488,6 +405,12 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
             applied += 1
         cost = consider(list(states), g)
         at_grid.append((cost.comm_time_s, g, list(states)))
+    if not big:
+        # every table cut at the same marginal value per byte (pairs of shared thresholds): where
+        # the exact per-GPU peak memory, not the proxy's balanced one, decides what fits (many
+        # small tables, tight memory-neutral budgets), these fit when the move prefixes do not
+        for st in _threshold_states(curves, cfg.thresholds):
+            consider(st, -1)
     if len(curves) <= cfg.variant_tables:
         # with few tables, refine with the exact evaluator around the move sequence: the
         # load-aware proxy is flat where hot node replicas or memory decide. The candidate set
