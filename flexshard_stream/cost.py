@@ -9,6 +9,10 @@ Two modes share every formula after the traffic counts (:func:`_finish`):
 
 Units: bytes and bytes per iteration, seconds per iteration. Byte matrices are ``M[a, b]`` = bytes
 GPU ``a`` sends to GPU ``b``. docs/COST_MODEL.md gives the equations.
+
+Host memory tier (``TablePlan.hbm_fraction``): lookups of cold rows kept in host memory are counted per
+owner GPU (``Cost.host_lookups``) and charged at its UVM bandwidth (``Cost.uvm_time_s``);
+``Cost.iteration_time_s = comm_time_s + uvm_time_s``.
 """
 
 from __future__ import annotations
@@ -70,7 +74,14 @@ class Cost:
     send, recv : {component: float64[G, 3]}   bytes per GPU by link class (local, intra, inter)
     matrices : {component: float64[G, G]} or None
     time_s : {component: seconds}; comm_time_s = index + forward + backward + sync
-    row_bytes, buffer_bytes : float64[G]   stored rows; communication buffers (bytes)
+    row_bytes, buffer_bytes : float64[G]   rows stored in HBM; communication buffers (bytes)
+    host_lookups : float64[G]   row lookups served from GPU g's host memory per iteration (host
+                                memory tier; every requester, the owner included; with
+                                de-duplication once per (source GPU, row) pair)
+    uvm_bytes : float64[G]      bytes moved over GPU g's UVM link per iteration: per host lookup
+                                ``D e`` (forward read) + ``2 (D e + s)`` (backward read-modify-write
+                                of the row and its optimizer state)
+    host_bytes : float64[G]     rows GPU g keeps in host memory (bytes, expected value)
     """
 
     topology: Topology
@@ -84,11 +95,38 @@ class Cost:
     iterations: int = 1
     mode: str = "trace"
     dedup: bool = True
+    host_lookups: np.ndarray | None = None
+    uvm_bytes: np.ndarray | None = None
+    host_bytes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        G = self.topology.num_gpus
+        for a in ("host_lookups", "uvm_bytes", "host_bytes"):
+            v = getattr(self, a)
+            setattr(self, a, np.zeros(G) if v is None else np.asarray(v, dtype=np.float64))
 
     @property
     def comm_time_s(self) -> float:
         """Modelled communication time per iteration (seconds)."""
         return float(sum(self.time_s[c] for c in COMPONENTS))
+
+    @property
+    def uvm_time_s(self) -> float:
+        """Host-memory (UVM) time per iteration: the slowest GPU's ``uvm_bytes / uvm_bw``
+        (seconds; 0 without a host memory tier)."""
+        if not self.uvm_bytes.size or not self.uvm_bytes.any():
+            return 0.0
+        return float((self.uvm_bytes / self.topology.uvm_bw).max())
+
+    @property
+    def iteration_time_s(self) -> float:
+        """``comm_time_s + uvm_time_s`` (seconds per iteration): what a planner minimizes."""
+        return self.comm_time_s + self.uvm_time_s
+
+    @property
+    def host_lookups_total(self) -> float:
+        """Lookups served from host memory per iteration, all GPUs."""
+        return float(self.host_lookups.sum())
 
     def bytes_by_class(self, component: str) -> dict[str, float]:
         """Bytes per iteration of one component, summed over GPUs, per link class."""
@@ -132,9 +170,13 @@ class Cost:
                                    "by_component": {c: self.bytes_by_class(c) for c in COMPONENTS}},
                 "comm_time_s_per_iter": self.comm_time_s,
                 "time_s_per_iter": dict(self.time_s),
+                "host_lookups_per_iter": self.host_lookups_total,
+                "uvm_time_s_per_iter": self.uvm_time_s,
+                "iteration_time_s": self.iteration_time_s,
                 "peak_memory_bytes": self.peak_memory_bytes,
                 "row_bytes_max": float(self.row_bytes.max()),
-                "buffer_bytes_max": float(self.buffer_bytes.max())}
+                "buffer_bytes_max": float(self.buffer_bytes.max()),
+                "host_bytes_max": float(self.host_bytes.max()) if self.host_bytes.size else 0.0}
 
 
 @dataclass
@@ -205,7 +247,8 @@ def _sync_traffic(topo: Topology, s_global: float, s_node: np.ndarray, model: Co
 
 def _finish(topo: Topology, a2a: Mapping[str, tuple[np.ndarray, np.ndarray]],
             sync: tuple[np.ndarray, np.ndarray, float], sync_buffer: np.ndarray,
-            row_bytes: np.ndarray, model: CostModel, matrices, mode: str) -> Cost:
+            row_bytes: np.ndarray, model: CostModel, matrices, mode: str,
+            host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Cost:
     send = {c: a2a[c][0] for c in A2A_COMPONENTS}
     recv = {c: a2a[c][1] for c in A2A_COMPONENTS}
     send["sync"], recv["sync"] = sync[0], sync[1]
@@ -215,8 +258,9 @@ def _finish(topo: Topology, a2a: Mapping[str, tuple[np.ndarray, np.ndarray]],
     # backward reuses the forward's buffers, transposed) plus the replica gradients
     buf = sum(send[c].sum(axis=1) + recv[c].sum(axis=1) for c in ("index", "forward"))
     buf = buf + sync_buffer
+    hl, ub, hb = host if host is not None else (None, None, None)
     return Cost(topo, send, recv, time_s, row_bytes, buf, model.reservation_bytes, matrices,
-                mode=mode, dedup=model.dedup)
+                mode=mode, dedup=model.dedup, host_lookups=hl, uvm_bytes=ub, host_bytes=hb)
 
 
 # ----------------------------------------------------------------------------- trace mode
@@ -285,7 +329,7 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
     spi = G * batch_size
     series: dict[str, list[float]] = {k: [] for k in (
         "a2a_bytes", "intra_node_bytes", "inter_node_bytes", "sync_bytes", "comm_time_s",
-        "peak_memory_bytes")}
+        "peak_memory_bytes", "host_lookups", "uvm_time_s")}
     sum_send = {c: np.zeros((G, 3)) for c in COMPONENTS}
     sum_recv = {c: np.zeros((G, 3)) for c in COMPONENTS}
     sum_time = {c: 0.0 for c in COMPONENTS}
@@ -293,6 +337,10 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
     peak_buf = np.zeros(G)
     per_iter_mats: list[dict[str, np.ndarray]] | None = [] if keep_matrices else None
     row_bytes = plan.row_bytes_per_gpu
+    host_bytes = plan.host_bytes_per_gpu
+    sum_host = np.zeros(G)
+    sum_uvm = np.zeros(G)
+    host_cnt = np.zeros(G, np.int64)
     n_it = 0
     dropped = 0
     for it in rebatch(batches, spi):
@@ -308,6 +356,8 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
         fwd_m = np.zeros((G, G))
         s_global = 0.0
         s_node = np.zeros(M)
+        it_host = np.zeros(G)
+        it_uvm = np.zeros(G)
         for feat, ids, lens, _ in parts:
             tp = by_feature[feat]
             r = routers[feat]
@@ -318,10 +368,18 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
             cnt_idx = np.zeros((G, G), np.int64)
             cnt_emb = np.zeros((G, G), np.int64)
             touched_node = np.zeros(M, np.int64)
-            tg = table_traffic(ids, lens, batch_size, M, tp.table.num_rows, r.keys, r.vals, r.used,
-                               r.lg, r.cold_kind, r.gpus, r.bounds, r.seed, model.dedup,
-                               tp.table.kind == "pooled", scratch.set_tab, stamp, touch[feat],
-                               scratch.dp_tab, scratch.marks, cnt_idx, cnt_emb, touched_node)
+            if tp.has_host_tier:  # the kernel counts host lookups (compiled apart)
+                host_cnt.fill(0)
+                tg = table_traffic(ids, lens, batch_size, M, tp.table.num_rows, r.keys, r.vals,
+                                   r.used, r.lg, r.cold_kind, r.gpus, r.bounds, r.seed, model.dedup,
+                                   tp.table.kind == "pooled", scratch.set_tab, stamp, touch[feat],
+                                   scratch.dp_tab, scratch.marks, cnt_idx, cnt_emb, touched_node,
+                                   tp.hbm_fraction, host_cnt)
+            else:
+                tg = table_traffic(ids, lens, batch_size, M, tp.table.num_rows, r.keys, r.vals,
+                                   r.used, r.lg, r.cold_kind, r.gpus, r.bounds, r.seed, model.dedup,
+                                   tp.table.kind == "pooled", scratch.set_tab, stamp, touch[feat],
+                                   scratch.dp_tab, scratch.marks, cnt_idx, cnt_emb, touched_node)
             if tg < 0:  # an ID out of range: the kernel stopped; name it (nothing was counted)
                 validate_batch(it, configs)
                 raise BatchError(f"ID {int(ids[-tg - 1])} out of range", feature=feat,
@@ -331,6 +389,9 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
             fwd_m += cnt_emb.T * eb          # embeddings flow owner -> requester
             s_global += tg * eb
             s_node += touched_node * eb
+            if tp.has_host_tier:
+                it_host += host_cnt
+                it_uvm += host_cnt * float(tp.table.embedding_bytes + 2 * tp.table.row_bytes)
         bwd_m = fwd_m.T                      # gradients flow requester -> owner
         a2a = {}
         for c, m in (("index", idx_m), ("forward", fwd_m), ("backward", bwd_m)):
@@ -338,7 +399,10 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
         ss, sr, st, smat = _sync_traffic(topo, s_global, s_node, model,
                                           want_matrix=True)
         sync_buf = np.full(G, s_global) + s_node[np.arange(G) % M]
-        cost = _finish(topo, a2a, (ss, sr, st), sync_buf, row_bytes, model, None, "trace")
+        cost = _finish(topo, a2a, (ss, sr, st), sync_buf, row_bytes, model, None, "trace",
+                       (it_host, it_uvm, host_bytes))
+        sum_host += it_host
+        sum_uvm += it_uvm
         for c in COMPONENTS:
             sum_send[c] += cost.send[c]
             sum_recv[c] += cost.recv[c]
@@ -355,6 +419,8 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
         series["sync_bytes"].append(cost.sync_bytes)
         series["comm_time_s"].append(cost.comm_time_s)
         series["peak_memory_bytes"].append(cost.peak_memory_bytes)
+        series["host_lookups"].append(cost.host_lookups_total)
+        series["uvm_time_s"].append(cost.uvm_time_s)
         n_it += 1
         if progress is not None:
             progress(n_it)
@@ -365,7 +431,8 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
                 {c: sum_recv[c] / k for c in COMPONENTS}, {c: sum_time[c] / k for c in COMPONENTS},
                 row_bytes, peak_buf, model.reservation_bytes,
                 {c: sum_mat[c] / k for c in COMPONENTS}, iterations=n_it, mode="trace",
-                dedup=model.dedup)
+                dedup=model.dedup, host_lookups=sum_host / k, uvm_bytes=sum_uvm / k,
+                host_bytes=host_bytes)
     return TraceCost(mean, {k2: np.asarray(v) for k2, v in series.items()}, per_iter_mats, dropped)
 
 
@@ -383,6 +450,10 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     with ``q_dst`` the probability mass owned by ``dst``. All tables go through one Numba call
     (``kernels/analytic.py``); matrices are built only for G <= 512 (or when asked), the per-GPU sums
     come from closed forms in O(G) per table.
+
+    Host memory tier: a host row ``r`` owned by ``g`` adds ``G * (1 - exp(-lambda_r / G))`` host
+    lookups at ``g`` with de-duplication (every GPU, ``g`` included, requests it), ``lambda_r``
+    without; explicit top rows by their own hash test, tail rows with probability ``1 - f[g]``.
     """
     model = model or CostModel()
     topo = plan.topology
@@ -407,6 +478,7 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     f = plan.flat
     idx_cold, emb_cold, emb_node = np.zeros(G), np.zeros(G), np.zeros(G)
     idx_node, s_node = np.zeros(M), np.zeros(M)
+    host_lk, uvm_b = np.zeros(G), np.zeros(G)
     s_global = analytic_traffic(
         G, M, float(batch_size), model.dedup, f["sp_off"], f["sp_ids"], f["sp_codes"],
         f["layout"], f["num_rows"], f["emb_bytes"], f["pooled"], f["lay_kind"], f["lay_off"],
@@ -414,7 +486,8 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
         np.asarray(top_off, np.int64),
         np.concatenate(top_ids).astype(np.int64) if top_ids else np.zeros(0, np.int64),
         np.concatenate(top_p).astype(np.float64) if top_p else np.zeros(0),
-        tail_p, tail_rows, mean_len, idx_cold, idx_node, emb_cold, emb_node, s_node)
+        tail_p, tail_rows, mean_len, idx_cold, idx_node, emb_cold, emb_node, s_node,
+        f["hf_off"], f["hf"], f["uvm_lookup_bytes"], host_lk, uvm_b)
     ib = float(model.index_bytes)
     idx_node_g = idx_node[np.arange(G) % M]
     a2a = {"index": _structured(topo, idx_cold * ib, idx_node_g * ib),
@@ -430,7 +503,7 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
         matrices["sync"] = smat
     sync_buf = np.full(G, s_global) + s_node[np.arange(G) % M]
     return _finish(topo, a2a, (ss, sr, st), sync_buf, plan.row_bytes_per_gpu, model, matrices,
-                   "analytic")
+                   "analytic", (host_lk, uvm_b, plan.host_bytes_per_gpu))
 
 
 def _structured(topo: Topology, c: np.ndarray, cn: np.ndarray, transpose: bool = False):

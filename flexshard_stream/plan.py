@@ -9,6 +9,12 @@ Tiers (DESIGN.md section 3), as explicit sorted ID arrays where rows are chosen 
 - every other ID: the cold function :class:`ColdSharding` (hash, range or weighted range over a set
   of GPUs, or ``replicated`` for data-parallel tables).
 
+Host memory tier (RecShard, ``hbm_fraction``, float64[G] or empty): replicas and placed rows always sit
+in HBM; with a non-empty ``hbm_fraction`` every other cold row ``r`` owned by GPU ``g`` sits in HBM iff
+``host_u(r) < hbm_fraction[g]`` (``kernels/hashing.host_u``, a fixed uniform hash of the row ID), else
+in the host memory of ``g``'s node, read over UVM. Routing does not depend on it. An empty array (the
+default) keeps every row in HBM. See docs/COST_MODEL.md, "Host memory tier (RecShard)".
+
 Every baseline (table-wise, row-wise, table-row-wise, data-parallel, HugeCTR hybrid) and the FlexShard
 planner produce this type; the evaluator, re-sharder and replay consume it; ``route`` is the single
 routing function. Plans are saved as a directory: ``plan.json`` plus ``.npy`` ID arrays.
@@ -32,6 +38,7 @@ import numpy as np
 
 from .container import replace_directory
 from .errors import ConfigError, FormatError
+from .kernels.hashing import host_u_np
 from .kernels.routing import (COLD_HASH, COLD_RANGE, COLD_REPLICATED, cumulative_weights,
                               hash_owner_counts, map_build, range_bounds, route_ids)
 from .tables import EmbeddingTable
@@ -143,9 +150,25 @@ class TablePlan:
     node_local: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     placed_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     placed_gpus: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    hbm_fraction: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
 
     def __post_init__(self) -> None:
         t = self.table
+        try:
+            hf = np.ascontiguousarray(np.asarray(self.hbm_fraction if self.hbm_fraction is not None
+                                                 else [], dtype=np.float64).ravel())
+        except (TypeError, ValueError):
+            raise ConfigError(f"table {t.name!r}: hbm_fraction must be an array of numbers in "
+                              f"[0, 1], got {self.hbm_fraction!r}") from None
+        if hf.size:
+            if self.cold.kind == "replicated":
+                raise ConfigError(f"table {t.name!r}: a data-parallel (replicated) table cannot "
+                                  f"have a host memory tier (hbm_fraction must be empty)")
+            bad = np.flatnonzero(~((hf >= 0.0) & (hf <= 1.0)))
+            if bad.size:
+                raise ConfigError(f"table {t.name!r}: hbm_fraction must lie in [0, 1]; GPU "
+                                  f"{int(bad[0])} has {float(hf[bad[0]])!r}")
+        object.__setattr__(self, "hbm_fraction", hf)
         for name in ("global_ids", "node_ids", "placed_ids"):
             object.__setattr__(self, name, _sorted_unique_ids(getattr(self, name), name, t.name,
                                                               t.num_rows))
@@ -176,6 +199,21 @@ class TablePlan:
         """Data parallel: every row on every GPU."""
         return self.cold.kind == "replicated"
 
+    @property
+    def has_host_tier(self) -> bool:
+        """Some cold rows may sit in host memory (``hbm_fraction`` given)."""
+        return self.hbm_fraction.size > 0
+
+    def in_hbm(self, ids: Any, owners: Any) -> np.ndarray:
+        """Whether each cold row ``ids[k]`` owned by GPU ``owners[k]`` sits in HBM (bool array).
+
+        For rows routed by the cold function only (replicas and placed rows are always in HBM);
+        everything is in HBM without a host tier."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not self.has_host_tier:
+            return np.ones(ids.shape, dtype=bool)
+        return host_u_np(ids) < self.hbm_fraction[np.asarray(owners, dtype=np.int64)]
+
     def tier_sizes(self) -> dict[str, int]:
         """Rows per tier (``cold`` includes placed rows)."""
         H = self.table.num_rows
@@ -192,9 +230,12 @@ class TablePlan:
         for what, g in (("placed_gpus", self.placed_gpus), ("cold gpus", self.cold.gpus)):
             if g.size and (g.min() < 0 or g.max() >= G):
                 raise ConfigError(f"table {t!r}: {what} must lie in [0, {G})")
+        if self.hbm_fraction.size and self.hbm_fraction.size != G:
+            raise ConfigError(f"table {t!r}: hbm_fraction has {self.hbm_fraction.size} values; "
+                              f"one per GPU expected ({G}), or none (no host memory tier)")
 
     def rows_per_gpu(self, topo: Topology) -> np.ndarray:
-        """Rows stored on each GPU (int64[G])."""
+        """Rows stored by each GPU (int64[G]), in HBM or (host memory tier) in its host memory."""
         G, M = topo.num_gpus, topo.gpus_per_node
         H = self.table.num_rows
         if self.replicated:
@@ -221,8 +262,21 @@ class TablePlan:
         rows += np.bincount(c.gpus, weights=counts, minlength=G).astype(np.int64)
         return rows
 
+    def host_rows_per_gpu(self, topo: Topology) -> np.ndarray:
+        """Expected rows each GPU keeps in host memory (float64[G]): ``(1 - f[g])`` times its cold
+        rows that are not placed (the hash split counted by its expected value); zeros without a
+        host tier."""
+        G = topo.num_gpus
+        if not self.has_host_tier:
+            return np.zeros(G)
+        cold = (self.rows_per_gpu(topo) - Plan._non_cold_rows(self, topo)).astype(np.float64)
+        return (1.0 - self.hbm_fraction) * cold
+
     def to_dict(self) -> dict[str, Any]:
-        return {"table": self.table.name, "cold": self.cold.to_dict(), "tiers": self.tier_sizes()}
+        d = {"table": self.table.name, "cold": self.cold.to_dict(), "tiers": self.tier_sizes()}
+        if self.has_host_tier:
+            d["hbm_fraction"] = self.hbm_fraction.tolist()
+        return d
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TablePlan):
@@ -230,7 +284,7 @@ class TablePlan:
         return (self.table == other.table and self.cold == other.cold
                 and all(np.array_equal(getattr(self, a), getattr(other, a))
                         for a in ("global_ids", "node_ids", "node_local", "placed_ids",
-                                  "placed_gpus")))
+                                  "placed_gpus", "hbm_fraction")))
 
 
 class Router:
@@ -314,17 +368,36 @@ class Plan:
     def rows_per_gpu(self) -> dict[str, np.ndarray]:
         return {n: tp.rows_per_gpu(self.topology) for n, tp in self.tables.items()}
 
-    @cached_property
-    def row_bytes_per_gpu(self) -> np.ndarray:
-        """Bytes of stored rows (embeddings plus optimizer state) per GPU (float64[G]).
+    @property
+    def has_host_tier(self) -> bool:
+        """Some table keeps cold rows in host memory."""
+        return any(tp.has_host_tier for tp in self.tables.values())
 
-        Equal to ``sum(tp.rows_per_gpu(topo) * row_bytes)``; range-sharded cold rows are counted in
-        one Numba pass over all tables (thousands of tables on thousands of GPUs).
+    @property
+    def row_bytes_per_gpu(self) -> np.ndarray:
+        """Bytes of rows (embeddings plus optimizer state) each GPU stores in HBM (float64[G]).
+
+        Without a host memory tier equal to ``sum(tp.rows_per_gpu(topo) * row_bytes)``; with one,
+        the cold rows that are not placed count ``hbm_fraction[g]`` of their bytes (expected value of
+        the hash split), the rest is in :attr:`host_bytes_per_gpu`. Range-sharded cold rows are
+        counted in one Numba pass over all tables (thousands of tables on thousands of GPUs).
         """
+        return self._memory[0]
+
+    @property
+    def host_bytes_per_gpu(self) -> np.ndarray:
+        """Expected bytes of rows each GPU keeps in host memory (float64[G]; zeros without a host
+        memory tier): ``sum_t (1 - f_t[g]) * (cold rows of t on g that are not placed) * row_bytes``.
+        The GPUs of a node share its ``topology.host_memory_bytes``."""
+        return self._memory[1]
+
+    @cached_property
+    def _memory(self) -> tuple[np.ndarray, np.ndarray]:
         from .kernels.analytic import cold_row_counts
         topo = self.topology
         G, M = topo.num_gpus, topo.gpus_per_node
         out = np.zeros(G)
+        host = np.zeros(G)
         everywhere = 0.0
         node_acc = np.zeros(M)
         rbs = np.zeros(len(self.tables))
@@ -339,14 +412,19 @@ class Plan:
             if tp.placed_ids.size:
                 out += np.bincount(tp.placed_gpus, minlength=G) * rb
             if tp.cold.kind == "hash":
-                out += (tp.rows_per_gpu(topo) - self._non_cold_rows(tp, topo)) * rb
+                cold = (tp.rows_per_gpu(topo) - self._non_cold_rows(tp, topo)) * rb
+                if tp.has_host_tier:
+                    out += tp.hbm_fraction * cold
+                    host += (1.0 - tp.hbm_fraction) * cold
+                else:
+                    out += cold
         f = self.flat
         cold_row_counts(G, f["layout"], f["num_rows"], rbs, f["lay_kind"], f["lay_off"],
                         f["lay_gpus"], f["lay_boff"], f["lay_bounds"], f["sp_off"], f["sp_ids"],
-                        out)
+                        out, f["hf_off"], f["hf"], host)
         out += everywhere
         out += np.tile(node_acc, topo.nodes)
-        return out
+        return out, host
 
     @staticmethod
     def _non_cold_rows(tp: TablePlan, topo: Topology) -> np.ndarray:
@@ -364,9 +442,12 @@ class Plan:
     def flat(self) -> dict[str, np.ndarray]:
         """All tables flattened into concatenated arrays with per-table offsets (plan order), cold
         functions shared as layouts (one per distinct ColdSharding object), for kernels that process
-        many tables in one call (``kernels/analytic.py``)."""
+        many tables in one call (``kernels/analytic.py``). Host memory tier: ``hf[hf_off[t]:
+        hf_off[t + 1]]`` is table t's ``hbm_fraction`` (G values, or none without a tier);
+        ``uvm_lookup_bytes[t] = D e + 2 (D e + s)`` bytes moved over UVM per host lookup."""
         sp_ids, sp_codes, sp_off = [], [], [0]
         layout, rows, eb, pooled = [], [], [], []
+        hf, hf_off, ulb = [], [0], []
         lay_of: dict[tuple, int] = {}
         lk, lg, lw, lb, ls, loff, lboff = [], [], [], [], [], [0], [0]
         for tp in self.tables.values():
@@ -411,6 +492,9 @@ class Plan:
             rows.append(tp.table.num_rows)
             eb.append(float(tp.table.embedding_bytes))
             pooled.append(tp.table.kind == "pooled")
+            hf.append(tp.hbm_fraction)
+            hf_off.append(hf_off[-1] + tp.hbm_fraction.size)
+            ulb.append(float(tp.table.embedding_bytes + 2 * tp.table.row_bytes))
 
         def cat(parts, dtype):
             return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
@@ -420,7 +504,9 @@ class Plan:
                 "pooled": np.asarray(pooled, np.bool_), "lay_kind": np.asarray(lk, np.int64),
                 "lay_off": np.asarray(loff, np.int64), "lay_gpus": cat(lg, np.int64),
                 "lay_w": cat(lw, np.float64), "lay_boff": np.asarray(lboff, np.int64),
-                "lay_bounds": cat(lb, np.float64), "lay_seed": np.asarray(ls, np.uint64)}
+                "lay_bounds": cat(lb, np.float64), "lay_seed": np.asarray(ls, np.uint64),
+                "hf_off": np.asarray(hf_off, np.int64), "hf": cat(hf, np.float64),
+                "uvm_lookup_bytes": np.asarray(ulb, np.float64)}
 
     # -------------------------------------------------------------- equality
     def __eq__(self, other: object) -> bool:
@@ -444,7 +530,8 @@ class Plan:
             tables = []
             for i, (name, tp) in enumerate(self.tables.items()):
                 arrays = {}
-                for a in ("global_ids", "node_ids", "node_local", "placed_ids", "placed_gpus"):
+                for a in ("global_ids", "node_ids", "node_local", "placed_ids", "placed_gpus",
+                          "hbm_fraction"):
                     fn = f"t{i}.{a}.npy"
                     arr = getattr(tp, a)
                     with open(tmp / fn, "wb") as f:
@@ -458,6 +545,7 @@ class Plan:
             doc = {"schema_version": PLAN_SCHEMA_VERSION, "strategy": self.strategy,
                    "topology": self.topology.to_dict(), "tables": tables,
                    "memory_per_gpu_bytes": self.row_bytes_per_gpu.tolist(),
+                   "host_memory_per_gpu_bytes": self.host_bytes_per_gpu.tolist(),
                    "meta": _jsonable(self.meta)}
             with open(tmp / "plan.json", "w") as f:
                 json.dump(doc, f, indent=1)

@@ -316,12 +316,14 @@ def skewed_streams(tables: Any, topology: Any, batch_size: Any, *, summaries: An
 
 def plans(topology: Any, tables: Any, *, summaries: Any = None, max_tier_rows: int = 64,
           cold_kinds: Sequence[str] = ("hash", "range", "wrange", "subset", "replicated"),
-          strategy: str = "random"):
+          strategy: str = "random", host_tier: bool = False):
     """Strategy of valid :class:`Plan` s: per table random global / node / placed tiers (node rows on
     random local GPUs, placed rows on random GPUs) and a cold function among hash, equal ranges,
     weighted ranges, ranges over a subset of GPUs, or all-replicated. With ``summaries``, the global
     and node tiers are prefixes of each summary's frequency order (so the plans pass
-    :func:`check_plan` with those summaries); otherwise any rows. Arguments may be strategies."""
+    :func:`check_plan` with those summaries); otherwise any rows. With ``host_tier``, some tables
+    that are not replicated also get a host memory tier (``hbm_fraction``: per GPU 0, 1 or a random
+    fraction). Arguments may be strategies."""
     st = _hypothesis()
 
     @st.composite
@@ -365,8 +367,13 @@ def plans(topology: Any, tables: Any, *, summaries: Any = None, max_tier_rows: i
             nl = rng.integers(0, M, size=n1.size)
             pg = rng.integers(0, G, size=p2.size)
             o1, o2 = np.argsort(n1), np.argsort(p2)
+            hf = np.zeros(0)
+            if host_tier and draw(st.booleans()):
+                hf = rng.choice([0.0, 1.0, -1.0], size=G)
+                hf[hf < 0] = rng.random(int((hf < 0).sum()))
             tps.append(TablePlan(t, cold, global_ids=np.sort(g0), node_ids=n1[o1],
-                                 node_local=nl[o1], placed_ids=p2[o2], placed_gpus=pg[o2]))
+                                 node_local=nl[o1], placed_ids=p2[o2], placed_gpus=pg[o2],
+                                 hbm_fraction=hf))
         return Plan(strategy, topo, tps)
 
     return _plans()
@@ -470,6 +477,16 @@ def _check_structure(plan: Plan, tp: TablePlan, r: _Report) -> bool:
                   f"{_ex(both)}")
     if tp.replicated and (tp.global_ids.size or tp.node_ids.size or tp.placed_ids.size):
         r.add(f"table {name!r}: an all-replicated table lists tier rows as well")
+    hf = np.asarray(getattr(tp, "hbm_fraction", np.zeros(0)))
+    if hf.size:
+        if tp.replicated:
+            r.add(f"table {name!r}: an all-replicated table has a host memory tier (hbm_fraction)")
+        if hf.size != G:
+            r.add(f"table {name!r}: hbm_fraction has {hf.size} values for {G} GPUs")
+            ok = False
+        bad = np.flatnonzero(~((hf >= 0) & (hf <= 1)))
+        if bad.size:
+            r.add(f"table {name!r}: hbm_fraction outside [0, 1] on GPUs {_ex(bad)}")
     return ok
 
 
@@ -568,6 +585,16 @@ def _check_routing(plan: Plan, tp: TablePlan, ids: np.ndarray, complete: bool, r
         np.add.at(stored, tp.placed_gpus, 1)
         np.add.at(stored, out[0, cold], 1)
         acct = tp.rows_per_gpu(topo)
+        if tp.has_host_tier:
+            # HBM (placed rows, replicas, fraction f of the other cold rows) + host = stored
+            cold_rows = np.bincount(out[0, cold], minlength=G).astype(np.float64)
+            host = tp.host_rows_per_gpu(topo)
+            if not np.allclose(host, (1.0 - tp.hbm_fraction) * cold_rows, rtol=_RTOL, atol=1e-9):
+                gpu = int(np.flatnonzero(~np.isclose(host, (1.0 - tp.hbm_fraction) * cold_rows,
+                                                     rtol=_RTOL, atol=1e-9))[0])
+                r.add(f"table {name!r}: GPU {gpu} keeps {host[gpu]:.6g} rows in host memory by "
+                      f"the accounting, expected (1 - hbm_fraction) x {int(cold_rows[gpu])} cold "
+                      f"rows it serves")
         if not np.array_equal(acct, stored):
             gpu = int(np.flatnonzero(acct != stored)[0])
             r.add(f"table {name!r}: rows_per_gpu says GPU {gpu} stores {int(acct[gpu])} rows but "
@@ -674,7 +701,8 @@ def _check_round_trip(plan: Plan, r: _Report) -> None:
                 continue
             diff = [f for f in ("table", "cold") if getattr(a, f) != getattr(b, f)]
             diff += [f for f in ("global_ids", "node_ids", "node_local", "placed_ids",
-                                 "placed_gpus") if not np.array_equal(getattr(a, f), getattr(b, f))]
+                                 "placed_gpus", "hbm_fraction")
+                     if not np.array_equal(getattr(a, f), getattr(b, f))]
             what.append(f"table {n!r} ({', '.join(diff) or 'unequal'})")
     r.add(f"plan changed through Plan.save / Plan.load: {'; '.join(what) or 'unequal'}")
 
@@ -705,7 +733,10 @@ def check_plan(plan: Plan, *, summaries: Mapping[str, FrequencySummary] | None =
       per-row estimate); a table without a summary is a violation;
     - with ``budget_bytes``: every GPU's peak memory is within the budget: the analytic evaluator's
       rows + buffers + reservation when ``summaries`` and ``batch_size`` are given, else the stored
-      rows only;
+      rows only (HBM: rows a host memory tier keeps in host memory do not count);
+    - host memory tier: ``hbm_fraction`` empty or one value in ``[0, 1]`` per GPU (never on an
+      all-replicated table); with all IDs checked, the host rows accounted are ``1 - f`` of the cold
+      rows each GPU serves; each node's host bytes fit its ``host_memory_bytes``;
     - with ``summaries`` and ``batch_size`` (and for ``batches``, replayed with ``evaluate_trace``):
       bytes sent equal bytes received per component and link class, nothing on the local class,
       backward equals forward transposed, matrix sums match the per-GPU sums;
@@ -759,6 +790,17 @@ def check_plan(plan: Plan, *, summaries: Mapping[str, FrequencySummary] | None =
             g = int(over[np.argmax(per[over])])
             r.add(f"memory: GPU {g} needs {per[g]:.6g} bytes of {what}, over the budget of "
                   f"{budget_bytes:.6g} bytes per GPU ({over.size} of {G} GPUs over)")
+    if any(tp.has_host_tier for tp in plan.tables.values()):
+        try:
+            per_node = plan.host_bytes_per_gpu.reshape(topo.nodes, topo.gpus_per_node).sum(axis=1)
+        except Exception as e:  # noqa: BLE001
+            r.add(f"host memory accounting failed: {type(e).__name__}: {e}")
+            per_node = np.zeros(topo.nodes)
+        over_n = np.flatnonzero(per_node > topo.host_memory_bytes * (1 + _RTOL))
+        if over_n.size:
+            n = int(over_n[0])
+            r.add(f"memory: node {n} keeps {per_node[n]:.6g} bytes of cold rows in host memory, "
+                  f"over its host_memory_bytes of {float(topo.host_memory_bytes[n]):.6g}")
     if round_trip:
         _check_round_trip(plan, r)
     return r.items

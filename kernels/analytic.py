@@ -7,12 +7,18 @@ tables on thousands of GPUs: sequence tables cost O(top rows), only pooled table
 Per row ``r`` with access probability ``p``: ``lam = G * B * L * p`` expected lookups per iteration,
 spread evenly over the G GPUs; one GPU requests the row ``1 - exp(-lam / G)`` times with
 de-duplication, ``lam / G`` without. Pooled tables send one partial sum per (sample, owner) pair.
+
+Host memory tier (tables with an ``hbm_fraction``, flattened as ``hf_off`` / ``hf``): a cold row
+``r`` owned by GPU ``g`` is in host memory iff ``host_u(r) >= f[g]``. Explicit top rows are tested
+one by one; the tail rows a cold GPU holds are in host memory with probability ``1 - f[g]``. Every
+GPU, the owner included, requests a row as above, so a host row costs ``G`` times one GPU's
+requests in host lookups at its owner.
 """
 
 import numpy as np
 from numba import njit, uint64
 
-from .hashing import mix64
+from .hashing import host_u, mix64
 from .routing import range_bound, range_slot, weighted_range_slot
 
 
@@ -25,13 +31,18 @@ def analytic_traffic(G, M, B, dedup,
                      # summaries, per table t
                      top_off, top_ids, top_p, tail_p, tail_rows, mean_len,
                      # outputs (accumulated)
-                     idx_cold, idx_node, emb_cold, emb_node, s_node):
+                     idx_cold, idx_node, emb_cold, emb_node, s_node,
+                     # host memory tier: per-table fractions (hf[hf_off[t]:hf_off[t+1]], G values or
+                     # none), UVM bytes per host lookup; outputs host lookups and UVM bytes per GPU
+                     hf_off, hf, uvm_lb, host_lk, uvm_b):
     """Accumulate expected requests per iteration into the outputs; return the global-replica
     gradient bytes (all-reduced over all GPUs).
 
     idx_cold[G]: requests each other GPU sends to GPU g (cold and placed rows); idx_node[M]: requests
     each other GPU of a node sends to its local GPU m (node replicas); emb_cold[G], emb_node[G]:
     embedding bytes likewise (weighted by D * e); s_node[M]: node-replica gradient bytes.
+    host_lk[G]: expected lookups served from GPU g's host memory (all requesters, the owner
+    included); uvm_b[G]: the same weighted by ``uvm_lb[t]`` bytes per lookup.
     """
     T = sp_off.shape[0] - 1
     nl = lay_off.shape[0] - 1
@@ -72,6 +83,9 @@ def analytic_traffic(G, M, B, dedup,
         H = num_rows[t]
         nsp = b - a
         nbnd = cb - ca
+        ho = hf_off[t]
+        tier = hf_off[t + 1] > ho
+        ulb = uvm_lb[t]
         for k in range(ta, tb):
             r = top_ids[k]
             if r < 0 or r >= H:
@@ -109,6 +123,10 @@ def analytic_traffic(G, M, B, dedup,
                 q_c[dst] += p
             else:
                 emb_cold[dst] += rq * eb
+            if tier and host_u(r) >= hf[ho + dst]:
+                hl = rq * G
+                host_lk[dst] += hl
+                uvm_b[dst] += hl * ulb
         n_special_tail = 0
         for j in range(b - a):
             p = p_special[j]
@@ -148,6 +166,17 @@ def analytic_traffic(G, M, B, dedup,
                         q_c[lay_gpus[j]] += lay_w[j] / wsum * tr * pt
             else:
                 lay_emb[lt] += tr * rq_t * eb
+            if tier:  # the tail share of each cold GPU, in host memory with prob. 1 - f[g]
+                wsum = 0.0
+                for j in range(ca, cb):
+                    wsum += lay_w[j]
+                if wsum > 0:
+                    scale_h = G * tr * rq_t / wsum
+                    for j in range(ca, cb):
+                        g = lay_gpus[j]
+                        hl = scale_h * lay_w[j] * (1.0 - hf[ho + g])
+                        host_lk[g] += hl
+                        uvm_b[g] += hl * ulb
         if is_pooled:
             for g in range(G):
                 e_c = np.exp(-L * q_c[g])
@@ -173,9 +202,13 @@ def analytic_traffic(G, M, B, dedup,
 
 @njit(nogil=True, cache=True)
 def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus, lay_boff,
-                    lay_bounds, sp_off, sp_ids, out):
+                    lay_bounds, sp_off, sp_ids, out, hf_off=None, hf=None, host_out=None):
     """Add the bytes of every table's range-sharded cold rows to ``out[G]`` (special rows taken
-    out); returns False if a table uses a cold kind this kernel does not handle (hash)."""
+    out); returns False if a table uses a cold kind this kernel does not handle (hash).
+
+    With ``hf_off`` / ``hf`` / ``host_out`` (host memory tier, ``Plan.flat``): a table with
+    fractions ``f`` puts ``f[g]`` of GPU g's cold bytes in ``out`` (HBM) and ``1 - f[g]`` in
+    ``host_out`` (expected values)."""
     ok = True
     for t in range(layout.shape[0]):
         lt = layout[t]
@@ -190,6 +223,33 @@ def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus,
         ca, cb = lay_off[lt], lay_off[lt + 1]
         n = cb - ca
         bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
+        if hf_off is not None and hf is not None and host_out is not None:
+            ho = hf_off[t]
+            if hf_off[t + 1] > ho:
+                for j in range(n):
+                    if kind == 3:
+                        lo = 0 if j == 0 else range_bound(bnd[j], H)
+                        hi = H if j == n - 1 else range_bound(bnd[j + 1], H)
+                    else:
+                        lo = min(np.int64(bnd[j]), H)
+                        hi = min(np.int64(bnd[j + 1]), H)
+                        if j == n - 1 and H > np.int64(bnd[n]):
+                            hi += H - np.int64(bnd[n])
+                    g = lay_gpus[ca + j]
+                    f = hf[ho + g]
+                    out[g] += (hi - lo) * rb * f
+                    host_out[g] += (hi - lo) * rb * (1.0 - f)
+                for k in range(sp_off[t], sp_off[t + 1]):
+                    r = sp_ids[k]
+                    if kind == 3:
+                        j = weighted_range_slot(bnd, H, r)
+                    else:
+                        j = range_slot(bnd, r)
+                    g = lay_gpus[ca + j]
+                    f = hf[ho + g]
+                    out[g] -= rb * f
+                    host_out[g] -= rb * (1.0 - f)
+                continue
         for j in range(n):
             if kind == 3:
                 lo = 0 if j == 0 else range_bound(bnd[j], H)
@@ -208,3 +268,213 @@ def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus,
                 j = range_slot(bnd, r)
             out[lay_gpus[ca + j]] -= rb
     return ok
+
+
+# ----------------------------------------------------------------------------- host memory tier
+@njit(nogil=True, cache=True)
+def cold_rows_by_table(G, layout, num_rows, lay_kind, lay_off, lay_gpus, lay_boff, lay_bounds,
+                       sp_off, sp_ids, out):
+    """Cold rows of every range-sharded table on every GPU, special rows taken out, added into
+    ``out[G, T]`` (GPU-major); tables with a hashed cold function are left to the caller (returns
+    their indices, int64); data-parallel tables have none."""
+    T = layout.shape[0]
+    todo = np.zeros(T, np.int64)
+    nt = 0
+    for t in range(T):
+        lt = layout[t]
+        kind = lay_kind[lt]
+        if kind == 2:
+            continue
+        if kind == 0:
+            todo[nt] = t
+            nt += 1
+            continue
+        H = num_rows[t]
+        ca, cb = lay_off[lt], lay_off[lt + 1]
+        n = cb - ca
+        bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
+        for j in range(n):
+            if kind == 3:
+                lo = 0 if j == 0 else range_bound(bnd[j], H)
+                hi = H if j == n - 1 else range_bound(bnd[j + 1], H)
+            else:
+                lo = min(np.int64(bnd[j]), H)
+                hi = min(np.int64(bnd[j + 1]), H)
+                if j == n - 1 and H > np.int64(bnd[n]):
+                    hi += H - np.int64(bnd[n])
+            out[lay_gpus[ca + j], t] += hi - lo
+        for k in range(sp_off[t], sp_off[t + 1]):
+            r = sp_ids[k]
+            if kind == 3:
+                j = weighted_range_slot(bnd, H, r)
+            else:
+                j = range_slot(bnd, r)
+            out[lay_gpus[ca + j], t] -= 1
+    return todo[:nt]
+
+
+@njit(nogil=True, cache=True)
+def top_cold_owners(sp_off, sp_ids, layout, num_rows, lay_kind, lay_off, lay_gpus, lay_bounds,
+                    lay_boff, lay_seed, top_off, top_ids, out):
+    """Owner GPU of every explicit top row that the cold function routes (``out[k]``), or -1 for
+    rows that are replicas or placed already, out of range, of a data-parallel table, or repeated in
+    the same table's list (the first listing is kept)."""
+    T = layout.shape[0]
+    nmax = 0
+    for t in range(T):
+        nmax = max(nmax, top_off[t + 1] - top_off[t])
+    cap = 16
+    while cap < 2 * nmax + 1:
+        cap <<= 1
+    set_key = np.zeros(cap, np.int64)
+    set_stamp = np.zeros(cap, np.int64)
+    for t in range(T):
+        ta, tb = top_off[t], top_off[t + 1]
+        if tb == ta:
+            continue
+        lt = layout[t]
+        kind = lay_kind[lt]
+        if kind == 2:
+            for k in range(ta, tb):
+                out[k] = -1
+            continue
+        a, b = sp_off[t], sp_off[t + 1]
+        ca, cb = lay_off[lt], lay_off[lt + 1]
+        bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
+        ncold = uint64(cb - ca)
+        seed = uint64(lay_seed[lt])
+        H = num_rows[t]
+        size = 16
+        lgs = 4
+        while size < 2 * (tb - ta) + 1:
+            size <<= 1
+            lgs += 1
+        mask = size - 1
+        shift = uint64(64 - lgs)
+        for k in range(ta, tb):
+            r = top_ids[k]
+            out[k] = -1
+            if r < 0 or r >= H:
+                continue
+            # repeated in this table's list: keep the first listing (stamped hash set)
+            i = np.int64(mix64(uint64(r), uint64(0x3C6EF372FE94F82B)) >> shift) & mask
+            seen = False
+            while set_stamp[i] == t + 1:
+                if set_key[i] == r:
+                    seen = True
+                    break
+                i = (i + 1) & mask
+            if seen:
+                continue
+            set_stamp[i] = t + 1
+            set_key[i] = r
+            if b > a:
+                lo, hi = a, b
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if sp_ids[mid] < r:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                if lo < b and sp_ids[lo] == r:
+                    continue
+            if kind == 0:
+                out[k] = lay_gpus[ca + np.int64(mix64(uint64(r), seed) % ncold)]
+            elif kind == 3:
+                out[k] = lay_gpus[ca + weighted_range_slot(bnd, H, r)]
+            else:
+                out[k] = lay_gpus[ca + range_slot(bnd, r)]
+
+
+@njit(nogil=True, cache=True)
+def fill_hbm(cap, over, owner, ex_table, ex_dens, ex_order, tail_order, tail_dens, cold,
+             row_bytes, frac, placed, host, tier):
+    """Frequency-aware greedy fill of each overflowing GPU's HBM capacity, by decreasing density.
+
+    cap[G]: HBM bytes left for cold rows that are neither replicas nor placed; over[G]: the GPU
+    overflows (the others keep everything in HBM, ``frac[g, :] = 1``). Explicit rows ``k``: owner
+    GPU (-1: not a candidate), table, density (host-lookup bytes saved per HBM byte), visited in
+    the order ``ex_order`` (decreasing density);
+    ``tail_order`` lists tables by decreasing tail density ``tail_dens``; ``cold[g, t]`` rows.
+
+    Per GPU, in decreasing density: an explicit row that fits becomes a placed row
+    (``placed[k] = True``); a table's block on g (its cold rows there not placed) gets the fraction
+    ``frac[g, t]`` of its bytes that fits, after which the table's remaining explicit rows on g are
+    part of the block. Placed rows of a table whose block ends wholly in HBM (``frac = 1``) are
+    unplaced again (same memory, same lookups, a smaller plan). Outputs (GPU-major ``frac[G, T]``):
+    ``host[g]`` expected host-memory bytes, ``tier[t]`` the table keeps rows in host memory
+    somewhere.
+    """
+    G = cap.shape[0]
+    T = cold.shape[1]
+    n = ex_order.shape[0]
+    # explicit candidates grouped by GPU (counting sort, keeping the order of ex_order)
+    cnt = np.zeros(G + 1, np.int64)
+    for q in range(n):
+        g = owner[ex_order[q]]
+        if g >= 0 and over[g]:
+            cnt[g + 1] += 1
+    for g in range(G):
+        cnt[g + 1] += cnt[g]
+    pos = cnt[:G].copy()
+    idx = np.empty(cnt[G], np.int64)
+    for q in range(n):
+        k = ex_order[q]
+        g = owner[k]
+        if g >= 0 and over[g]:
+            idx[pos[g]] = k
+            pos[g] += 1
+    nplaced = np.zeros(T, np.int64)
+    done = np.zeros(T, np.bool_)
+    nt = tail_order.shape[0]
+    for g in range(G):
+        if not over[g]:
+            for t in range(T):
+                frac[g, t] = 1.0
+            continue
+        a, b = cnt[g], cnt[g + 1]
+        c = cap[g]
+        for t in range(T):
+            nplaced[t] = 0
+            done[t] = False
+            frac[g, t] = 0.0 if cold[g, t] > 0 else 1.0
+        i = a
+        j = 0
+        while c > 0.0 and (i < b or j < nt):
+            while j < nt and cold[g, tail_order[j]] <= 0:
+                j += 1
+            if i < b and (j >= nt or ex_dens[idx[i]] >= tail_dens[tail_order[j]]):
+                k = idx[i]
+                t = ex_table[k]
+                rb = row_bytes[t]
+                if not done[t] and rb <= c:
+                    placed[k] = True
+                    nplaced[t] += 1
+                    c -= rb
+                i += 1
+            elif j < nt:
+                t = tail_order[j]
+                rest = (cold[g, t] - nplaced[t]) * row_bytes[t]
+                if rest <= c:
+                    frac[g, t] = 1.0
+                    c -= rest
+                else:
+                    frac[g, t] = c / rest * (1.0 - 1e-12)
+                    c = 0.0
+                done[t] = True
+                j += 1
+            else:
+                break
+        # explicit rows of a table whose block on g stays wholly in HBM need no placement
+        for i in range(a, b):
+            k = idx[i]
+            if placed[k] and frac[g, ex_table[k]] == 1.0:
+                placed[k] = False
+                nplaced[ex_table[k]] -= 1
+        hb = 0.0
+        for t in range(T):
+            rest = cold[g, t] - nplaced[t]
+            if rest > 0 and frac[g, t] < 1.0:
+                hb += (1.0 - frac[g, t]) * rest * row_bytes[t]
+                tier[t] = True
+        host[g] = hb

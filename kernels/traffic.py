@@ -6,6 +6,8 @@ counted in ``cnt_idx[src, dst]`` (index exchange) and, for sequence tables, in `
 (one embedding row each way). With de-duplication a (src, row) pair counts once per iteration.
 Pooled tables count one partial sum per (sample, owner GPU) pair in ``cnt_emb`` instead of rows.
 Replica rows touched by any GPU are counted once per iteration for the gradient all-reduce.
+Host memory tier (optional arguments): lookups of cold rows kept in host memory are counted per owner
+GPU, the owner's own included (docs/COST_MODEL.md, "Host memory tier").
 
 Hot-loop notes (measured, bench/cost.py): routing is written out in the loop rather than called
 through inlined helpers that take arrays (those left reference-count calls per ID), and
@@ -16,7 +18,7 @@ stamped table that stays in cache.
 import numpy as np
 from numba import njit, uint64
 
-from .hashing import mix64
+from .hashing import host_u, mix64
 
 _PAIR_SEED = np.uint64(0x3C6EF372FE94F82B)
 _MAP_SEED = np.uint64(0x2545F4914F6CDD1D)
@@ -25,7 +27,7 @@ _MAP_SEED = np.uint64(0x2545F4914F6CDD1D)
 @njit(nogil=True, cache=True)
 def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind, gpus, bounds,
                   seed, dedup, pooled, set_tab, stamp0, touch_stamp, dp_tab, marks,
-                  cnt_idx, cnt_emb, touched_node):
+                  cnt_idx, cnt_emb, touched_node, hbm_frac=None, host_cnt=None):
     """Accumulate one iteration of one table into ``cnt_idx`` / ``cnt_emb`` (int64[G, G]).
 
     ``set_tab`` (int64[cap, 2], ``cap`` a power of two >= 2 * the IDs of any one GPU) is the
@@ -37,6 +39,13 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
     ``touched_node[m]`` gets the distinct node-replica rows on local GPU ``m`` touched. An ID outside
     ``[0, num_rows)`` stops the count and returns ``-(position + 1)`` (the caller discards the
     partial counts and raises).
+
+    Host memory tier: when ``hbm_frac`` (float64[G], the table's ``hbm_fraction``) and ``host_cnt``
+    (int64[G]) are given, a cold row ``r`` (not a replica, not placed) owned by GPU ``g`` is in host
+    memory iff ``host_u(r) >= hbm_frac[g]``; every lookup of such a row, the owner's own included,
+    adds one to ``host_cnt[g]`` (with de-duplication once per (source GPU, row) pair, as the index
+    exchange). Without them (the default) this code is pruned at compile time: the specialization
+    without a host tier is the plain hot loop.
     """
     nsamp = lengths.shape[0]
     G = (nsamp + B - 1) // B
@@ -75,6 +84,7 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                 if key < 0 or key >= num_rows:
                     return -(k + 1)
                 special = False
+                host = False
                 if use_map:
                     i = np.int64(mix64(uint64(key), _MAP_SEED) >> map_shift) & map_mask
                     while used[i]:
@@ -130,7 +140,9 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                                             hi = mid
                                     j = min(max(lo - 1, 0), nb - 1)
                         dst = np.int64(gpus[j])
-                if dst == src:
+                    if hbm_frac is not None:
+                        host = host_u(key) >= hbm_frac[dst]
+                if dst == src and not host:
                     continue
                 new = True
                 if dedup:
@@ -143,6 +155,11 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                     if new:
                         set_tab[i, 0] = stamp
                         set_tab[i, 1] = key
+                if host_cnt is not None:
+                    if host and new:
+                        host_cnt[dst] += 1
+                    if dst == src:
+                        continue
                 if new:
                     cnt_idx[src, dst] += 1
                     if not pooled:
