@@ -1,0 +1,139 @@
+"""The incremental re-sharder: convergence, tracking under drift, safety, budgets."""
+
+import numpy as np
+import pytest
+
+from flexshard_stream import drift
+from flexshard_stream.cost import CostModel, evaluate_analytic
+from flexshard_stream.delta import PlanDelta
+from flexshard_stream.errors import ConfigError
+from flexshard_stream.planner import MemoryPolicy
+from flexshard_stream.resharder import Resharder, ReshardConfig
+from flexshard_stream.synth import TableSpec
+from flexshard_stream.tables import EmbeddingTable
+from flexshard_stream.testing import check_plan
+from flexshard_stream.topology import Topology
+from flexshard_stream.window import DecayedStats
+
+H = 50_000
+SPECS = [TableSpec("hist", H, 1.1, "sequence", "fixed", 20)]
+TABLES = [EmbeddingTable("hist", H, 32, "fp32", "sequence", optimizer_state_bytes=4)]
+TOPO = Topology.uniform(2, 4)
+B = 16
+MODEL = CostModel(dedup=False)
+SPW = TOPO.num_gpus * B * 8          # samples per window: 8 iterations
+
+
+def _resharder(**kw):
+    cfg = kw.pop("config", ReshardConfig(check_every=4, horizon_iterations=1000, top_k=2048))
+    stats = DecayedStats({"hist": H}, half_life=16, unit="batches")
+    return Resharder(TABLES, TOPO, B, stats=stats, model=MODEL, config=cfg, **kw)
+
+
+def _feed(rs, scen, windows, seed=3):
+    for batches in drift.generate_windows(SPECS, scen, windows, SPW, TOPO.num_gpus * B // 2,
+                                          seed=seed):
+        for b in batches:
+            rs.update(b)
+
+
+def test_stationary_converges_then_stays_still():
+    seen = []
+    rs = _resharder(on_change=lambda d, p: seen.append((d, p)))
+    _feed(rs, drift.scenario("stationary"), 8)
+    checks = rs.history
+    assert len(checks) >= 12
+    assert any(d.delta is not None for d in checks[:4]), "the first checks move off row-wise"
+    late = [d for d in checks[len(checks) // 2:] if d.delta is not None]
+    assert late == [], [(d.check, d.reason) for d in late]
+    # every decision exposes the threshold per table
+    assert all("hist" in d.thresholds for d in checks)
+    assert checks[-1].thresholds["hist"]["node_rows"] + checks[-1].thresholds["hist"][
+        "global_rows"] > 0
+
+
+def test_every_intermediate_plan_is_valid_and_fits():
+    plans = []
+    rs = _resharder(on_change=lambda d, p: plans.append((d, p)))
+    _feed(rs, drift.scenario("rotating", k=300, rate=0.3), 5)
+    assert len(plans) >= 3
+    view = rs.stats.view().summary(2048)
+    for d, p in plans:
+        check_plan(p)  # routing, structure, file round trip; raises on any violation
+        assert d.applied_s <= d.current_s
+        assert d.migration_bytes >= 0
+    # the plan in force fits the memory-neutral budget on the statistics it was made from
+    c = evaluate_analytic(rs.plan, view, B, MODEL, want_matrices=False)
+    rw = evaluate_analytic(Resharder(TABLES, TOPO, B).plan, view, B, MODEL, want_matrices=False)
+    assert c.peak_memory_bytes <= rw.peak_memory_bytes * 1.05
+
+
+def test_follows_a_rotating_hot_set_within_a_few_checks():
+    scen = drift.scenario("rotating", k=200, rate=0.5)
+    rs = _resharder()
+    windows = list(drift.generate_windows(SPECS, scen, 5, SPW, TOPO.num_gpus * B // 2, seed=5))
+    for w, batches in enumerate(windows):
+        for b in batches:
+            rs.update(b)
+        ids, _ = drift.true_top(SPECS[0], scen, w, 20, seed=5)
+        tp = rs.plan["hist"]
+        rep = np.concatenate([tp.global_ids, tp.node_ids, tp.placed_ids])
+        covered = np.isin(ids, rep).mean()
+        if w >= 1:   # within the window's checks (4 per window) the new hot rows are replicated
+            assert covered >= 0.8, (w, covered)
+
+
+def test_failed_replan_keeps_the_plan_and_says_why():
+    rs = _resharder(memory=MemoryPolicy(bytes_per_gpu=1.0))  # impossible budget
+    start = rs.plan
+    _feed(rs, drift.scenario("stationary"), 1)
+    assert rs.history and all(d.action == "failed" for d in rs.history)
+    assert "impossible" in rs.history[-1].reason
+    assert rs.plan is start
+    # bad statistics (a table without a summary): kept, with the reason
+    rs2 = _resharder()
+    _feed(rs2, drift.scenario("stationary"), 2)
+    before = rs2.plan
+    d = rs2.check(summaries={"other": rs2.stats.view().summary(16)["hist"]})
+    assert d.action == "failed" and "no frequency summary" in d.reason
+    assert rs2.plan is before
+
+
+def test_migration_budget_is_respected_and_partial_steps_apply_exactly():
+    budget = 20_000.0
+    out = []
+    cfg = ReshardConfig(check_every=4, horizon_iterations=1000, top_k=2048,
+                        migration_budget_bytes=budget)
+    rs = _resharder(config=cfg, on_change=lambda d, p: out.append((d, p)))
+    start = rs.plan
+    _feed(rs, drift.scenario("stationary"), 3)
+    assert out, "some step fits 20 kB"
+    prev = start
+    for d, p in out:
+        assert d.migration_bytes <= budget
+        assert d.delta.apply(prev) == p
+        prev = p
+    assert any(d.action == "partial" for d, _ in out)
+    # the chain of deltas composes to the move from start to the end
+    assert PlanDelta.between(start, rs.plan).apply(start) == rs.plan
+
+
+def test_no_statistics_is_skipped():
+    rs = _resharder()
+    d = rs.check()
+    assert d.action == "skipped" and rs.plan is not None
+
+
+@pytest.mark.parametrize("kw", [{"check_every": 0}, {"hysteresis": -1}, {"min_gain": 1.5},
+                                {"capture": 0}, {"migration_budget_bytes": -5}, {"top_k": 0},
+                                {"unit": "hours"}])
+def test_bad_config(kw):
+    with pytest.raises(ConfigError):
+        ReshardConfig(**kw)
+
+
+def test_initial_plan_must_match_tables():
+    other = [EmbeddingTable("x", 10, 4)]
+    from flexshard_stream.baselines import build_baseline
+    with pytest.raises(ConfigError, match="tables"):
+        Resharder(TABLES, TOPO, B, plan=build_baseline("rw", other, TOPO))
