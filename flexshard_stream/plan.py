@@ -123,6 +123,18 @@ class ColdSharding:
     def replicated(cls) -> "ColdSharding":
         return cls("replicated", np.zeros(0, np.int32))
 
+    @cached_property
+    def layout_key(self) -> tuple:
+        """Content key under which cold functions share one layout in ``Plan.flat``: weighted
+        ranges by (GPUs, weights), whatever the table size (bounds are recomputed per table from
+        the cumulative weights); explicit bounds and hashes by their own arrays. Computed once per
+        object (tables on thousands of GPUs share these objects)."""
+        if self.kind == "range" and self.weights.size:
+            return (3, self.gpus.tobytes(), self.weights.tobytes())
+        if self.kind == "range":
+            return (1, self.gpus.tobytes(), self.bounds.tobytes())
+        return (_COLD_KINDS[self.kind], self.gpus.tobytes(), self.seed)
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "gpus": self.gpus.tolist(), "bounds": self.bounds.tolist(),
                 "seed": int(self.seed), "weights": self.weights.tolist()}
@@ -193,6 +205,19 @@ class TablePlan:
     @property
     def name(self) -> str:
         return self.table.name
+
+    @cached_property
+    def special_sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rows with an explicit placement, sorted, and their routing codes (int32): -1 global,
+        -2 - m node replica on local GPU m, g placed on GPU g. Computed once per object."""
+        ids = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
+        codes = np.concatenate([np.full(self.global_ids.size, -1, np.int32),
+                                (-2 - self.node_local).astype(np.int32),
+                                self.placed_gpus.astype(np.int32)])
+        if ids.size:
+            order = np.argsort(ids, kind="stable")
+            ids, codes = ids[order], codes[order]
+        return ids, codes
 
     @property
     def replicated(self) -> bool:
@@ -451,26 +476,12 @@ class Plan:
         lay_of: dict[tuple, int] = {}
         lk, lg, lw, lb, ls, loff, lboff = [], [], [], [], [], [0], [0]
         for tp in self.tables.values():
-            ids = np.concatenate([tp.global_ids, tp.node_ids, tp.placed_ids])
-            codes = np.concatenate([np.full(tp.global_ids.size, -1, np.int32),
-                                    (-2 - tp.node_local).astype(np.int32),
-                                    tp.placed_gpus.astype(np.int32)])
-            if ids.size:
-                order = np.argsort(ids, kind="stable")
-                ids, codes = ids[order], codes[order]
+            ids, codes = tp.special_sorted
             sp_ids.append(ids)
             sp_codes.append(codes)
             sp_off.append(sp_off[-1] + ids.size)
             c = tp.cold
-            # layouts shared by content: weighted ranges by (GPUs, weights), whatever the table
-            # size (bounds are recomputed per table from the cumulative weights); explicit bounds
-            # and hashes by their own arrays
-            if c.kind == "range" and c.weights.size:
-                key = (3, c.gpus.tobytes(), c.weights.tobytes())
-            elif c.kind == "range":
-                key = (1, c.gpus.tobytes(), c.bounds.tobytes())
-            else:
-                key = (_COLD_KINDS[c.kind], c.gpus.tobytes(), c.seed)
+            key = c.layout_key
             li = lay_of.get(key)
             if li is None:
                 li = lay_of[key] = len(lk)

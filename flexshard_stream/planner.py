@@ -40,11 +40,18 @@ __all__ = ["MemoryPolicy", "PlannerConfig", "PlanResult", "plan_flexshard"]
 @dataclass(frozen=True)
 class MemoryPolicy:
     """Per-GPU memory budget: explicit ``bytes_per_gpu``, or no more peak memory than ``baseline``
-    ("rw", "twrw", "tw") on the same workload, times ``factor``."""
+    ("rw", "twrw", "tw") on the same workload, times ``factor``.
+
+    host_memory : bool   the RecShard tier: a candidate whose peak HBM exceeds the budget keeps its
+                         hottest cold rows in HBM and the rest in host memory (frequency-aware,
+                         ``recshard.split_cold``), host lookups charged at UVM bandwidth; the
+                         budget is then HBM bytes per GPU and may be below what row-wise needs.
+    """
 
     bytes_per_gpu: float | None = None
     baseline: str = "rw"
     factor: float = 1.0
+    host_memory: bool = False
 
     def __post_init__(self) -> None:
         if self.bytes_per_gpu is not None and not self.bytes_per_gpu > 0:
@@ -241,10 +248,13 @@ def _node_local(p: np.ndarray, M: int) -> np.ndarray:
 
 def _build_plan(curves: list[_Curve], state: Sequence[tuple[int, int]], topo: Topology,
                 cfg: PlannerConfig, model: CostModel, *, place: bool = True,
-                cold_cache: dict | None = None, weights: np.ndarray | None = None) -> Plan:
+                cold_cache: dict | None = None, weights: np.ndarray | None = None,
+                table_cache: dict | None = None) -> Plan:
     """The plan for per-table tier sizes ``state``; ``place`` also places the hottest cold rows by
     load (skipped while comparing candidates, done for the chosen one); ``weights``: the cold
-    ranges' row share per GPU (default equal)."""
+    ranges' row share per GPU (default equal). ``table_cache`` reuses the TablePlan of a table
+    whose tiers, placement and layout are unchanged since an earlier call (thousands of tables:
+    most candidates differ in a part of them only)."""
     G, M = topo.num_gpus, topo.gpus_per_node
     gpus = np.arange(G)
     w = np.ones(G) if weights is None else weights
@@ -252,7 +262,13 @@ def _build_plan(curves: list[_Curve], state: Sequence[tuple[int, int]], topo: To
     tps = []
     empty_i64, empty_i32 = np.zeros(0, np.int64), np.zeros(0, np.int32)
     wkey = w.tobytes()  # once: G floats, hashed per table otherwise
-    for c, (k0, k1) in zip(curves, state):
+    for i, (c, (k0, k1)) in enumerate(zip(curves, state)):
+        if table_cache is not None:
+            tkey = (i, k0, k1, place, wkey)
+            hit = table_cache.get(tkey)
+            if hit is not None:
+                tps.append(hit)
+                continue
         t = c.table
         ck = (t.num_rows, wkey)
         cold = cold_cache.get(ck)
@@ -273,8 +289,11 @@ def _build_plan(curves: list[_Curve], state: Sequence[tuple[int, int]], topo: To
                 gp = _place_by_load(ids, rest[:n_hot], c, cold, w, topo)
                 op = np.argsort(ids)
                 placed, placed_gpus = ids[op], gp[op]
-        tps.append(TablePlan(t, cold, global_ids=g_ids, node_ids=n_ids[on], node_local=n_loc[on],
-                             placed_ids=placed, placed_gpus=placed_gpus))
+        tp = TablePlan(t, cold, global_ids=g_ids, node_ids=n_ids[on], node_local=n_loc[on],
+                       placed_ids=placed, placed_gpus=placed_gpus)
+        if table_cache is not None:
+            table_cache[tkey] = tp
+        tps.append(tp)
     return Plan("flexshard", topo, tps)
 
 
@@ -335,6 +354,20 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     rw_cost = base_cost if rw is baseline else evaluate_analytic(rw, sums, batch_size, model,
                                                                  mean_lengths=ml,
                                                                  want_matrices=False)
+
+    def fit(plan: Plan, cost: Cost) -> tuple[Plan, Cost]:
+        """With the host tier: cold rows that do not fit the HBM budget go to host memory."""
+        if not memory.host_memory or cost.peak_memory_bytes <= budget * (1 + 1e-12):
+            return plan, cost
+        from .recshard import split_cold
+        try:
+            sp = split_cold(plan, sums, batch_size, budget, model, mean_lengths=ml, cost=cost)
+        except ConfigError:
+            return plan, cost          # even replicas + buffers exceed the budget: infeasible
+        return sp, evaluate_analytic(sp, sums, batch_size, model, mean_lengths=ml,
+                                     want_matrices=False)
+
+    rw, rw_cost = fit(rw, rw_cost)
     curves = [_Curve(t, sums[t.name], topo, batch_size, model, ml[t.name]) for t in tables]
     pm = _Model(topo, model)
     # fewer, larger blocks when there are many tables (planning time stays ~linear in tables)
@@ -358,8 +391,9 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     states = [(0, 0)] * len(curves)
     applied = 0
     cache: dict = {}
-    best = (rw_cost.comm_time_s, rw, rw_cost, 0, None, None) \
-        if rw_cost.peak_memory_bytes <= budget else None
+    tcache: dict = {}
+    best = (_t(rw_cost), rw, rw_cost, 0, None, None) \
+        if rw_cost.peak_memory_bytes <= budget * (1 + 1e-12) else None
     evaluated: dict[tuple, tuple] = {}
     # cold layouts tried: equal ranges, and on heterogeneous networks ranges weighted by each GPU's
     # inter-node bandwidth (slow GPUs serve less but then request more over their slow links:
@@ -375,12 +409,13 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
             key = (tuple(st), li, place)
             if key not in evaluated:
                 cand = _build_plan(curves, st, topo, cfg, model, place=place, cold_cache=cache,
-                                   weights=w)
+                                   weights=w, table_cache=tcache if big else None)
                 cost = evaluate_analytic(cand, sums, batch_size, model, mean_lengths=ml,
                                          want_matrices=False)
+                cand, cost = fit(cand, cost)
                 evaluated[key] = (cand, cost, g, list(st), w)
             cost = evaluated[key][1]
-            if out is None or cost.comm_time_s < out.comm_time_s:
+            if out is None or _t(cost) < _t(out):
                 out = cost
         return out
 
@@ -404,7 +439,7 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
             states[t] = (k0, k1)
             applied += 1
         cost = consider(list(states), g)
-        at_grid.append((cost.comm_time_s, g, list(states)))
+        at_grid.append((_t(cost), g, list(states)))
     if not big:
         # every table cut at the same marginal value per byte (pairs of shared thresholds): where
         # the exact per-GPU peak memory, not the proxy's balanced one, decides what fits (many
@@ -425,7 +460,7 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     if cfg.max_placed > 0:
         # the hottest cold rows placed by load, on a budget-independent set of candidates: every
         # grid prefix when there are few tables, and the three fastest candidates overall
-        unplaced = sorted((v[1].comm_time_s, i) for i, v in enumerate(evaluated.values()))
+        unplaced = sorted((_t(v[1]), i) for i, v in enumerate(evaluated.values()))
         vals = list(evaluated.values())
         todo = [(vals[i][3], vals[i][2]) for _, i in unplaced[:1 if big else 3]]
         if len(curves) <= cfg.variant_tables:
@@ -435,23 +470,35 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
                 consider(st, g, place=True)
     for cand, cost, g, st, w in evaluated.values():
         if cost.peak_memory_bytes <= budget * (1 + 1e-12):
-            if best is None or cost.comm_time_s < best[0] * (1 - 1e-12):
-                best = (cost.comm_time_s, cand, cost, g, st, w)
+            if best is None or _t(cost) < best[0] * (1 - 1e-12):
+                best = (_t(cost), cand, cost, g, st, w)
     if best is None:
         need = min(rw_cost.peak_memory_bytes, base_cost.peak_memory_bytes)
+        if memory.host_memory:
+            raise ConfigError(f"memory budget {budget:.4g} bytes per GPU is impossible even with "
+                              "cold rows in host memory: the row-wise plan's communication "
+                              "buffers and reservation alone do not fit")
         raise ConfigError(f"memory budget {budget:.4g} bytes per GPU is impossible: even the "
-                          f"row-wise plan needs {need:.4g} bytes per GPU at its peak")
+                          f"row-wise plan needs {need:.4g} bytes per GPU at its peak (the host "
+                          "memory tier, MemoryPolicy(host_memory=True), can hold cold rows)")
     _, chosen, cost, g, _, w_best = best
     meta = {"planner": "flexshard", "batch_size": batch_size, "dedup": model.dedup,
             "budget_bytes": budget, "memory_policy": {"bytes_per_gpu": memory.bytes_per_gpu,
                                                       "baseline": memory.baseline,
-                                                      "factor": memory.factor},
+                                                      "factor": memory.factor,
+                                                      "host_memory": memory.host_memory},
             "moves_applied": g, "moves_generated": n,
             "cold_ranges": "bandwidth-weighted" if w_best is not None else "equal",
             "estimates": cost.to_json(), "baseline_estimates": base_cost.to_json(),
             "memory_room": _memory_room(cost, base_cost, budget)}
     chosen = Plan("flexshard" if chosen is not rw else "rw", topo, chosen.tables.values(), meta)
     return PlanResult(chosen, cost, baseline, base_cost, budget, g, n)
+
+
+def _t(cost: Cost) -> float:
+    """What the planner minimizes: modelled seconds per iteration, communication plus host-memory
+    lookups (equal to the communication time when no table has a host tier)."""
+    return cost.iteration_time_s
 
 
 def _memory_room(cost: Cost, base: Cost, budget: float) -> dict[str, float]:

@@ -496,3 +496,41 @@ def test_strategies_without_hypothesis_say_how_to_install(monkeypatch):
         topologies()
     p, summ, _, _ = _small_plan()
     assert check_plan(p, summaries=summ, batch_size=4) == []  # the checker needs numpy only
+
+
+# ----------------------------------------------------------------------------- host memory tier
+def _host_workload():
+    topo = Topology.uniform(2, 4)
+    tables = [EmbeddingTable("a", 200_000, 64, "fp32", "sequence", optimizer_state_bytes=4),
+              EmbeddingTable("b", 50_000, 32, "fp32", "pooled")]
+    sums = {t.name: zipf_summary(t, 1.05, top_k=5000) for t in tables}
+    return topo, tables, sums
+
+
+def test_host_memory_tier_plans_below_row_wise_memory():
+    topo, tables, sums = _host_workload()
+    rw_peak = plan_flexshard(tables, topo, sums, 32).baseline_cost.peak_memory_bytes
+    budget = 0.3 * rw_peak
+    with pytest.raises(ConfigError, match="host memory tier"):
+        plan_flexshard(tables, topo, sums, 32, MemoryPolicy(bytes_per_gpu=budget))
+    times = []
+    for f in (0.1, 0.3, 0.6):
+        r = plan_flexshard(tables, topo, sums, 32,
+                           MemoryPolicy(bytes_per_gpu=f * rw_peak, host_memory=True))
+        assert r.plan.has_host_tier
+        assert r.cost.peak_memory_bytes <= f * rw_peak * (1 + 1e-9)
+        assert r.cost.uvm_time_s > 0 and r.cost.host_lookups.sum() > 0
+        assert r.plan.meta["memory_policy"]["host_memory"] is True
+        check_plan(r.plan, summaries=sums)
+        times.append(r.cost.iteration_time_s)
+    # more HBM never makes the plan slower
+    assert times[0] >= times[1] >= times[2]
+    # a budget that fits everything: no host tier at all
+    r = plan_flexshard(tables, topo, sums, 32, MemoryPolicy(host_memory=True))
+    assert not r.plan.has_host_tier and r.cost.uvm_time_s == 0
+
+
+def test_host_memory_tier_impossible_budget_names_the_buffers():
+    topo, tables, sums = _host_workload()
+    with pytest.raises(ConfigError, match="buffers"):
+        plan_flexshard(tables, topo, sums, 32, MemoryPolicy(bytes_per_gpu=10.0, host_memory=True))
