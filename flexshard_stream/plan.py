@@ -361,7 +361,9 @@ class Plan:
         for tp in tables:
             if tp.name in self.tables:
                 raise ConfigError(f"table {tp.name!r} appears twice in the plan")
-            tp.check_topology(topology)
+            if tp.__dict__.get("_checked_for") is not topology:   # reused tables: checked once
+                tp.check_topology(topology)
+                tp.__dict__["_checked_for"] = topology
             self.tables[tp.name] = tp
         self.meta: dict[str, Any] = dict(meta or {})
         self._routers: dict[str, Router] = {}

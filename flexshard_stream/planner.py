@@ -367,6 +367,7 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
         return sp, evaluate_analytic(sp, sums, batch_size, model, mean_lengths=ml,
                                      want_matrices=False)
 
+    rw_plain = rw
     rw, rw_cost = fit(rw, rw_cost)
     curves = [_Curve(t, sums[t.name], topo, batch_size, model, ml[t.name]) for t in tables]
     pm = _Model(topo, model)
@@ -391,6 +392,10 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     states = [(0, 0)] * len(curves)
     applied = 0
     cache: dict = {}
+    ones = np.ones(topo.num_gpus).tobytes()
+    for tp in rw_plain.tables.values():   # row-wise's equal ranges are the planner's equal ranges
+        if tp.cold.kind == "range" and tp.cold.weights.tobytes() == ones:
+            cache[(tp.table.num_rows, ones)] = tp.cold
     tcache: dict = {}
     best = (_t(rw_cost), rw, rw_cost, 0, None, None) \
         if rw_cost.peak_memory_bytes <= budget * (1 + 1e-12) else None
