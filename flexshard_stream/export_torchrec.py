@@ -106,6 +106,7 @@ NODE_REPLICAS: tuple[str, ...] = ("hot", "cold")
 _DATA_PARALLEL = "data_parallel"
 _DENSE = "dense"
 _FUSED = "fused"
+_UVM_CACHING = "fused_uvm_caching"
 _DATA_TYPE = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
@@ -414,6 +415,16 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
                                                   pf_cold)
                 configs.append(_config(t, cname, m["cold"]["rows"], cfeat))
                 cold = {"table": cname, "feature": cfeat, **m["cold"]}
+                if tp.has_host_tier:
+                    # the RecShard tier: TorchRec keeps such a table in UVM with an HBM cache;
+                    # its load factor is the plan's share of the cold rows kept in HBM (the
+                    # cache picks rows by frequency, as the plan's split does)
+                    host = float(tp.host_rows_per_gpu(topo).sum())
+                    lf = min(1.0, max(0.0, 1.0 - host / max(m["cold"]["rows"], 1)))
+                    constraints[cname]["compute_kernels"] = [_UVM_CACHING]
+                    constraints[cname]["cache_params"] = {"algorithm": "LFU", "load_factor": lf}
+                    cold["host_rows"] = host
+                    cold["hbm_load_factor"] = lf
             entries.append({
                 "table": name, "source_table": dataclasses.asdict(t),
                 "hot_rows": m["K"], "hot": hot, "cold": cold,

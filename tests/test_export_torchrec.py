@@ -587,3 +587,24 @@ def test_loader_older_torchrec_fields(tmp_path, monkeypatch):
     f.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="'use_virtual_table' = True is not a field"):
         torchrec_constraints(f)
+
+
+def test_host_tier_exports_as_uvm_caching(tmp_path):
+    t = EmbeddingTable("a", 4096, 16)
+    plan = row_wise([t], TOPO)
+    G = TOPO.num_gpus
+    tp = dataclasses.replace(plan["a"], hbm_fraction=np.full(G, 0.25))
+    host_plan = Plan("rw", TOPO, [tp])
+    m, _ = _export(host_plan, tmp_path, "host")
+    cons = json.loads((tmp_path / "host" / CONSTRAINTS_FILE).read_text())["constraints"]
+    cold = m["tables"][0]["cold"]
+    c = cons[cold["table"]]
+    assert c["compute_kernels"] == ["fused_uvm_caching"]
+    assert c["cache_params"]["algorithm"] == "LFU"
+    # the load factor is the share of cold rows kept in HBM: about the fraction
+    assert c["cache_params"]["load_factor"] == pytest.approx(cold["hbm_load_factor"])
+    assert abs(cold["hbm_load_factor"] - 0.25) < 0.05
+    # without the tier: plain fused kernel, no cache parameters set
+    m2, _ = _export(plan, tmp_path, "plain")
+    cons2 = json.loads((tmp_path / "plain" / CONSTRAINTS_FILE).read_text())["constraints"]
+    assert cons2[m2["tables"][0]["cold"]["table"]]["compute_kernels"] == ["fused"]
