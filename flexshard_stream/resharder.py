@@ -109,6 +109,8 @@ class Decision:
                                          statistics of this check
     migration_bytes, migration_s : float what the applied delta moved (bytes) and its time (s)
     fraction : float                     share of the target's row changes applied (1: all)
+    peak_memory_bytes, budget_bytes :    the applied plan's modelled peak per-GPU memory on this
+                                         check's statistics, and the budget (bytes)
     thresholds : {table: {...}}          the replication threshold after this check
     """
 
@@ -123,6 +125,8 @@ class Decision:
     migration_bytes: float = 0.0
     migration_s: float = 0.0
     fraction: float = 0.0
+    peak_memory_bytes: float = float("nan")
+    budget_bytes: float = float("nan")
     thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -130,7 +134,8 @@ class Decision:
                 "reason": self.reason, "current_s_per_iter": self.current_s,
                 "target_s_per_iter": self.target_s, "applied_s_per_iter": self.applied_s,
                 "migration_bytes": self.migration_bytes, "migration_s": self.migration_s,
-                "fraction": self.fraction, "thresholds": self.thresholds,
+                "fraction": self.fraction, "peak_memory_bytes": self.peak_memory_bytes,
+                "budget_bytes": self.budget_bytes, "thresholds": self.thresholds,
                 "delta": self.delta.summary() if self.delta is not None else None}
 
 
@@ -467,6 +472,8 @@ class Resharder:
         d.action = "applied" if frac >= 1.0 else "partial"
         d.fraction = frac
         d.applied_s = _time(cost)
+        d.peak_memory_bytes = float(cost.peak_memory_bytes)
+        d.budget_bytes = float(budget)
         d.migration_bytes = float(delta.migration_bytes)
         d.migration_s = float(delta.migration_time_s(self.topology))
         if forced:
