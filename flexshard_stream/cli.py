@@ -1,11 +1,14 @@
 """The ``flexshard-stream`` command line (typer).
 
-Commands: ``demo`` (sketch the embedded default trace and print what it found) and ``stats`` (sketch
-parquet/CSV logs and print per-table statistics, ``--json`` for machines).
+Commands: ``demo`` (replay the embedded default trace through four placement strategies and write
+the HTML report), ``stats`` (sketch parquet/CSV logs and print per-table statistics, ``--json`` for
+machines), ``plan``, ``evaluate``, ``replay`` (windows of a log through rw, twrw, static FlexShard
+and the re-sharder; docs/REPLAY.md) and ``report`` (HTML and PNGs of a replay directory).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
@@ -98,61 +101,215 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
 
 
 @app.command()
-def demo(topk: int = typer.Option(5, help="Top rows to print per table."),
-         topology: str = typer.Option("2x8", help="Topology for the planning part."),
-         batch_size: int = typer.Option(64, help="Samples per GPU per iteration (B).")):
-    """Sketch the embedded default trace, print its statistics, then plan it and compare plans."""
+def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for the replay and its "
+                                  "report (replaced if it holds an earlier replay)."),
+         topk: int = typer.Option(5, help="Top rows whose share of lookups the sketch summary "
+                                  "prints."),
+         topology: str = typer.Option("2x8", help="Topology TOML file or preset name."),
+         batch_size: int = typer.Option(32, help="Samples per GPU per iteration (B)."),
+         window: str = typer.Option("5s", help="Window: a duration on the trace's ts column "
+                                    "('5s') or a number of samples."),
+         dedup: bool = typer.Option(True, help="In-batch de-duplication of IDs (off: TorchRec's "
+                                    "assumption, one request per occurrence)."),
+         report: bool = typer.Option(True, help="Write report.html and the PNGs (matplotlib).")):
+    """Replay the embedded default trace through four placements and write the HTML report."""
     from rich.console import Console
+
+    from .cost import CostModel
+    from .replay import replay as run_replay
+
+    try:
+        path = _default_trace()
+        con = Console()
+        con.print(f"[bold]flexshard-stream demo[/]: replaying the embedded default trace "
+                  f"{path.name} (seeded synthetic, production-like skew, 30 s of samples) in "
+                  f"windows of {window} on {topology}, B = {batch_size}")
+        t0 = time.perf_counter()
+        with _ReplayProgress() as prog:
+            res = run_replay([path], topology, window=window, out_dir=out, batch_size=batch_size,
+                             model=CostModel(dedup=dedup), progress=prog)
+        _print_sketch(con, res.stats, topk)
+        _print_replay(con, res)
+        where = out.resolve()
+        if report and importlib.util.find_spec("matplotlib") is None:
+            report = False
+            con.print("[yellow]report skipped: matplotlib is not installed[/] (pip install "
+                      "'flexshard-stream[report]')")
+        if report:
+            from .report import build_report
+            html = build_report(out)
+            con.print(f"Report: [bold]{html.resolve()}[/] (open it in a browser; the pictures "
+                      f"and summary.json are beside it in {where})")
+        else:
+            con.print(f"Replay written to {where} (summary.json, cdf.json, plans/, traffic/); "
+                      f"`flexshard-stream report {out}` draws it")
+        con.print(f"[dim]{time.perf_counter() - t0:.1f} s. Next: `flexshard-stream replay LOG... "
+                  f"--topology 2x8 --window 30m --out DIR` on your own logs, then "
+                  f"`flexshard-stream report DIR`.[/]")
+    except FlexShardError as e:
+        _fail(e)
+
+
+def _fail(e: BaseException | str) -> None:
+    """One clean error line on stderr, exit status 2 (no traceback)."""
+    msg = " ".join(str(e).split()).replace("skip_bad_rows=True", "--skip-bad-rows")
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+class _ReplayProgress:
+    """A rich progress bar on stderr fed by :func:`flexshard_stream.replay.replay`'s callback."""
+
+    def __init__(self, enabled: bool = True):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+        con = _stderr_console()
+        self.prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                             TextColumn("rows"), TimeElapsedColumn(), console=con,
+                             transient=True, disable=not (enabled and con.is_terminal))
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        self.prog.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.prog.__exit__(*exc)
+
+    def __call__(self, ev: dict) -> None:
+        phase = ev["phase"]
+        if phase not in self.tasks:
+            self.tasks[phase] = self.prog.add_task(phase, total=ev.get("total_rows") or None)
+        desc = phase if phase != "replaying" else f"replaying, window {ev.get('window', 0)}"
+        self.prog.update(self.tasks[phase], completed=ev["rows_read"], description=desc)
+
+
+def _print_sketch(con, stats, topk: int) -> None:
+    """A short per-table sketch summary of the whole log."""
     from rich.table import Table
 
-    from .baselines import build_baseline
-    from .batch import rebatch
-    from .cost import CostModel, evaluate_trace
-    from .logs import read_log
-    from .planner import plan_flexshard
-    from .topology import Topology
-
-    path = _default_trace()
-    con = Console()
-    con.print(f"[bold]flexshard-stream demo[/]: sketching the embedded default trace {path.name} "
-              "(seeded synthetic, production-like skew)")
-    st, secs = _sketch_logs([path], None, 8192, show_progress=True)
-    _print_tables(st, topk, secs)
-    con.print("Each table is sketched by Numba kernels (count-min, Misra-Gries heavy hitters, "
-              "HyperLogLog; exact counts when the table is small) in one pass.\n")
-
-    # plan on the first half of the trace, evaluate every plan on the second half (out of sample)
-    topo = Topology.load(topology)
-    tabs = _load_tables([path], None)
-    spi = topo.num_gpus * batch_size
-    batches = list(rebatch(read_log([str(path)], batch_size=spi), spi, drop_last=True))
-    half = len(batches) // 2
-    prof = _profile_batches(batches[:half], tabs)
-    by_feat = {t.feature: t.name for t in tabs}
-    summaries = {by_feat[f]: s for f, s in prof.summary(k=1 << 20).items()}
-    t = Table(title=f"planned on the first {half} iterations, evaluated on the next "
-                    f"{len(batches) - half} (out of sample), {topo.summary().split(';')[0]}, "
-                    f"B = {batch_size}")
-    for col in ("de-dup", "plan", "all-to-all / iter", "inter-node / iter", "sync / iter",
-                "comm time / iter", "peak memory / GPU"):
-        t.add_column(col)
-    for dedup in (False, True):
-        model = CostModel(dedup=dedup)
-        res = plan_flexshard(tabs, topo, summaries, batch_size, model=model)
-        plans = [build_baseline("rw", tabs, topo), build_baseline("twrw", tabs, topo), res.plan]
-        costs = [evaluate_trace(p, batches[half:], batch_size, model).mean for p in plans]
-        base = costs[0].comm_time_s
-        for p, c in zip(plans, costs):
-            name = p.strategy if p.strategy != "flexshard" else \
-                f"flexshard ({base / max(c.comm_time_s, 1e-30):.2f}x vs rw)"
-            t.add_row("on" if dedup else "off", name, f"{c.a2a_bytes / 1e6:,.2f} MB",
-                      f"{c.inter_node_bytes / 1e6:,.2f} MB", f"{c.sync_bytes / 1e6:,.2f} MB",
-                      f"{c.comm_time_s * 1e6:,.1f} us", f"{c.peak_memory_bytes / 1e6:,.1f} MB")
+    t = Table(title=f"the whole log: {stats.ids:,} lookups in {stats.samples:,} samples",
+              title_justify="left")
+    for col in ("table", "lookups", "distinct rows", "IDs/sample", f"top-{topk} share", "mode"):
+        t.add_column(col, justify="right" if col != "table" else "left", no_wrap=True)
+    for name, ts in stats.tables.items():
+        sm = ts.summary(max(topk, 1))
+        share = float(sm.top_est[:topk].sum()) / sm.total if sm.total else 0.0
+        t.add_row(name, f"{sm.total:,}", f"{sm.distinct_estimate:,.0f}", f"{sm.mean_length:.1f}",
+                  f"{share:.1%}", "exact" if sm.exact else "sketch")
     con.print(t)
-    con.print("FlexShard replicates the rows that carry most lookups (globally or per node) and "
-              "shards the rest by load, within the row-wise plan's peak memory. Next: "
-              "`flexshard-stream stats LOG --json`, `flexshard-stream plan --strategy flexshard`, "
-              "`flexshard-stream evaluate` on your own logs.")
+
+
+def _print_replay(con, res) -> None:
+    """Per strategy: bytes per iteration, comm time, peak memory, migration, speed-up vs rw."""
+    from rich.table import Table
+
+    from .replay import STRATEGIES
+
+    s = res.summary
+    tot = s["totals"]
+    from rich import box
+
+    t = Table(title=f"{tot['windows']} windows of {s['window']['describe']}, "
+                    f"{tot['iterations']:,} "
+                    f"iterations x {s['samples_per_iteration']:,} samples, de-dup "
+                    f"{'on' if s['model']['dedup'] else 'off'}, per iteration",
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("strategy", "a2a MB", "inter-node MB", "comm us", "peak MB", "moved MB",
+                "vs rw"):
+        t.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
+    for name in STRATEGIES:
+        r = tot["strategies"][name]
+        b = r["bytes_per_iter"] or {}
+        sp = r.get("speedup_vs_rw")
+        t.add_row(name, f"{(b.get('total') or 0) / 1e6:,.2f}",
+                  f"{(b.get('inter_node') or 0) / 1e6:,.2f}",
+                  f"{(r['comm_time_s_per_iter'] or 0) * 1e6:,.1f}",
+                  f"{(r['peak_memory_bytes'] or 0) / 1e6:,.1f}",
+                  f"{r['migration_bytes'] / 1e6:,.2f}" if name == "resharder" else "-",
+                  "" if sp is None else f"{sp:.2f}x")
+    con.print(t)
+    st = tot["strategies"]
+    rs, sta = st["resharder"].get("speedup_vs_rw"), st["static"].get("speedup_vs_rw")
+    if rs is not None and sta is not None:
+        con.print(f"rw: row-wise; twrw: table-row-wise; static: a FlexShard plan made on the "
+                  f"first window; resharder: that plan moved online by the re-sharder "
+                  f"({st['resharder']['deltas']} plan change(s) in {tot['checks']} checks). "
+                  f"FlexShard replicates the rows that carry most lookups (on every GPU or once "
+                  f"per node) within row-wise's memory ({s['budget_bytes'] / 1e6:,.1f} MB per "
+                  f"GPU): [bold]{rs:.2f}x[/] less communication time per iteration than "
+                  f"row-wise with the re-sharder, {sta:.2f}x static.")
+    if tot.get("skipped_rows"):
+        con.print(f"[yellow]skipped {tot['skipped_rows']:,} bad rows[/]: "
+                  + ", ".join(f"{k} {v:,}" for k, v in tot["skipped"].items() if v))
+    for w in s.get("warnings") or []:
+        con.print(f"[yellow]warning:[/] {w}")
+    if tot.get("dropped_samples") and not s.get("warnings"):
+        con.print(f"[dim]{tot['dropped_samples']:,} samples at window ends did not fill an "
+                  f"iteration: counted and fed to the statistics, not evaluated.[/]")
+
+
+@app.command("replay")
+def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one row per "
+                                                 "sample, in time order."),
+               topology: str = typer.Option(..., help="Topology TOML file or preset name (2x8, "
+                                            "16x8, 16x8_skewed)."),
+               out: Path = typer.Option(..., help="Directory to write (summary.json, cdf.json, "
+                                        "plans/, traffic/); replaced atomically."),
+               tables: Optional[Path] = typer.Option(None, help="Table TOML file (default: "
+                                                     "inferred from the log: rows = largest ID "
+                                                     "+ 1, dim 128)."),
+               window: Optional[str] = typer.Option(None, help="A duration on the ts column "
+                                                    "(90s, 30m, 1h, 1d) or a number of samples "
+                                                    "(100000). Default: 10 windows of equal "
+                                                    "sample counts."),
+               batch_size: int = typer.Option(512, help="Samples per GPU per iteration (B)."),
+               dedup: bool = typer.Option(True, help="In-batch de-duplication of IDs."),
+               skip_bad_rows: bool = typer.Option(False, help="Drop and count bad rows instead "
+                                                  "of stopping at the first."),
+               top_k: int = typer.Option(4096, help="Rows per table summarized for the planner "
+                                         "and the re-sharder."),
+               json_out: bool = typer.Option(False, "--json", help="Print the totals as one JSON "
+                                             "object.")):
+    """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder."""
+    from rich.console import Console
+
+    from .cost import CostModel
+    from .replay import replay as run_replay
+
+    try:
+        with _ReplayProgress(enabled=not json_out) as prog:
+            res = run_replay(logs, topology, tables=tables, window=window, out_dir=out,
+                             batch_size=batch_size, model=CostModel(dedup=dedup),
+                             skip_bad_rows=skip_bad_rows, top_k=top_k, progress=prog)
+    except FlexShardError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(f"cannot write {out}: {e}")
+    if json_out:
+        typer.echo(json.dumps({"out": str(out), "totals": res.totals,
+                               "warnings": res.summary.get("warnings", [])}))
+        return
+    con = Console()
+    _print_replay(con, res)
+    con.print(f"written to {out.resolve()}; draw it with `flexshard-stream report {out}` "
+              f"({res.elapsed_s:.1f} s)")
+
+
+@app.command("report")
+def report_cmd(directory: Path = typer.Argument(..., help="A directory written by "
+                                                "`flexshard-stream replay`.")):
+    """Write DIR/report.html and its PNG pictures from a replay directory (needs matplotlib)."""
+    from .report import PICTURES, build_report
+
+    try:
+        html = build_report(directory)
+    except FlexShardError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(f"cannot write the report into {directory}: {e}")
+    typer.echo(f"report written to {html.resolve()} with {len(PICTURES)} pictures: "
+               + ", ".join(PICTURES))
 
 
 def _profile_batches(batches, tables):

@@ -90,7 +90,12 @@ def test_bad_inputs_give_clear_errors(tmp_path, log):
     assert r.returncode == 2 and "not a plan directory" in r.stderr
 
 
-def test_demo_runs_on_the_embedded_trace():
-    r = runner.invoke(app, ["demo"])
+def test_demo_runs_on_the_embedded_trace(tmp_path):
+    out = tmp_path / "demo"
+    r = runner.invoke(app, ["demo", "--out", str(out), "--window", "10s"])
     assert r.exit_code == 0, r.output
     assert "default_trace" in r.stdout and "lookups" in r.stdout
+    assert "resharder" in r.stdout and "vs rw" in r.stdout and "report.html" in r.stdout
+    assert (out / "report.html").exists() and (out / "summary.json").exists()
+    s = json.loads((out / "summary.json").read_text())
+    assert len(s["windows"]) == 3 and s["totals"]["samples"] == 30000

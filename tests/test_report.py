@@ -1,0 +1,100 @@
+"""Report: report.html and its PNGs from a small replay directory; clean errors; lazy matplotlib."""
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from flexshard_stream import drift
+from flexshard_stream.cli import app
+from flexshard_stream.errors import FlexShardError, FormatError
+from flexshard_stream.replay import replay
+from flexshard_stream.report import PICTURES, build_report
+from flexshard_stream.synth import TableSpec, write_log
+from flexshard_stream.topology import Topology
+
+pytest.importorskip("matplotlib")
+
+SPECS = [TableSpec("hist", 20_000, 1.1, "sequence", "fixed", 8),
+         TableSpec("item", 5_000, 1.05, "pooled", "fixed", 1)]
+TOPO = Topology.uniform(2, 2, name="2x2")
+
+
+@pytest.fixture(scope="module")
+def rep(tmp_path_factory):
+    d = tmp_path_factory.mktemp("report")
+    log = d / "log.parquet"
+    batches = (b for w in drift.generate_windows(SPECS, drift.scenario("rotating", k=200,
+                                                                       rate=0.3),
+                                                 3, 2000, 500, seed=5) for b in w)
+    write_log(batches, log, SPECS, row_group_size=1000)
+    out = d / "out"
+    replay(log, TOPO, window="2s", out_dir=out, batch_size=16)
+    return out
+
+
+def test_report_builds_html_and_pictures(rep):
+    html_path = build_report(rep)
+    assert html_path == rep / "report.html"
+    html = html_path.read_text()
+    refs = set(re.findall(r"src='([^']+)'", html))
+    assert refs == set(PICTURES)
+    for name in PICTURES:
+        data = (rep / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+    for strat in ("row-wise (rw)", "table-row-wise (twrw)", "static", "re-sharder"):
+        assert strat in html
+    assert "<table>" in html and "speed-up vs rw" in html
+    assert not [p for p in rep.iterdir() if p.name.startswith(".")]   # no temp files left
+
+
+def test_cli_report(rep, tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(app, ["report", str(rep)])
+    assert r.exit_code == 0, r.output
+    assert "report.html" in r.output
+    r = runner.invoke(app, ["report", str(tmp_path / "nothing")])
+    assert r.exit_code == 2 and r.output.startswith("error: ") and "nothing" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_missing_or_damaged_summary(rep, tmp_path):
+    d = tmp_path / "copy"
+    shutil.copytree(rep, d)
+    (d / "summary.json").unlink()
+    with pytest.raises(FormatError, match=r"summary\.json: missing"):
+        build_report(d)
+    text = (rep / "summary.json").read_text()
+    (d / "summary.json").write_text(text[: len(text) // 2])
+    with pytest.raises(FormatError, match=r"summary\.json: damaged replay summary: not valid"):
+        build_report(d)
+    doc = json.loads(text)
+    del doc["windows"]
+    (d / "summary.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match="missing key 'windows'"):
+        build_report(d)
+    doc = json.loads(text)
+    doc["windows"][0]["strategies"]["rw"]["bytes_per_iter"] = "garbage"
+    (d / "summary.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match="damaged replay summary"):
+        build_report(d)
+    (d / "summary.json").write_text(text)
+    (d / "traffic" / "rw.npz").write_bytes(b"not a zip")
+    with pytest.raises(FormatError, match=r"rw\.npz: damaged"):
+        build_report(d)
+    r = CliRunner().invoke(app, ["report", str(d)])
+    assert r.exit_code == 2 and "rw.npz" in r.output and "Traceback" not in r.output
+
+
+def test_matplotlib_is_lazy_and_its_absence_is_a_clear_error(rep, monkeypatch):
+    code = ("import sys, flexshard_stream, flexshard_stream.cli, flexshard_stream.replay, "
+            "flexshard_stream.report; print('matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.stdout.strip() == "False", out.stderr
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(FlexShardError, match=r"flexshard-stream\[report\]"):
+        build_report(rep)
