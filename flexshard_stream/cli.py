@@ -489,6 +489,14 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
     Console().print(t)
 
 
+# commands defined beside what they drive (imports inside them are lazy)
+from .distributed import merge_command  # noqa: E402
+from .sidecar import sidecar_command  # noqa: E402
+
+app.command("merge")(merge_command)
+app.command("sidecar")(sidecar_command)
+
+
 def main() -> None:
     try:
         app()
