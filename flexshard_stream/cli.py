@@ -359,6 +359,10 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
          memory_baseline: str = typer.Option("rw", help="Baseline whose peak memory is the "
                                              "budget (flexshard): rw | twrw | tw."),
          topk: int = typer.Option(1 << 20, help="Top rows per table the planner may replicate."),
+         host_memory: bool = typer.Option(False, "--host-memory", help="RecShard tier (flexshard):"
+                                          " cold rows that do not fit the memory budget (then HBM "
+                                          "bytes per GPU) go to host memory, the hottest kept in "
+                                          "HBM; host lookups at UVM bandwidth."),
          json_out: bool = typer.Option(False, "--json", help="Print the plan summary as JSON.")):
     """Write a plan (FlexShard or a baseline) for the tables of a log."""
     from .baselines import build_baseline
@@ -378,7 +382,8 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
         from .cost import CostModel
         from .planner import MemoryPolicy, plan_flexshard
         result = plan_flexshard(tabs, topo, summaries, batch_size,
-                                MemoryPolicy(bytes_per_gpu=memory_bytes, baseline=memory_baseline),
+                                MemoryPolicy(bytes_per_gpu=memory_bytes, baseline=memory_baseline,
+                                             host_memory=host_memory),
                                 CostModel(dedup=dedup))
         p = result.plan
     else:
@@ -389,6 +394,9 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
     doc = {"strategy": p.strategy, "out": str(out), "topology": topo.name or
            f"{topo.nodes}x{topo.gpus_per_node}", "tiers": p.tier_sizes(),
            "row_bytes_per_gpu": {"max": float(mem.max()), "min": float(mem.min())}}
+    if p.has_host_tier:
+        hb = p.host_bytes_per_gpu
+        doc["host_bytes_per_gpu"] = {"max": float(hb.max()), "min": float(hb.min())}
     if result is not None:
         doc["estimate"] = result.summary()
     if json_out:
@@ -405,7 +413,9 @@ def _print_plan(doc, p, result, out) -> None:
     con = Console()
     mem = p.row_bytes_per_gpu
     con.print(f"[bold]{p.strategy}[/] plan for {len(p.tables)} tables on {doc['topology']} "
-              f"written to {out}; stored rows per GPU {mem.min() / 1e9:.3g}..{mem.max() / 1e9:.3g} GB")
+              f"written to {out}; stored rows per GPU {mem.min() / 1e9:.3g}..{mem.max() / 1e9:.3g} GB"
+              + (f" in HBM, {p.host_bytes_per_gpu.max() / 1e9:.3g} GB at most in host memory"
+                 if p.has_host_tier else ""))
     t = Table(title="tiers (rows)")
     for c in ("table", "global replicas", "node replicas", "cold", "placed by load"):
         t.add_column(c)
@@ -419,15 +429,22 @@ def _print_plan(doc, p, result, out) -> None:
     c, b = result.cost, result.baseline_cost
     m = Table(title=f"modelled per iteration (analytic), vs {result.baseline.strategy} at a budget "
                     f"of {s['budget_bytes'] / 1e9:.3f} GB per GPU")
-    for col in ("", "all-to-all", "inter-node", "intra-node", "sync", "comm time", "peak memory"):
+    host = p.has_host_tier
+    cols = ["", "all-to-all", "inter-node", "intra-node", "sync", "comm time"]
+    cols += ["host lookups", "UVM time"] if host else []
+    for col in cols + ["peak memory"]:
         m.add_column(col)
     for label, x in ((result.baseline.strategy, b), ("flexshard", c)):
-        m.add_row(label, f"{x.a2a_bytes / 1e6:,.1f} MB", f"{x.inter_node_bytes / 1e6:,.1f} MB",
-                  f"{x.intra_node_bytes / 1e6:,.1f} MB", f"{x.sync_bytes / 1e6:,.1f} MB",
-                  f"{x.comm_time_s * 1e3:,.3f} ms", f"{x.peak_memory_bytes / 1e9:,.3f} GB")
+        row = [label, f"{x.a2a_bytes / 1e6:,.1f} MB", f"{x.inter_node_bytes / 1e6:,.1f} MB",
+               f"{x.intra_node_bytes / 1e6:,.1f} MB", f"{x.sync_bytes / 1e6:,.1f} MB",
+               f"{x.comm_time_s * 1e3:,.3f} ms"]
+        if host:
+            row += [f"{x.host_lookups.sum():,.0f}", f"{x.uvm_time_s * 1e3:,.3f} ms"]
+        m.add_row(*row, f"{x.peak_memory_bytes / 1e9:,.3f} GB")
     con.print(m)
     room = s["memory_room"]
-    con.print(f"speed-up {b.comm_time_s / max(c.comm_time_s, 1e-30):.2f}x; room for replicas at "
+    con.print(f"speed-up {b.iteration_time_s / max(c.iteration_time_s, 1e-30):.2f}x; room for "
+              "replicas at "
               f"the peak GPU: {room.get('buffers_freed', 0) / 1e6:,.1f} MB of buffers freed, "
               f"{room.get('extra_rows', 0) / 1e6:,.1f} MB more rows, "
               f"{room.get('headroom', 0) / 1e6:,.1f} MB headroom over the baseline")

@@ -99,3 +99,25 @@ def test_demo_runs_on_the_embedded_trace(tmp_path):
     assert (out / "report.html").exists() and (out / "summary.json").exists()
     s = json.loads((out / "summary.json").read_text())
     assert len(s["windows"]) == 3 and s["totals"]["samples"] == 30000
+
+
+def test_plan_host_memory_tier(tmp_path):
+    import json as _json
+    from typer.testing import CliRunner
+    from flexshard_stream.cli import app
+    from flexshard_stream.plan import Plan
+    trace = Path(__file__).resolve().parent.parent / "data" / "default_trace.parquet"
+    r = CliRunner().invoke(app, ["plan", "--log", str(trace), "--topology", "2x8", "--strategy",
+                                 "flexshard", "--out", str(tmp_path / "p"), "--batch-size", "64",
+                                 "--memory-bytes", "2e7", "--host-memory", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = _json.loads(r.output.strip().splitlines()[-1])
+    assert doc["host_bytes_per_gpu"]["max"] > 0
+    assert doc["estimate"]["peak_memory_bytes"] <= 2e7 * (1 + 1e-9)
+    assert Plan.load(tmp_path / "p").has_host_tier
+    # without the tier the same budget is impossible, and says what would make it possible
+    r = CliRunner().invoke(app, ["plan", "--log", str(trace), "--topology", "2x8", "--strategy",
+                                 "flexshard", "--out", str(tmp_path / "q"), "--batch-size", "64",
+                                 "--memory-bytes", "2e7"])
+    assert r.exit_code != 0
+    assert not (tmp_path / "q").exists()
