@@ -7,9 +7,10 @@ and the timestamped MovieLens ratings in ``../shared/data``). Strategies:
 - ``oracle``: re-plans every window knowing that window (its plan is made on the window it is then
   evaluated on), migrating from its previous plan each time;
 - ``resharder``: :class:`flexshard_stream.resharder.Resharder`, starting from the static plan, fed
-  the stream in segments (``--checks-per-window``, default 4, one check each) through decayed
-  statistics (``--half-life`` checks, default 4); each segment is evaluated with the plan in force
-  before the re-sharder sees it (online: it never sees the future).
+  the stream in segments (``--checks-per-window``, default 4, one check each) through sliding-window
+  statistics (8 checks in 4 sub-windows; ``--decayed`` for exponential decay with ``--half-life``
+  checks); each segment is evaluated with the plan in force before the re-sharder sees it (online:
+  it never sees the future).
 
 Every plan is evaluated in trace mode (``evaluate_trace``) on the window's own batches. A window
 stands for ``--iterations-per-window`` training iterations (default 1000): the total communication
@@ -44,7 +45,7 @@ from flexshard_stream.stream import StreamStats  # noqa: E402
 from flexshard_stream.synth import TableSpec  # noqa: E402
 from flexshard_stream.tables import EmbeddingTable  # noqa: E402
 from flexshard_stream.topology import Topology  # noqa: E402
-from flexshard_stream.window import DecayedStats  # noqa: E402
+from flexshard_stream.window import DecayedStats, WindowedStats  # noqa: E402
 
 DIM, STATE = 64, 4
 
@@ -65,15 +66,16 @@ def _time(c) -> float:
 
 
 def replay(name, tables, windows, topo, B, model, ipw, top_k, check_per_window=4,
-           half_life=4.0, capture=0.9, min_gain=0.03):
+           half_life=4.0, capture=0.9, min_gain=0.03, windowed=True):
     """Replay ``windows`` (lists of batches) under the three strategies; per-window figures."""
     G = topo.num_gpus
     spi = G * B
     t0 = time.perf_counter()
     w0 = windows[0]
     static = plan_flexshard(tables, topo, _stats(tables, w0).summary(top_k), B, model=model).plan
-    stats = DecayedStats({t.name: t.num_rows for t in tables}, half_life=half_life,
-                         unit="batches")
+    sizes = {t.name: t.num_rows for t in tables}
+    stats = (WindowedStats(sizes, window=2 * half_life, slots=4, unit="batches")
+             if windowed else DecayedStats(sizes, half_life=half_life, unit="batches"))
     rs = Resharder(tables, topo, B, stats=stats, model=model, plan=static,
                    config=ReshardConfig(check_every=1, horizon_iterations=ipw / check_per_window,
                                         top_k=top_k, capture=capture, min_gain=min_gain))
@@ -156,7 +158,7 @@ def replay(name, tables, windows, topo, B, model, ipw, top_k, check_per_window=4
 
 def _knobs(args) -> dict:
     return {"check_per_window": args.checks_per_window, "half_life": args.half_life,
-            "capture": args.capture, "min_gain": args.min_gain}
+            "capture": args.capture, "min_gain": args.min_gain, "windowed": args.windowed}
 
 
 def synthetic(args, model):
@@ -235,6 +237,9 @@ def main(argv=None):
     ap.add_argument("--half-life", type=float, default=4.0,
                     help="half-life of the re-sharder's decayed statistics, in checks")
     ap.add_argument("--capture", type=float, default=0.9, help="ReshardConfig.capture")
+    ap.add_argument("--decayed", dest="windowed", action="store_false",
+                    help="decayed statistics (half-life in checks) instead of a sliding window of "
+                         "2 x half-life checks in 4 sub-windows (the default)")
     ap.add_argument("--min-gain", type=float, default=0.03, help="ReshardConfig.min_gain")
     args = ap.parse_args(argv)
     model = CostModel(dedup=args.dedup)

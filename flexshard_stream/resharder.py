@@ -303,7 +303,7 @@ class Resharder:
     tables, topology, batch_size : as for :func:`~flexshard_stream.planner.plan_flexshard`
         (``batch_size``: samples per GPU per iteration)
     stats : DecayedStats | WindowedStats | StreamStats   where the statistics come from; default a
-        DecayedStats with a half-life of 4 checks. :meth:`update` feeds it.
+        WindowedStats of the last 8 checks in 4 sub-windows. :meth:`update` feeds it.
     memory, model, planner : planner options (memory policy, cost model, planner knobs)
     config : ReshardConfig
     plan : the plan in force at the start (default: the row-wise baseline)
@@ -331,8 +331,10 @@ class Resharder:
         self.on_change = on_change
         names = {t.name: t.num_rows for t in self.tables}
         if stats is None:
-            stats = DecayedStats(names, half_life=4 * self.config.check_every,
-                                 unit=self.config.unit)
+            # a sliding window forgets exactly; decayed statistics keep their distinct counts, so
+            # their tail looks colder and colder and targets drift on a stationary stream
+            stats = WindowedStats(names, window=8 * self.config.check_every, slots=4,
+                                  unit=self.config.unit)
         self.stats = stats
         self.plan = plan if plan is not None else build_baseline("rw", self.tables, topology)
         if set(self.plan.tables) != set(names):
