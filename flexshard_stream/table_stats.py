@@ -308,7 +308,8 @@ class TableStats:
 
         Bounds stay valid for the decayed counts: count-min counters and the heavy-hitter offset are
         rounded up (the offset widened by one lookup), heavy-hitter counters and exact counts rounded
-        down. Distinct counts and length sketches are not decayed (they cannot be).
+        down; the sample count is scaled too, so the mean IDs per sample stays what it was.
+        Distinct counts and length sketches are not decayed (they cannot be).
         """
         if not (0.0 < factor <= 1.0):
             raise ValueError(f"decay factor must be in (0, 1], got {factor}")
@@ -330,6 +331,8 @@ class TableStats:
                                self.config.seed)
             self._mg_meta[1] += offset
         self.total = int(self.total * factor)
+        # samples decay with the lookups: the mean IDs per sample (total / samples) must not drift
+        self.samples = int(round(self.samples * factor))
         if not self.exact:
             self._mg_meta[2] = self.total
         return self

@@ -189,3 +189,15 @@ def test_decay_scales_and_keeps_bounds():
     _, lo, hi = t.bounds(probe)
     assert np.all(lo <= true) and np.all(true <= hi + 1e-9)
     assert t.total == ids.size // 2
+
+
+def test_decay_keeps_the_mean_length():
+    t = TableStats("t", 1000, SMALL)
+    lengths = np.full(400, 5, np.int64)
+    t.update(np.arange(2000) % 1000, lengths)
+    before = t.summary(10).mean_length
+    for _ in range(6):
+        t.scale(0.5)
+        t.update(np.arange(2000) % 1000, lengths)
+    assert before == pytest.approx(5.0)
+    assert t.summary(10).mean_length == pytest.approx(5.0, rel=0.01)
