@@ -269,6 +269,22 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                                                   "of stopping at the first."),
                top_k: int = typer.Option(4096, help="Rows per table summarized for the planner "
                                          "and the re-sharder."),
+               engine: str = typer.Option("local", help="Where the window statistics are "
+                                          "computed: local (this process), process (worker "
+                                          "processes) or ray (Ray tasks; needs the ray extra)."),
+               evaluation: str = typer.Option("trace", help="trace: the driver streams every "
+                                              "window's batches and evaluates them iteration by "
+                                              "iteration; analytic: everything from each "
+                                              "window's merged statistics (no batch on the "
+                                              "driver)."),
+               address: Optional[str] = typer.Option(None, help="Ray cluster address (auto, "
+                                                     "ray://head:10001), passed to ray.init; "
+                                                     "--engine ray only."),
+               workers: Optional[int] = typer.Option(None, help="Workers of the engine; they "
+                                                     "also divide the work, so equal --workers "
+                                                     "give identical statistics on every "
+                                                     "engine. Default: local 1, process the CPU "
+                                                     "count, ray the cluster's CPUs."),
                json_out: bool = typer.Option(False, "--json", help="Print the totals as one JSON "
                                              "object.")):
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder."""
@@ -281,19 +297,26 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
         with _ReplayProgress(enabled=not json_out) as prog:
             res = run_replay(logs, topology, tables=tables, window=window, out_dir=out,
                              batch_size=batch_size, model=CostModel(dedup=dedup),
-                             skip_bad_rows=skip_bad_rows, top_k=top_k, progress=prog)
+                             skip_bad_rows=skip_bad_rows, top_k=top_k, progress=prog,
+                             engine=engine, evaluation=evaluation, address=address,
+                             num_workers=workers)
     except FlexShardError as e:
         _fail(e)
     except OSError as e:
         _fail(f"cannot write {out}: {e}")
     if json_out:
-        typer.echo(json.dumps({"out": str(out), "totals": res.totals,
+        typer.echo(json.dumps({"out": str(out), "engine": res.summary["engine"],
+                               "evaluation": res.summary["evaluation"],
+                               "workers": res.summary["workers"], "totals": res.totals,
                                "warnings": res.summary.get("warnings", [])}))
         return
     con = Console()
     _print_replay(con, res)
+    s = res.summary
+    nw = s["workers"]
+    how = f"engine {s['engine']}" + (f", {nw} worker{'' if nw == 1 else 's'}" if nw else "")
     con.print(f"written to {out.resolve()}; draw it with `flexshard-stream report {out}` "
-              f"({res.elapsed_s:.1f} s)")
+              f"({res.elapsed_s:.1f} s, {how}, {s['evaluation']} evaluation)")
 
 
 @app.command("report")

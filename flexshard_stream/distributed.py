@@ -525,7 +525,8 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
         return), ``merges``, ``moved_bytes`` (bytes that leave a task on a cluster: every map
         output plus every merge output), ``blob_bytes_per_window`` and ``state_bytes_per_window``
         (one window's statistics serialized / in memory), ``max_windows_per_task``,
-        ``rows_read``, ``samples``, ``ids``, ``skipped`` (rows per reason), ``workers``, ``origin``.
+        ``rows_read``, ``samples``, ``ids``, ``skipped`` (rows per reason), ``skipped_by_file``
+        (``{file: {reason: rows}}``, the log reader's layout), ``workers``, ``origin``.
 
     Returns
     -------
@@ -627,10 +628,13 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
             end = start + st.samples
         out.append(WindowStats(int(k), spec.unit, start, end, st.samples, st))
     skipped: dict[str, int] = {}
+    by_file: dict[str, dict[str, int]] = {}
     for m in metas:
-        for c in m["skipped_by_file"].values():
+        for f, c in m["skipped_by_file"].items():
+            fc = by_file.setdefault(f, {})
             for r, n in c.items():
                 skipped[r] = skipped.get(r, 0) + n
+                fc[r] = fc.get(r, 0) + n
     leaf_bytes = [s for m in metas for s in m["sizes"] if s]
     state = len(blobs[0]) if blobs and blobs[0] is not None else 0
     diag.update({"tasks": len(tasks), "task_bytes": int(sum(leaf_bytes)), "merges": merges,
@@ -639,6 +643,7 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
                  "rows_read": sum(m["rows_read"] for m in metas),
                  "samples": sum(m["samples"] for m in metas),
                  "ids": sum(w.stats.ids for w in out), "skipped": skipped,
+                 "skipped_by_file": by_file,
                  "origin": origin if seconds else None,
                  "window": {"unit": spec.unit, "size": spec.size},
                  "state_bytes_per_window": out[0].stats.state_bytes if out else 0,

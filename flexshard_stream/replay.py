@@ -21,6 +21,14 @@ samples) and evaluates, window by window, in trace mode (:func:`~.cost.evaluate_
 Iterations are ``G * batch_size`` consecutive samples of one window; a window's trailing partial
 iteration is not evaluated (``dropped_samples``) but is counted and fed to the statistics.
 
+Engines and evaluation modes (docs/REPLAY.md): with ``engine="process"`` or ``"ray"``, or with
+``evaluation="analytic"``, the window statistics come from :func:`~.distributed.window_stats`
+(tasks per file or row-group run, a tree merge per window). ``evaluation="analytic"`` then prices
+every strategy with :func:`~.cost.evaluate_analytic` on each window's summaries and feeds the
+re-sharder once per window (decayed statistics: scaled, then merged with the window's); no batch
+reaches the driver, and equal ``num_workers`` give identical results on every engine.
+``evaluation="trace"`` (the default) streams the log through the driver as described above.
+
 Output directory (written to a temporary sibling, then renamed into place: all or nothing):
 ``summary.json``, ``cdf.json``, ``plans/<strategy>/`` (final plans, :meth:`Plan.save`),
 ``traffic/<strategy>.npz`` (mean G x G byte matrices over the replay and the link-class matrix).
@@ -48,8 +56,18 @@ from .baselines import build_baseline
 from .batch import Batch, concat_batches, rebatch, slice_batch
 from .config import TableConfig
 from .container import replace_directory
-from .cost import A2A_COMPONENTS, COMPONENTS, CostModel, TraceCost, evaluate_trace
+from .cost import (
+    A2A_COMPONENTS,
+    COMPONENTS,
+    Cost,
+    CostModel,
+    TraceCost,
+    evaluate_analytic,
+    evaluate_trace,
+)
+from .distributed import ENGINES, WindowStats, window_stats
 from .errors import ConfigError, FlexShardError, LogError
+from .logs import REASONS as _REASONS
 from .logs import LogReader
 from .plan import Plan
 from .planner import MemoryPolicy, plan_flexshard
@@ -62,6 +80,8 @@ from .window import DecayedStats
 
 __all__ = [
     "DEFAULT_WINDOWS",
+    "ENGINES",
+    "EVALUATIONS",
     "STRATEGIES",
     "SUMMARY_VERSION",
     "ReplayResult",
@@ -75,6 +95,9 @@ STRATEGIES = ("rw", "twrw", "static", "resharder")
 #: Without ``window``: this many windows of equal sample counts.
 DEFAULT_WINDOWS = 10
 SUMMARY_VERSION = 1
+#: Evaluation modes of :func:`replay`.
+EVALUATIONS = ("trace", "analytic")
+_MAX_MATRIX_GPUS = 512            # analytic mode keeps G x G traffic matrices up to this many GPUs
 _MAX_CHUNK_SAMPLES = 1 << 20      # whole iterations evaluated per evaluate_trace call, at most
 
 _UNITS = {"ms": 1e-3, "s": 1.0, "sec": 1.0, "secs": 1.0, "m": 60.0, "min": 60.0, "mins": 60.0,
@@ -221,7 +244,8 @@ def _count_rows(reader: LogReader) -> int:
 
 # ----------------------------------------------------------------------------- accumulators
 class _Acc:
-    """Iteration-weighted sums of trace-mode costs of one strategy (a window or the whole run)."""
+    """Iteration-weighted sums of the costs of one strategy (a window or the whole run): trace-mode
+    means (:meth:`add`) or analytic expectations weighted by whole iterations (:meth:`add_cost`)."""
 
     def __init__(self, G: int, matrices: bool):
         self.n = 0
@@ -232,8 +256,10 @@ class _Acc:
         self.mats = {c: np.zeros((G, G)) for c in COMPONENTS} if matrices else None
 
     def add(self, tc: TraceCost) -> None:
-        c = tc.mean
-        k = c.iterations
+        self.add_cost(tc.mean, tc.mean.iterations)
+
+    def add_cost(self, c: Cost, k: int) -> None:
+        """``k`` iterations of cost ``c`` (per iteration)."""
         if k == 0:
             return
         self.n += k
@@ -246,7 +272,7 @@ class _Acc:
         self.s["iteration_time_s"] += c.iteration_time_s * k
         self.mem = np.maximum(self.mem, c.peak_memory_per_gpu)
         self.peak = max(self.peak, c.peak_memory_bytes)
-        if self.mats is not None:
+        if self.mats is not None and c.matrices is not None:
             for comp in COMPONENTS:
                 self.mats[comp] += c.matrices[comp] * k
 
@@ -363,6 +389,15 @@ def _decision_json(d: Decision) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the replay
+def _require_ray() -> None:
+    """Fail early and clearly when engine "ray" is asked for and Ray is not installed."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError("engine 'ray' needs Ray, which is not installed: "
+                          "pip install 'flexshard_stream[ray]' (or 'ray>=2.9')") from None
+
+
 def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
            tables: Sequence[EmbeddingTable] | PathLike | None = None,
            window: str | int | WindowSpec | None = None, out_dir: PathLike = "replay",
@@ -370,7 +405,9 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
            skip_bad_rows: bool = False, top_k: int = 4096, checks_per_window: int = 4,
            half_life_windows: float = 1.0, reshard_config: ReshardConfig | None = None,
            read_batch_size: int = 65536,
-           progress: Callable[[dict[str, Any]], None] | None = None) -> ReplayResult:
+           progress: Callable[[dict[str, Any]], None] | None = None,
+           engine: str = "local", evaluation: str = "trace", address: str | None = None,
+           num_workers: int | None = None) -> ReplayResult:
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder.
 
     Parameters
@@ -388,18 +425,33 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     model : the cost model of every evaluation and plan (default ``CostModel()``: de-duplication on)
     skip_bad_rows : drop and count bad rows instead of raising :class:`LogError`
     top_k : rows per table summarized for the planner and the re-sharder, and in ``cdf.json``
-    checks_per_window : re-sharder checks per window (one after each 1/checks_per_window of it)
+    checks_per_window : re-sharder checks per window (one after each 1/checks_per_window of it);
+        trace evaluation only (the analytic evaluation checks once per window)
     half_life_windows : half-life of the re-sharder's decayed statistics, in windows
     reshard_config : re-sharder knobs (its ``check_every``, ``unit`` and ``top_k`` are set by the
         replay); default horizon: the iterations of one window (measured on the first window)
     read_batch_size : samples per chunk read from the logs (memory bound)
-    progress : called after every chunk read with ``{"phase", "rows_read", "total_rows",
-        "window"}``
+    progress : called after every chunk read (per window with the analytic evaluation) with
+        ``{"phase", "rows_read", "total_rows", "window"}``
+    engine : where the window statistics are computed: "local" (this process), "process"
+        (spawned worker processes) or "ray" (Ray tasks), by
+        :func:`~.distributed.window_stats`. With "local" and the trace evaluation the driver
+        sketches the log itself while it replays it (one stream, as always).
+    evaluation : "trace" (the driver streams every window's batches, evaluates them in trace mode
+        and feeds them to the re-sharder) or "analytic" (everything from each window's merged
+        statistics: :func:`~.cost.evaluate_analytic` on its summaries, the re-sharder fed once
+        per window; no batch reaches the driver). See docs/REPLAY.md.
+    address : Ray cluster address (engine "ray" only): passed to ``ray.init``
+    num_workers : workers of the engine; it also divides the work into tasks (files, or runs of
+        row groups), so the statistics, and hence the analytic replay, are identical on every
+        engine for equal ``num_workers`` (default: local 1, process the CPU count, Ray the
+        cluster's CPUs)
 
     Raises
     ------
     LogError : unreadable log, bad row (naming the file and the row), missing column
-    ConfigError : unknown topology, bad window spec, time window on a log without ``ts``, ...
+    ConfigError : unknown topology, bad window spec, time window on a log without ``ts``, unknown
+        engine or evaluation, engine "ray" without Ray installed, ...
     Nothing is written unless the whole replay succeeds.
     """
     t_start = time.perf_counter()
@@ -414,6 +466,18 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
         raise ConfigError(f"checks_per_window must be an integer >= 1, got {checks_per_window!r}")
     if not half_life_windows > 0:
         raise ConfigError(f"half_life_windows must be > 0 windows, got {half_life_windows!r}")
+    if engine not in ENGINES:
+        raise ConfigError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    if evaluation not in EVALUATIONS:
+        raise ConfigError(f"evaluation {evaluation!r}: expected one of {', '.join(EVALUATIONS)}")
+    if address is not None and engine != "ray":
+        raise ConfigError(f"address {address!r} is for engine 'ray', not {engine!r}")
+    if num_workers is not None and (isinstance(num_workers, bool)
+                                    or not isinstance(num_workers, (int, np.integer))
+                                    or num_workers < 1):
+        raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+    if engine == "ray":
+        _require_ray()
     B = int(batch_size)
     Q = int(checks_per_window)
     top_k = int(top_k)
@@ -424,6 +488,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     topo = topology if isinstance(topology, Topology) else Topology.load(topology)
     G = topo.num_gpus
     spi = G * B
+    analytic = evaluation == "analytic"
 
     # ---------------------------------------------------------------- the log and its tables
     log_paths = [logs] if isinstance(logs, (str, os.PathLike)) else list(logs)
@@ -471,23 +536,50 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
             progress({"phase": phase, "rows_read": done[phase], "total_rows": total_rows,
                       "window": w})
 
+    # ---------------------------------------------------------------- window statistics (tasks)
+    wins: list[WindowStats] | None = None
+    diag: dict[str, Any] = {}
+    if engine != "local" or analytic:
+        phase = f"window statistics ({engine})"
+        report(phase, 0, 0)
+        try:
+            wins = window_stats(log_strs, window=spec, engine=engine, address=address,
+                                num_workers=num_workers, skip_bad_rows=skip_bad_rows,
+                                tables=configs, batch_size=read_batch_size, diagnostics=diag)
+        except ConnectionError as e:
+            if engine != "ray":
+                raise
+            where = f" at {address!r}" if address else ""
+            raise ConfigError(f"engine 'ray': cannot connect to the Ray cluster{where}: "
+                              f"{e}") from None
+        report(phase, diag.get("rows_read", 0), wins[-1].index if wins else 0)
+        if not wins:
+            raise LogError(f"no samples to replay in {', '.join(log_strs)}")
+
     # ---------------------------------------------------------------- window 0: static plans
-    decayed = DecayedStats(configs, half_life=half_life, unit=unit)
-    st0 = StreamStats(configs)
-    pre = new_reader()
-    pre_cut = _Cutter(spec, Q)
+    if wins is None:
+        decayed = DecayedStats(configs, half_life=half_life, unit=unit)
+        st0 = StreamStats(configs)
+        pre = new_reader()
+        pre_cut = _Cutter(spec, Q)
 
-    def window0() -> Iterator[Batch]:
-        for chunk in pre:
-            for k, piece in pre_cut.cut(chunk):
-                if k >= Q:
-                    return
-                yield piece
-            report("planning on the first window", pre.rows_read, 0)
+        def window0() -> Iterator[Batch]:
+            for chunk in pre:
+                for k, piece in pre_cut.cut(chunk):
+                    if k >= Q:
+                        return
+                    yield piece
+                report("planning on the first window", pre.rows_read, 0)
 
-    for b in rebatch(window0(), spi):
-        st0.update(b)
-        decayed.update(b)
+        for b in rebatch(window0(), spi):
+            st0.update(b)
+            decayed.update(b)
+    else:
+        st0 = wins[0].stats
+        if analytic:      # the re-sharder's decayed statistics start as window 0's
+            decayed = st0.copy()
+        else:             # fed window 0's batches during the main pass (before any check)
+            decayed = DecayedStats(configs, half_life=half_life, unit=unit)
     if st0.samples == 0:
         raise LogError(f"no samples to replay in {', '.join(log_strs)}")
     sums0 = st0.summary(top_k)
@@ -508,8 +600,210 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
                    model=model, config=rs_cfg, plan=static_res.plan)
 
     # ---------------------------------------------------------------- main pass
-    whole = StreamStats(configs)
-    tot = {s: _Acc(G, True) for s in STRATEGIES}
+    want = G <= _MAX_MATRIX_GPUS or not analytic
+    tot = {s: _Acc(G, want) for s in STRATEGIES}
+    if analytic:
+        assert wins is not None
+        windows = _analytic_pass(wins, spec, reader.use_ts, B, spi, model, plans, rs, decayed,
+                                 tot, budget, top_k, half_life_windows,
+                                 lambda rows, w: report("replaying", rows, w))
+        whole = _merge_windows(wins)
+        counts = {"samples": int(diag["samples"]), "rows_read": int(diag["rows_read"]),
+                  "late": 0, "t0": diag.get("origin") if spec.unit == "seconds" else None,
+                  "skipped": {**dict.fromkeys(_REASONS, 0), **diag.get("skipped", {})},
+                  "skipped_by_file": diag.get("skipped_by_file", {})}
+    else:
+        windows, whole, counts = _trace_pass(
+            reader, spec, Q, B, spi, G, model, plans, rs, decayed, tot, budget, configs,
+            whole=None if wins is None else _merge_windows(wins),
+            report=lambda rows, w: report("replaying", rows, w))
+    if not windows:
+        raise LogError(f"no samples to replay in {', '.join(log_strs)}")
+
+    # ---------------------------------------------------------------- totals and files
+    final = {"rw": plans["rw"], "twrw": plans["twrw"], "static": plans["static"],
+             "resharder": rs.plan}
+    rw_time = tot["rw"].s["comm_time_s"]
+    totals_strat = {}
+    for s in STRATEGIES:
+        a = tot[s]
+        d = a.to_json(budget)
+        d["total_bytes"] = {"total": a.s["total"], "intra_node": a.s["intra_node"],
+                            "inter_node": a.s["inter_node"], "sync": a.s["sync"]}
+        d["comm_time_s"] = a.s["comm_time_s"]
+        d["iteration_time_s"] = a.s["iteration_time_s"]
+        mig = sum(d2.migration_bytes for d2 in rs.history) if s == "resharder" else 0.0
+        d["migration_bytes"] = float(mig)
+        d["migration_s"] = float(sum(d2.migration_s for d2 in rs.history)) \
+            if s == "resharder" else 0.0
+        d["deltas"] = sum(1 for d2 in rs.history if d2.delta is not None) \
+            if s == "resharder" else 0
+        d["speedup_vs_rw"] = (rw_time / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 else None
+        d["tiers"] = final[s].tier_sizes()
+        totals_strat[s] = d
+    skipped = counts["skipped"]
+    samples_total = counts["samples"]
+    totals = {"samples": samples_total, "rows_read": counts["rows_read"],
+              "windows": len(windows), "iterations": tot["rw"].n,
+              "dropped_samples": int(sum(w["dropped_samples"] for w in windows)),
+              "late_samples": counts["late"],
+              "skipped_rows": int(sum(skipped.values())), "skipped": skipped,
+              "skipped_by_file": {f: c for f, c in counts["skipped_by_file"].items()
+                                  if any(c.values())},
+              "checks": len(rs.history),
+              "decisions": {a: sum(1 for d in rs.history if d.action == a)
+                            for a in ("applied", "partial", "kept", "failed", "skipped")},
+              "strategies": totals_strat}
+    warnings = []
+    empty = [w["index"] for w in windows if w["iterations"] == 0]
+    if empty:
+        warnings.append(f"{len(empty)} of {len(windows)} window(s) hold fewer samples than one "
+                        f"iteration (G x B = {spi:,}) and were not evaluated (windows "
+                        f"{empty[:10]}{' ...' if len(empty) > 10 else ''}); use a smaller "
+                        f"--batch-size or larger windows")
+    if counts["late"]:
+        warnings.append(f"{counts['late']:,} sample(s) had a ts before their window (the log is "
+                        f"not in time order); they were kept in the window being read")
+    if samples_total and totals["dropped_samples"] > 0.25 * samples_total:
+        warnings.append(f"{totals['dropped_samples']:,} of {samples_total:,} samples fall in "
+                        f"windows' partial last iterations and were not evaluated; use a smaller "
+                        f"--batch-size or larger windows")
+    if not want:
+        warnings.append(f"{G} GPUs: the analytic evaluation keeps no G x G traffic matrices "
+                        f"beyond {_MAX_MATRIX_GPUS} GPUs; traffic/*.npz was not written")
+    summary = {
+        "version": SUMMARY_VERSION,
+        "logs": log_strs,
+        "engine": engine,
+        "evaluation": evaluation,
+        "workers": diag.get("workers") if wins is not None else None,
+        "topology": {"name": topo.name, "nodes": topo.nodes, "gpus_per_node": topo.gpus_per_node,
+                     "num_gpus": G, "summary": topo.summary()},
+        "tables": [t.to_dict() for t in tabs],
+        "batch_size": B, "samples_per_iteration": spi,
+        "window": {**spec.to_json(), "position": "ts" if reader.use_ts else "sample",
+                   "t0": counts["t0"], "checks_per_window": 1 if analytic else Q},
+        "strategies": list(STRATEGIES),
+        "model": dataclasses.asdict(model),
+        "budget_bytes": budget,
+        "resharder": {"half_life": half_life_windows if analytic else half_life,
+                      "half_life_unit": "windows" if analytic else unit,
+                      "config": {k: v for k, v in dataclasses.asdict(rs_cfg).items()
+                                 if k != "check_every"},
+                      "checks_per_window": 1 if analytic else Q},
+        "windows": windows,
+        "totals": totals,
+        "warnings": warnings,
+        "elapsed_s": time.perf_counter() - t_start,
+    }
+    summary = _finite(summary)
+    cdf = _cdf(whole, tabs, final, top_k)
+    _write(out, summary, cdf, final, tot if want else {}, topo)
+    summary_elapsed = time.perf_counter() - t_start
+    return ReplayResult(out, summary, cdf, final, whole, list(rs.history), summary_elapsed)
+
+
+def _merge_windows(wins: Sequence[WindowStats]) -> StreamStats:
+    """The whole log's statistics: every window's merged into a copy of the first, in order."""
+    whole = wins[0].stats.copy()
+    for w in wins[1:]:
+        whole.merge(w.stats)
+    return whole
+
+
+def _window_doc(index: int, start: Any, end: Any, samples: int, sample_start: int,
+                ts_first: float | None, ts_last: float | None, iterations: int, dropped: int,
+                late: int, accs: Mapping[str, _Acc], budget: float, rs: Resharder,
+                history_start: int, thresholds: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """One entry of ``summary["windows"]`` (both evaluations)."""
+    decs = rs.history[history_start:]
+    counts = {a: 0 for a in ("applied", "partial", "kept", "failed", "skipped")}
+    for d in decs:
+        counts[d.action] = counts.get(d.action, 0) + 1
+    strat = {s: accs[s].to_json(budget) for s in STRATEGIES}
+    mig = float(sum(d.migration_bytes for d in decs))
+    strat["resharder"]["migration_bytes"] = mig
+    return {"index": index, "start": start, "end": end, "samples": samples,
+            "sample_start": sample_start, "sample_end": sample_start + samples,
+            "ts_first": ts_first, "ts_last": ts_last,
+            "iterations": iterations, "dropped_samples": dropped,
+            "late_samples": late,
+            "strategies": strat, "migration_bytes": mig,
+            "migration_s": float(sum(d.migration_s for d in decs)),
+            "thresholds": thresholds,
+            "decisions": counts,
+            "checks": [_decision_json(d) for d in decs]}
+
+
+def _analytic_pass(wins: Sequence[WindowStats], spec: WindowSpec, use_ts: bool, B: int, spi: int,
+                   model: CostModel, plans: Mapping[str, Plan], rs: Resharder,
+                   decayed: StreamStats, tot: Mapping[str, _Acc], budget: float, top_k: int,
+                   half_life_windows: float,
+                   report: Callable[[int, int], None]) -> list[dict[str, Any]]:
+    """The analytic evaluation: per window, every strategy priced by ``evaluate_analytic`` on the
+    window's summaries (weighted by its whole iterations), then (from the second window on) the
+    window merged into the re-sharder's decayed statistics and one check."""
+    G = rs.topology.num_gpus
+    want = G <= _MAX_MATRIX_GPUS
+    windows: list[dict[str, Any]] = []
+    sample_start = 0
+    prev = wins[0].index
+    for i, ws in enumerate(wins):
+        st = ws.stats
+        n = int(st.samples)
+        its = n // spi
+        hist0 = len(rs.history)
+        accs = {s: _Acc(G, False) for s in STRATEGIES}
+        if its:
+            sums = st.summary(top_k)
+            costs = {s: evaluate_analytic(plans[s], sums, B, model, want_matrices=want)
+                     for s in ("rw", "twrw", "static")}
+            costs["resharder"] = (costs["static"] if rs.plan is plans["static"] else
+                                  evaluate_analytic(rs.plan, sums, B, model, want_matrices=want))
+            for s, c in costs.items():
+                accs[s].add_cost(c, its)
+                tot[s].add_cost(c, its)
+        if i > 0:     # online: the window is evaluated with the plan in force, then seen
+            decayed.scale(0.5 ** ((ws.index - prev) / half_life_windows))
+            decayed.merge(st)
+            pos = (float(st.last_ts) if use_ts and st.last_ts is not None
+                   else float(sample_start + n))
+            dsums = decayed.summary(top_k)
+            rs.check(summaries=dsums, position=pos)
+        else:
+            dsums = decayed.summary(top_k)
+        prev = ws.index
+        if spec.unit == "seconds":
+            start, end = ws.start, ws.end
+        elif use_ts:
+            start, end = st.first_ts, st.last_ts
+        else:
+            start, end = sample_start, sample_start + n
+        windows.append(_window_doc(ws.index, start, end, n, sample_start, st.first_ts,
+                                   st.last_ts, its, n - its * spi, 0, accs, budget, rs, hist0,
+                                   rs.thresholds(dsums)))
+        sample_start += n
+        report(sample_start, ws.index)
+    return windows
+
+
+def _trace_pass(reader: LogReader, spec: WindowSpec, Q: int, B: int, spi: int, G: int,
+                model: CostModel, plans: Mapping[str, Plan], rs: Resharder,
+                decayed: DecayedStats, tot: Mapping[str, _Acc], budget: float,
+                configs: Sequence[TableConfig], whole: StreamStats | None,
+                report: Callable[[int, int], None]
+                ) -> tuple[list[dict[str, Any]], StreamStats, dict[str, Any]]:
+    """The trace evaluation: the driver streams the log once, cuts it into windows and quarters
+    and evaluates whole iterations in trace mode, feeding the re-sharder online.
+
+    ``whole`` None: the whole log's statistics are computed here; given (from the engine's window
+    statistics): window 0's batches are fed to ``decayed`` here (the engine's statistics made the
+    static plans, so there was no pass over the first window)."""
+    feed_window0 = whole is not None
+    if whole is None:
+        whole_stats = StreamStats(configs)
+    else:
+        whole_stats = whole
     windows: list[dict[str, Any]] = []
     cut = _Cutter(spec, Q)
     state: dict[str, Any] = {"win": None, "q": None, "pend": [], "pend_n": 0, "chunk": [],
@@ -541,6 +835,9 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
         if win.index > 0:
             for b in chunk:
                 feed(b)
+        elif feed_window0:
+            for b in chunk:
+                decayed.update(b)
         state["chunk"], state["chunk_n"] = [], 0
 
     def check() -> None:
@@ -572,6 +869,8 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
             if win.index > 0:
                 for b in state["pend"]:
                     feed(b)
+            elif feed_window0:
+                decayed.update(concat_batches(state["pend"]))
         state["pend"], state["pend_n"] = [], 0
         check()
         windows.append(_window_json(win))
@@ -584,27 +883,14 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
             start, end = win.ts_first, win.ts_last
         else:
             start, end = win.sample_start, win.sample_start + win.samples
-        decs = rs.history[win.history_start:]
-        counts = {a: 0 for a in ("applied", "partial", "kept", "failed", "skipped")}
-        for d in decs:
-            counts[d.action] = counts.get(d.action, 0) + 1
-        strat = {s: win.accs[s].to_json(budget) for s in STRATEGIES}
-        mig = float(sum(d.migration_bytes for d in decs))
-        strat["resharder"]["migration_bytes"] = mig
-        return {"index": win.index, "start": start, "end": end, "samples": win.samples,
-                "sample_start": win.sample_start, "sample_end": win.sample_start + win.samples,
-                "ts_first": win.ts_first, "ts_last": win.ts_last,
-                "iterations": win.iterations, "dropped_samples": win.dropped,
-                "late_samples": cut.late - win.late_start,
-                "strategies": strat, "migration_bytes": mig,
-                "migration_s": float(sum(d.migration_s for d in decs)),
-                "thresholds": rs.thresholds(),
-                "decisions": counts,
-                "checks": [_decision_json(d) for d in decs]}
+        return _window_doc(win.index, start, end, win.samples, win.sample_start, win.ts_first,
+                           win.ts_last, win.iterations, win.dropped, cut.late - win.late_start,
+                           win.accs, budget, rs, win.history_start, rs.thresholds())
 
     samples_seen = 0
     for chunk_batch in reader:
-        whole.update(chunk_batch)
+        if not feed_window0:
+            whole_stats.update(chunk_batch)
         for k, piece in cut.cut(chunk_batch):
             w, q = divmod(k, Q)
             win = state["win"]
@@ -631,86 +917,14 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
             state["pend"].append(piece)
             state["pend_n"] += n
             cut_iterations()
-            report("replaying", samples_seen, w)
-        report("replaying", reader.rows_read, state["win"].index if state["win"] else 0)
+            report(samples_seen, w)
+        report(reader.rows_read, state["win"].index if state["win"] else 0)
     if state["win"] is not None:
         end_window()
-    if not windows:
-        raise LogError(f"no samples to replay in {', '.join(log_strs)}")
-
-    # ---------------------------------------------------------------- totals and files
-    final = {"rw": plans["rw"], "twrw": plans["twrw"], "static": plans["static"],
-             "resharder": rs.plan}
-    rw_time = tot["rw"].s["comm_time_s"]
-    totals_strat = {}
-    for s in STRATEGIES:
-        a = tot[s]
-        d = a.to_json(budget)
-        d["total_bytes"] = {"total": a.s["total"], "intra_node": a.s["intra_node"],
-                            "inter_node": a.s["inter_node"], "sync": a.s["sync"]}
-        d["comm_time_s"] = a.s["comm_time_s"]
-        d["iteration_time_s"] = a.s["iteration_time_s"]
-        mig = sum(d2.migration_bytes for d2 in rs.history) if s == "resharder" else 0.0
-        d["migration_bytes"] = float(mig)
-        d["migration_s"] = float(sum(d2.migration_s for d2 in rs.history)) \
-            if s == "resharder" else 0.0
-        d["deltas"] = sum(1 for d2 in rs.history if d2.delta is not None) \
-            if s == "resharder" else 0
-        d["speedup_vs_rw"] = (rw_time / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 else None
-        d["tiers"] = final[s].tier_sizes()
-        totals_strat[s] = d
-    skipped = reader.skipped
-    totals = {"samples": reader.samples, "rows_read": reader.rows_read,
-              "windows": len(windows), "iterations": tot["rw"].n,
-              "dropped_samples": int(sum(w["dropped_samples"] for w in windows)),
-              "late_samples": cut.late,
-              "skipped_rows": int(sum(skipped.values())), "skipped": skipped,
-              "skipped_by_file": {f: c for f, c in reader.skipped_by_file.items()
-                                  if any(c.values())},
-              "checks": len(rs.history),
-              "decisions": {a: sum(1 for d in rs.history if d.action == a)
-                            for a in ("applied", "partial", "kept", "failed", "skipped")},
-              "strategies": totals_strat}
-    warnings = []
-    empty = [w["index"] for w in windows if w["iterations"] == 0]
-    if empty:
-        warnings.append(f"{len(empty)} of {len(windows)} window(s) hold fewer samples than one "
-                        f"iteration (G x B = {spi:,}) and were not evaluated (windows "
-                        f"{empty[:10]}{' ...' if len(empty) > 10 else ''}); use a smaller "
-                        f"--batch-size or larger windows")
-    if cut.late:
-        warnings.append(f"{cut.late:,} sample(s) had a ts before their window (the log is not in "
-                        f"time order); they were kept in the window being read")
-    if reader.samples and totals["dropped_samples"] > 0.25 * reader.samples:
-        warnings.append(f"{totals['dropped_samples']:,} of {reader.samples:,} samples fall in "
-                        f"windows' partial last iterations and were not evaluated; use a smaller "
-                        f"--batch-size or larger windows")
-    summary = {
-        "version": SUMMARY_VERSION,
-        "logs": log_strs,
-        "topology": {"name": topo.name, "nodes": topo.nodes, "gpus_per_node": topo.gpus_per_node,
-                     "num_gpus": G, "summary": topo.summary()},
-        "tables": [t.to_dict() for t in tabs],
-        "batch_size": B, "samples_per_iteration": spi,
-        "window": {**spec.to_json(), "position": "ts" if reader.use_ts else "sample",
-                   "t0": cut.t0, "checks_per_window": Q},
-        "strategies": list(STRATEGIES),
-        "model": dataclasses.asdict(model),
-        "budget_bytes": budget,
-        "resharder": {"half_life": half_life, "half_life_unit": unit,
-                      "config": {k: v for k, v in dataclasses.asdict(rs_cfg).items()
-                                 if k != "check_every"},
-                      "checks_per_window": Q},
-        "windows": windows,
-        "totals": totals,
-        "warnings": warnings,
-        "elapsed_s": time.perf_counter() - t_start,
-    }
-    summary = _finite(summary)
-    cdf = _cdf(whole, tabs, final, top_k)
-    _write(out, summary, cdf, final, tot, topo)
-    summary_elapsed = time.perf_counter() - t_start
-    return ReplayResult(out, summary, cdf, final, whole, list(rs.history), summary_elapsed)
+    counts = {"samples": reader.samples, "rows_read": reader.rows_read, "late": cut.late,
+              "t0": cut.t0, "skipped": reader.skipped,
+              "skipped_by_file": reader.skipped_by_file}
+    return windows, whole_stats, counts
 
 
 def _cdf(whole: StreamStats, tabs: Sequence[EmbeddingTable], final: Mapping[str, Plan],
