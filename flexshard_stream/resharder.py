@@ -331,8 +331,7 @@ class Resharder:
         self.on_change = on_change
         names = {t.name: t.num_rows for t in self.tables}
         if stats is None:
-            # a sliding window forgets exactly; decayed statistics keep their distinct counts, so
-            # their tail looks colder and colder and targets drift on a stationary stream
+            # a sliding window forgets exactly (decayed statistics keep their distinct counts)
             stats = WindowedStats(names, window=8 * self.config.check_every, slots=4,
                                   unit=self.config.unit)
         self.stats = stats
