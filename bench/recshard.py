@@ -169,32 +169,10 @@ def run_setting(plan, sums, ev, B, model, keeps):
 
 
 def many_tables(T=1000, N=512, M=8, k=1000, seed=0):
-    """T tables (1e5..1e8 rows, dim 64..256, 70% sequence) on N x M GPUs, one Zipf summary each (k
-    top rows at random IDs, uniform tail), as bench/paper.py's planning-time workload."""
-    from flexshard_stream.summary import FrequencySummary
-    from flexshard_stream.synth import zipf_pmf_head
-    topo = Topology.uniform(N, M)
-    rng = np.random.default_rng(seed)
-    rows = np.round(10 ** rng.uniform(5, 8, T)).astype(np.int64)
-    dims = rng.choice([64, 128, 256], T)
-    kinds = np.where(rng.random(T) < 0.7, "sequence", "pooled")
-    alphas = rng.uniform(0.9, 1.2, T)
-    tables, sums = [], {}
-    for i in range(T):
-        H = int(rows[i])
-        L = float(rng.uniform(100, 200) if kinds[i] == "sequence" else rng.uniform(1, 40))
-        t = EmbeddingTable(f"t{i:04d}", H, int(dims[i]), "fp32", str(kinds[i]),
-                           optimizer_state_bytes=STATE_BYTES)
-        kk = min(k, H)
-        p = zipf_pmf_head(kk, H, float(alphas[i]))
-        total = 10 ** 9
-        est = p * total
-        ids = rng.choice(H, kk, replace=False).astype(np.int64)
-        sums[t.name] = FrequencySummary(t.name, total, ids, est, est, est, float(H), float(H),
-                                        float(H), float(total * max(0.0, 1.0 - p.sum())),
-                                        float(H - kk), H, True, int(total / L), L)
-        tables.append(t)
-    return topo, tables, sums
+    """bench/paper.py's planning-time workload: T tables on N x M GPUs, one Zipf summary each."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from paper import many_tables as paper_many_tables
+    return paper_many_tables(T, N, M, k, seed)
 
 
 def split_time(repeats=3, B=64, keep=0.5):

@@ -411,19 +411,8 @@ def _parquet_meta(path: Path) -> tuple[list[int], list[tuple[float, float] | Non
 
 
 def _csv_rows(path: Path) -> int:
-    """Data rows of a CSV file: lines, not counting the header (the reader's own rule: a line is a
-    row)."""
-    lines, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while True:
-            buf = f.read(16 << 20)
-            if not buf:
-                break
-            lines += buf.count(b"\n")
-            last = buf[-1:]
-    if last != b"\n":
-        lines += 1
-    return max(0, lines - 1)
+    from .logs import csv_data_rows
+    return csv_data_rows(path)
 
 
 def _split_groups(rows: list[int], k: int) -> list[tuple[int, ...]]:

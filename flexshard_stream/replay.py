@@ -68,7 +68,7 @@ from .cost import (
 from .distributed import ENGINES, WindowStats, window_stats
 from .errors import ConfigError, FlexShardError, LogError
 from .logs import REASONS as _REASONS
-from .logs import LogReader
+from .logs import LogReader, csv_data_rows
 from .plan import Plan
 from .planner import MemoryPolicy, plan_flexshard
 from .resharder import Decision, ReshardConfig, Resharder
@@ -228,17 +228,7 @@ def _count_rows(reader: LogReader) -> int:
         if info.num_rows is not None:
             total += int(info.num_rows)
             continue
-        lines, last = 0, b"\n"
-        with open(info.path, "rb") as f:
-            while True:
-                buf = f.read(16 << 20)
-                if not buf:
-                    break
-                lines += buf.count(b"\n")
-                last = buf[-1:]
-        if last != b"\n":
-            lines += 1
-        total += max(0, lines - 1)                  # the header line
+        total += csv_data_rows(info.path)
     return total
 
 
