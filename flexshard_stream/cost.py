@@ -437,6 +437,30 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
 
 
 # ----------------------------------------------------------------------------- analytic mode
+_TOPS: list = []   # one entry: (key, the summaries, (offsets, IDs, probabilities))
+
+
+def _sorted_tops(sums: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The summaries' top rows concatenated, sorted by ID within each table (the analytic kernel
+    merges them with the plan's sorted special rows), with their access probabilities. Cached
+    for the last list of summaries: the planner prices many plans against the same ones."""
+    key = tuple((id(s), s.total, s.top_ids.size) for s in sums)
+    entry = _TOPS[0] if _TOPS else None   # one read: other threads may replace the entry
+    if entry is not None and entry[0] == key:
+        return entry[2]
+    ids, ps, off = [], [], [0]
+    for s in sums:
+        o = np.argsort(s.top_ids, kind="stable")
+        ids.append(s.top_ids[o])
+        ps.append(s.top_est[o] / s.total if s.total else np.zeros(s.top_ids.size))
+        off.append(off[-1] + s.top_ids.size)
+    val = (np.asarray(off, np.int64),
+           np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64),
+           np.concatenate(ps).astype(np.float64) if ps else np.zeros(0))
+    _TOPS[:] = [(key, list(sums), val)]   # the summaries are kept, so their ids are not reused
+    return val
+
+
 def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size: int,
                       model: CostModel | None = None, *, mean_lengths: Mapping[str, float] | None
                       = None, want_matrices: bool | None = None) -> Cost:
@@ -461,17 +485,15 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     if batch_size <= 0:
         raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
     want = G <= 512 if want_matrices is None else want_matrices
-    top_ids, top_p, top_off = [], [], [0]
     T = len(plan.tables)
     tail_p, tail_rows, mean_len = np.zeros(T), np.zeros(T), np.zeros(T)
+    sums = []
     for i, (name, tp) in enumerate(plan.tables.items()):
         s = summaries.get(name) or summaries.get(tp.table.feature)
         if s is None:
             raise ConfigError(f"no frequency summary for table {name!r} "
                               f"(have {sorted(summaries)[:10]})")
-        top_ids.append(s.top_ids)
-        top_p.append(s.top_est / s.total if s.total else np.zeros(s.top_ids.size))
-        top_off.append(top_off[-1] + s.top_ids.size)
+        sums.append(s)
         tail_p[i] = s.tail_probability()
         tail_rows[i] = s.tail_rows if s.total else 0.0
         mean_len[i] = (mean_lengths or {}).get(name, s.mean_length) or 1.0
@@ -483,10 +505,7 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
         G, M, float(batch_size), model.dedup, f["sp_off"], f["sp_ids"], f["sp_codes"],
         f["layout"], f["num_rows"], f["emb_bytes"], f["pooled"], f["lay_kind"], f["lay_off"],
         f["lay_gpus"], f["lay_w"], f["lay_boff"], f["lay_bounds"], f["lay_seed"],
-        np.asarray(top_off, np.int64),
-        np.concatenate(top_ids).astype(np.int64) if top_ids else np.zeros(0, np.int64),
-        np.concatenate(top_p).astype(np.float64) if top_p else np.zeros(0),
-        tail_p, tail_rows, mean_len, idx_cold, idx_node, emb_cold, emb_node, s_node,
+        *_sorted_tops(sums), tail_p, tail_rows, mean_len, idx_cold, idx_node, emb_cold, emb_node, s_node,
         f["hf_off"], f["hf"], f["uvm_lookup_bytes"], host_lk, uvm_b)
     ib = float(model.index_bytes)
     idx_node_g = idx_node[np.arange(G) % M]

@@ -28,7 +28,7 @@ def analytic_traffic(G, M, B, dedup,
                      sp_off, sp_ids, sp_codes, layout, num_rows, emb_bytes, pooled,
                      # cold layouts l: kind, GPUs and row weights, range bounds, hash seed
                      lay_kind, lay_off, lay_gpus, lay_w, lay_boff, lay_bounds, lay_seed,
-                     # summaries, per table t
+                     # summaries, per table t (top rows sorted by ID within each table)
                      top_off, top_ids, top_p, tail_p, tail_rows, mean_len,
                      # outputs (accumulated)
                      idx_cold, idx_node, emb_cold, emb_node, s_node,
@@ -86,21 +86,17 @@ def analytic_traffic(G, M, B, dedup,
         ho = hf_off[t]
         tier = hf_off[t + 1] > ho
         ulb = uvm_lb[t]
+        q = a   # top rows come sorted by ID: merge them with the (sorted) special rows
         for k in range(ta, tb):
             r = top_ids[k]
             if r < 0 or r >= H:
                 continue
             p = top_p[k]
-            if nsp > 0:  # binary search among the special rows (written out: no calls per row)
-                lo, hi = a, b
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if sp_ids[mid] < r:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                if lo < b and sp_ids[lo] == r:
-                    p_special[lo - a] = p
+            if nsp > 0:
+                while q < b and sp_ids[q] < r:
+                    q += 1
+                if q < b and sp_ids[q] == r:
+                    p_special[q - a] = p
                     continue  # special rows are handled below with their probability
             if kind == 0:
                 dst = lay_gpus[ca + np.int64(mix64(uint64(r), seed) % ncold)]
