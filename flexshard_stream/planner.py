@@ -75,8 +75,8 @@ class PlannerConfig:
                             boundary 2..64x deeper (exact evaluation)
     thresholds : int        shared marginal-value thresholds: every pair ``th0 >= th1`` of this
                             many levels (plus "none") cuts every table at the same expected
-                            requests per byte; priced exactly when there are two tables or more
-                            and tables x GPUs <= 2^20 (0: off)
+                            requests per byte; priced exactly when tables x GPUs <= 2^20, with
+                            fewer levels when pairs x summarized rows exceed 2^25 (0: off)
     """
 
     blocks: int = 64
@@ -446,12 +446,16 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
             applied += 1
         cost = consider(list(states), g)
         at_grid.append((_t(cost), g, list(states)))
-    if not big and len(curves) > 1:
+    if not big:
         # every table cut at the same marginal value per byte (pairs of shared thresholds): where
         # the exact per-GPU peak memory, not the proxy's balanced one, decides what fits (many
         # small tables, tight memory-neutral budgets), these fit when the move prefixes do not.
-        # (One table: the variants below already search its (k0, k1) plane.)
-        for st in _threshold_states(curves, cfg.thresholds):
+        # Fewer levels when the summaries are long (each pricing is linear in their rows).
+        levels = cfg.thresholds
+        rows = sum(c.k for c in curves)
+        while levels > 2 and (levels + 1) * (levels + 2) // 2 * rows > (1 << 25):
+            levels -= 1
+        for st in _threshold_states(curves, levels):
             consider(st, -1)
     if len(curves) <= cfg.variant_tables:
         # with few tables, refine with the exact evaluator around the move sequence: the
