@@ -196,15 +196,39 @@ def analytic_traffic(G, M, B, dedup,
     return s_global
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _slot_rows(kind, bnd, H, j, n):
+    """Rows ``[lo, hi)`` that slot ``j`` of a range layout with ``n`` slots holds in a table of
+    ``H`` rows: kind 3 (weighted) recomputes the bounds from the cumulative weights ``bnd``; kind 1
+    takes its explicit bounds, the last slot also holding rows past ``bnd[n]``."""
+    if kind == 3:
+        lo = np.int64(0) if j == 0 else range_bound(bnd[j], H)
+        hi = np.int64(H) if j == n - 1 else range_bound(bnd[j + 1], H)
+    else:
+        lo = min(np.int64(bnd[j]), H)
+        hi = min(np.int64(bnd[j + 1]), H)
+        if j == n - 1 and H > np.int64(bnd[n]):
+            hi += H - np.int64(bnd[n])
+    return lo, hi
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _slot_of(kind, bnd, H, r):
+    """The slot of a range layout (kind 3: weighted, else explicit bounds) that holds row ``r``."""
+    if kind == 3:
+        return weighted_range_slot(bnd, H, r)
+    return range_slot(bnd, r)
+
+
 @njit(nogil=True, cache=True)
 def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus, lay_boff,
-                    lay_bounds, sp_off, sp_ids, out, hf_off=None, hf=None, host_out=None):
+                    lay_bounds, sp_off, sp_ids, out, hf_off, hf, host_out):
     """Add the bytes of every table's range-sharded cold rows to ``out[G]`` (special rows taken
     out); returns False if a table uses a cold kind this kernel does not handle (hash).
 
-    With ``hf_off`` / ``hf`` / ``host_out`` (host memory tier, ``Plan.flat``): a table with
-    fractions ``f`` puts ``f[g]`` of GPU g's cold bytes in ``out`` (HBM) and ``1 - f[g]`` in
-    ``host_out`` (expected values)."""
+    Host memory tier (``hf_off`` / ``hf`` of ``Plan.flat``): a table with fractions ``f`` puts
+    ``f[g]`` of GPU g's cold bytes in ``out`` (HBM) and ``1 - f[g]`` in ``host_out`` (expected
+    values); a table without puts them all in ``out``."""
     ok = True
     for t in range(layout.shape[0]):
         lt = layout[t]
@@ -219,34 +243,11 @@ def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus,
         ca, cb = lay_off[lt], lay_off[lt + 1]
         n = cb - ca
         bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
-        if hf_off is not None and hf is not None and host_out is not None:
-            ho = hf_off[t]
-            if hf_off[t + 1] > ho:
-                for j in range(n):
-                    if kind == 3:
-                        lo = 0 if j == 0 else range_bound(bnd[j], H)
-                        hi = H if j == n - 1 else range_bound(bnd[j + 1], H)
-                    else:
-                        lo = min(np.int64(bnd[j]), H)
-                        hi = min(np.int64(bnd[j + 1]), H)
-                        if j == n - 1 and H > np.int64(bnd[n]):
-                            hi += H - np.int64(bnd[n])
-                    g = lay_gpus[ca + j]
-                    f = hf[ho + g]
-                    out[g] += (hi - lo) * rb * f
-                    host_out[g] += (hi - lo) * rb * (1.0 - f)
-                for k in range(sp_off[t], sp_off[t + 1]):
-                    r = sp_ids[k]
-                    if kind == 3:
-                        j = weighted_range_slot(bnd, H, r)
-                    else:
-                        j = range_slot(bnd, r)
-                    g = lay_gpus[ca + j]
-                    f = hf[ho + g]
-                    out[g] -= rb * f
-                    host_out[g] -= rb * (1.0 - f)
-                continue
+        ho = hf_off[t]
+        tier = hf_off[t + 1] > ho
         for j in range(n):
+            # the bounds of slot j, written out (an inlined helper taking arrays costs reference
+            # counting per call here: G x tables iterations per plan); _slot_rows is the same rule
             if kind == 3:
                 lo = 0 if j == 0 else range_bound(bnd[j], H)
                 hi = H if j == n - 1 else range_bound(bnd[j + 1], H)
@@ -255,14 +256,22 @@ def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus,
                 hi = min(np.int64(bnd[j + 1]), H)
                 if j == n - 1 and H > np.int64(bnd[n]):
                     hi += H - np.int64(bnd[n])
-            out[lay_gpus[ca + j]] += (hi - lo) * rb
+            g = lay_gpus[ca + j]
+            f = hf[ho + g] if tier else 1.0
+            out[g] += (hi - lo) * rb * f
+            if tier:
+                host_out[g] += (hi - lo) * rb * (1.0 - f)
         for k in range(sp_off[t], sp_off[t + 1]):
             r = sp_ids[k]
             if kind == 3:
                 j = weighted_range_slot(bnd, H, r)
             else:
                 j = range_slot(bnd, r)
-            out[lay_gpus[ca + j]] -= rb
+            g = lay_gpus[ca + j]
+            f = hf[ho + g] if tier else 1.0
+            out[g] -= rb * f
+            if tier:
+                host_out[g] -= rb * (1.0 - f)
     return ok
 
 
@@ -290,21 +299,11 @@ def cold_rows_by_table(G, layout, num_rows, lay_kind, lay_off, lay_gpus, lay_bof
         n = cb - ca
         bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
         for j in range(n):
-            if kind == 3:
-                lo = 0 if j == 0 else range_bound(bnd[j], H)
-                hi = H if j == n - 1 else range_bound(bnd[j + 1], H)
-            else:
-                lo = min(np.int64(bnd[j]), H)
-                hi = min(np.int64(bnd[j + 1]), H)
-                if j == n - 1 and H > np.int64(bnd[n]):
-                    hi += H - np.int64(bnd[n])
+            lo, hi = _slot_rows(kind, bnd, H, j, n)
             out[lay_gpus[ca + j], t] += hi - lo
         for k in range(sp_off[t], sp_off[t + 1]):
             r = sp_ids[k]
-            if kind == 3:
-                j = weighted_range_slot(bnd, H, r)
-            else:
-                j = range_slot(bnd, r)
+            j = _slot_of(kind, bnd, H, r)
             out[lay_gpus[ca + j], t] -= 1
     return todo[:nt]
 
