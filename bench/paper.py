@@ -347,6 +347,27 @@ def analytic_check(quick: bool) -> list:
 
 
 # ============================================================================ 2-3. sequence workload
+def plan_and_eval(spec, tables, spi, n, seed, topk):
+    """Generate ``2 n`` iterations of ``spi`` samples from a synthetic trace spec: the first ``n``
+    counted (exactly when the tables fit 4 bytes per row) into summaries of ``topk`` rows, the next
+    ``n`` kept as batches for out-of-sample evaluation. Returns (summaries, evaluation batches,
+    IDs planned on, IDs evaluated, counts exact, seconds)."""
+    limit = 4 * sum(t.num_rows for t in tables) + (1 << 20)
+    st = StreamStats({t.name: t.num_rows for t in tables}, SketchConfig(exact_memory_limit=limit))
+    t0 = time.perf_counter()
+    ev, ids_plan = [], 0
+    for i, b in enumerate(spec.generate(2 * n * spi, spi, seed=seed)):
+        if i < n:
+            st.update(b)
+            ids_plan += b.num_values
+        else:
+            ev.append(b)
+    sums = st.summary(topk)
+    exact = all(st[t.name].exact for t in tables)
+    return (sums, ev, ids_plan, sum(b.num_values for b in ev), exact,
+            time.perf_counter() - t0)
+
+
 def sequence_workload(args):
     spec = synth.preset("sequence", args.scale)
     tables = [EmbeddingTable(t.name, t.num_rows, DIM, DTYPE, "sequence",
@@ -360,22 +381,8 @@ def sequence_workload(args):
                     for t in spec.tables))
     log(f"  B = {B} per GPU on 128 GPUs ({spi} samples/iteration); {n} iterations planned, the "
         f"next {n} evaluated ({2 * n * spi} samples)")
-    limit = 4 * sum(t.num_rows for t in tables) + (1 << 20)
-    st = StreamStats({t.name: t.num_rows for t in tables}, SketchConfig(exact_memory_limit=limit))
-    t0 = time.perf_counter()
-    ev_batches = []
-    ids_plan = 0
-    for i, b in enumerate(spec.generate(2 * n * spi, spi, seed=args.seed)):
-        if i < n:
-            st.update(b)
-            ids_plan += b.num_values
-        else:
-            ev_batches.append(b)
-    ids_eval = sum(b.num_values for b in ev_batches)
-    gen_s = time.perf_counter() - t0
-    sums = st.summary(args.topk)
-    exact = all(st[t.name].exact for t in tables)
-    del st
+    sums, ev_batches, ids_plan, ids_eval, exact, gen_s = plan_and_eval(spec, tables, spi, n,
+                                                                       args.seed, args.topk)
     log(f"  generated and counted in {gen_s:.1f} s: {ids_plan / 1e6:.1f} M IDs planned on "
         f"({'exact counts' if exact else 'sketched'}), {ids_eval / 1e6:.1f} M IDs evaluated; "
         f"summaries: top {args.topk} rows per table + tail; mean lengths "

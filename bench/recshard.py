@@ -41,12 +41,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paper import many_tables as paper_many_tables, plan_and_eval  # noqa: E402
+
 from flexshard_stream import synth  # noqa: E402
 from flexshard_stream.baselines import row_wise  # noqa: E402
-from flexshard_stream.config import SketchConfig  # noqa: E402
 from flexshard_stream.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
 from flexshard_stream.recshard import cold_rows_per_gpu, slow_memory_report, split_cold  # noqa: E402
-from flexshard_stream.stream import StreamStats  # noqa: E402
 from flexshard_stream.tables import EmbeddingTable  # noqa: E402
 from flexshard_stream.topology import Topology  # noqa: E402
 
@@ -75,20 +76,8 @@ def workload(args):
         f"{sum(t.num_rows for t in tables) / 1e6:.2f} M rows, "
         f"{sum(t.mean_length for t in spec.tables):.0f} IDs per sample; {args.topology} ({G} GPUs), "
         f"B = {B} ({spi} samples/iteration); {n} iterations planned, the next {n} evaluated")
-    limit = 4 * sum(t.num_rows for t in tables) + (1 << 20)
-    st = StreamStats({t.name: t.num_rows for t in tables}, SketchConfig(exact_memory_limit=limit))
-    t0 = time.perf_counter()
-    ev = []
-    ids_plan = 0
-    for i, b in enumerate(spec.generate(2 * n * spi, spi, seed=args.seed)):
-        if i < n:
-            st.update(b)
-            ids_plan += b.num_values
-        else:
-            ev.append(b)
-    sums = st.summary(args.topk)
-    gen_s = time.perf_counter() - t0
-    ids_eval = sum(b.num_values for b in ev)
+    sums, ev, ids_plan, ids_eval, _, gen_s = plan_and_eval(spec, tables, spi, n, args.seed,
+                                                           args.topk)
     log(f"  generated and counted in {gen_s:.1f} s: {ids_plan / 1e6:.1f} M IDs planned on, "
         f"{ids_eval / 1e6:.1f} M IDs evaluated; summaries: top {args.topk} rows per table + tail")
     info = {"preset": "production", "scale": args.scale, "topology": args.topology, "gpus": G,
@@ -170,8 +159,6 @@ def run_setting(plan, sums, ev, B, model, keeps):
 
 def many_tables(T=1000, N=512, M=8, k=1000, seed=0):
     """bench/paper.py's planning-time workload: T tables on N x M GPUs, one Zipf summary each."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from paper import many_tables as paper_many_tables
     return paper_many_tables(T, N, M, k, seed)
 
 
