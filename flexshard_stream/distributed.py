@@ -120,40 +120,10 @@ def _part_reader(path: str, row_groups: tuple[int, ...] | None, features: Mappin
                  use_ts: bool, batch_size: int, skip_bad_rows: bool):
     """A :class:`LogReader` over one file, or over the row groups ``row_groups`` (contiguous) of a
     parquet file; bad-row messages keep the row numbers of the whole file."""
-    import pyarrow as pa
+    from .logs import LogReader
 
-    from .logs import LogReader, _open_parquet
-
-    class _PartReader(LogReader):
-        def _parquet_parts(self, info):
-            if row_groups is None:
-                yield from super()._parquet_parts(info)
-                return
-            pf = _open_parquet(info.path)
-            try:
-                md = pf.metadata
-                starts = np.cumsum([0] + [md.row_group(i).num_rows
-                                          for i in range(md.num_row_groups)])
-                row = int(starts[row_groups[0]])
-                it = pf.iter_batches(batch_size=self.batch_size, row_groups=list(row_groups),
-                                     columns=self._columns(), use_threads=True)
-                while True:
-                    try:
-                        rb = next(it)
-                    except StopIteration:
-                        break
-                    except (pa.ArrowException, OSError, ValueError) as e:
-                        raise self._parquet_damage(pf, info.path, row, e) from None
-                    n = rb.num_rows
-                    self.rows_read += n
-                    part = self._validate(info, rb, lambda i, r0=row: r0 + i, [], 0)
-                    row += n
-                    yield part
-            finally:
-                pf.close()
-
-    return _PartReader([path], dict(features), batch_size, skip_bad_rows=skip_bad_rows,
-                       ts=use_ts)
+    return LogReader([path], dict(features), batch_size, skip_bad_rows=skip_bad_rows, ts=use_ts,
+                     row_groups=row_groups)
 
 
 def _take(batch: Batch, mask: np.ndarray) -> Batch:

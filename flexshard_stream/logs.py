@@ -712,6 +712,9 @@ class LogReader:
         require it, False = ignore it.
     ignore : iterable of str
         Columns never inferred as features.
+    row_groups : sequence of int, optional
+        Read only these row groups (ascending) of a single parquet file, e.g. one task's share of
+        a large file; bad-row messages keep the row numbers of the whole file.
 
     Attributes
     ----------
@@ -729,12 +732,17 @@ class LogReader:
 
     def __init__(self, paths: Paths, features: FeatureSpec = None, batch_size: int = 65536, *,
                  skip_bad_rows: bool = False, null_as_empty: bool = False,
-                 ts: bool | None = None, ignore: Iterable[str] = ()):
+                 ts: bool | None = None, ignore: Iterable[str] = (),
+                 row_groups: Sequence[int] | None = None):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
                 or batch_size < 1:
             raise LogError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.files = _expand_paths(paths)
         self._infos = [_inspect_file(p) for p in self.files]
+        self.row_groups = None if row_groups is None else [int(g) for g in row_groups]
+        if self.row_groups is not None and (
+                len(self._infos) != 1 or self._infos[0].path.suffix.lower() not in _PARQUET_EXT):
+            raise LogError(f"row_groups needs exactly one parquet file, got {self.files}")
         self.schema = _schema_of(self._infos, features, ignore)
         have = [TS_COLUMN in i.types for i in self._infos]
         if ts is None:
@@ -801,9 +809,20 @@ class LogReader:
     def _parquet_parts(self, info: _FileInfo) -> Iterator[_Part]:
         pf = _open_parquet(info.path)
         try:
-            it = pf.iter_batches(batch_size=self.batch_size, columns=self._columns(),
-                                 use_threads=True)
-            row = 0
+            if self.row_groups is None:
+                it = pf.iter_batches(batch_size=self.batch_size, columns=self._columns(),
+                                     use_threads=True)
+                row = 0
+            else:
+                md = pf.metadata
+                if self.row_groups and not (0 <= min(self.row_groups)
+                                            and max(self.row_groups) < md.num_row_groups):
+                    raise _fail(info.path, f"row groups {self.row_groups} out of range: the file "
+                                           f"has {md.num_row_groups}")
+                it = pf.iter_batches(batch_size=self.batch_size, row_groups=self.row_groups,
+                                     columns=self._columns(), use_threads=True)
+                row = sum(md.row_group(i).num_rows for i in range(self.row_groups[0])) \
+                    if self.row_groups else 0
             while True:
                 try:
                     rb = next(it)

@@ -540,3 +540,20 @@ def test_log_max_ids(tmp_path: Path) -> None:
     assert log_max_ids(e, ["seq"]) == {"seq": -1}
     with pytest.raises(LogError, match="missing"):
         log_max_ids(paths, ["nope"])
+
+
+def test_row_groups_read_one_share_of_a_file(tmp_path):
+    ids = np.arange(100, dtype=np.int64)
+    ids[57] = -1                                    # a bad row in the third row group
+    pq.write_table(pa.table({"ts": np.arange(100.0), "a": ids}), tmp_path / "x.parquet",
+                   row_group_size=20)
+    got = np.concatenate([b.values for b in LogReader(tmp_path / "x.parquet", "a", 7,
+                                                      row_groups=[1, 2], skip_bad_rows=True)])
+    assert np.array_equal(got, np.delete(np.arange(20, 60), 37))
+    with pytest.raises(LogError, match="row 57"):       # rows numbered in the whole file
+        list(LogReader(tmp_path / "x.parquet", "a", 7, row_groups=[2]))
+    with pytest.raises(LogError, match="out of range"):
+        list(LogReader(tmp_path / "x.parquet", "a", 7, row_groups=[5]))
+    pl.DataFrame({"a": [1, 2]}).write_csv(tmp_path / "y.csv")
+    with pytest.raises(LogError, match="one parquet file"):
+        LogReader(tmp_path / "y.csv", "a", 7, row_groups=[0])
