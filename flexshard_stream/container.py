@@ -98,11 +98,13 @@ def unpack(data: bytes, kind: str, source: str = "<bytes>") -> tuple[dict, dict[
     return header["meta"], arrays
 
 
-def write_atomic(path: str | os.PathLike, data: bytes, verify_kind: str | None = None) -> Path:
+def write_atomic(path: str | os.PathLike, data: bytes, verify_kind: str | None = None, *,
+                 fsync: bool = True) -> Path:
     """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, verify, rename.
 
     With ``verify_kind`` the temp file is read back and decoded before it replaces ``path``; a failed
-    write leaves any previous file untouched.
+    write leaves any previous file untouched. ``fsync=False`` skips the file and folder fsyncs
+    (still atomic for readers, not durable across a power loss): for files rewritten often.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,14 +112,17 @@ def write_atomic(path: str | os.PathLike, data: bytes, verify_kind: str | None =
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         if verify_kind is not None:
             back = Path(tmp).read_bytes()
             if back != data:
                 raise FormatError(f"{path}: verification failed: bytes read back differ")
             unpack(back, verify_kind, str(path))
         os.replace(tmp, path)
+        if not fsync:
+            return path
         try:
             dfd = os.open(path.parent, os.O_RDONLY)
             try:

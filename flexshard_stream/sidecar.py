@@ -71,6 +71,7 @@ import numpy as np
 import typer
 
 from .batch import Batch
+from .container import write_atomic
 from .errors import ConfigError, FlexShardError, FormatError
 
 if TYPE_CHECKING:  # heavy modules (planner, cost model) are imported when a Sidecar is built
@@ -210,20 +211,9 @@ def _write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
 
 
 def _write_json_atomic(path: Path, doc: Any, *, fsync: bool = True) -> None:
-    """Write JSON to a temp file in the same directory, then rename over ``path``."""
+    """Write JSON atomically (``container.write_atomic``)."""
     data = json.dumps(_clean(doc), indent=1, allow_nan=False).encode() + b"\n"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        _write_bytes(tmp, data, fsync)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    if fsync:
-        _fsync_dir(path.parent)
+    write_atomic(path, data, fsync=fsync)
 
 
 def _read_json(path: Path) -> dict:
