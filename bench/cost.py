@@ -33,6 +33,7 @@ from flexshard_stream.batch import Batch, rebatch  # noqa: E402
 from flexshard_stream.baselines import row_wise  # noqa: E402
 from flexshard_stream.config import TableConfig  # noqa: E402
 from flexshard_stream.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
+from flexshard_stream.kernels.hashing import mix64_np  # noqa: E402
 from flexshard_stream.kernels.traffic import table_traffic  # noqa: E402
 from flexshard_stream.plan import ColdSharding, Plan, TablePlan  # noqa: E402
 from flexshard_stream.stream import validate_batch  # noqa: E402
@@ -107,24 +108,6 @@ def replica_plan(tables, perms, topo, k_global, k_node):
 
 
 # ============================================================================ numpy peer
-_GOLDEN = 0x9E3779B97F4A7C15
-_C1 = np.uint64(0xFF51AFD7ED558CCD)
-_C2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
-
-
-def np_mix64(x, seed):
-    """numpy fmix64(x + seed * golden), as kernels/hashing.mix64 (wrapping uint64 arithmetic)."""
-    with np.errstate(over="ignore"):
-        h = x.astype(np.uint64) + np.uint64((int(seed) * _GOLDEN) & 0xFFFFFFFFFFFFFFFF)
-        h ^= h >> _S33
-        h *= _C1
-        h ^= h >> _S33
-        h *= _C2
-        h ^= h >> _S33
-    return h
-
-
 def _sorted_lookup(sorted_ids, ids):
     """(hit mask, position) of ``ids`` in the sorted array ``sorted_ids``."""
     pos = np.searchsorted(sorted_ids, ids)
@@ -160,7 +143,7 @@ def numpy_iteration(plan, batch, B, dedup, index_bytes=8):
             np.clip(j, 0, c.gpus.size - 1, out=j)
             dst = c.gpus[j].astype(np.int64)
         else:  # hash
-            dst = c.gpus[(np_mix64(ids, c.seed) % np.uint64(c.gpus.size)).astype(np.int64)]
+            dst = c.gpus[(mix64_np(ids, c.seed) % np.uint64(c.gpus.size)).astype(np.int64)]
             dst = dst.astype(np.int64)
         # tiers (disjoint): global replicas served locally, node replicas inside the node
         if tp.global_ids.size:
