@@ -65,18 +65,6 @@ def logs(tmp_path_factory):
     return paths
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """One local Ray cluster for the whole module (2 CPUs), skipped without Ray."""
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 def single_pass(paths, unit, size, tables=TABLES, skip_bad_rows=False):
     """Reference: the same batches read in order, each sample fed to its window's StreamStats.
     Returns ``{window: (StreamStats, {feature: ids})}``."""

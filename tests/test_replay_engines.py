@@ -70,18 +70,6 @@ def logs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """One local Ray cluster for the whole module (2 CPUs), skipped without Ray."""
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def local(logs, tmp_path_factory):
     out = tmp_path_factory.mktemp("local") / "out"
     return _run(logs, out, engine="local"), out
