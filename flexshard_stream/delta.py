@@ -110,13 +110,8 @@ def _cold_brief(c: ColdSharding) -> dict[str, Any]:
 
 
 def _special(tp: TablePlan) -> tuple[np.ndarray, np.ndarray]:
-    """All explicitly placed rows of a table, sorted by ID, with their codes."""
-    ids = np.concatenate([tp.global_ids, tp.node_ids, tp.placed_ids])
-    codes = np.concatenate([np.full(tp.global_ids.size, -1, np.int32),
-                            (-2 - tp.node_local).astype(np.int32),
-                            tp.placed_gpus.astype(np.int32)])
-    order = np.argsort(ids, kind="stable")
-    return ids[order], codes[order]
+    """All explicitly placed rows of a table, sorted by ID, with their codes (read-only)."""
+    return tp.special_sorted
 
 
 def _lookup(ids: np.ndarray, codes: np.ndarray, query: np.ndarray) -> np.ndarray:

@@ -217,6 +217,8 @@ class TablePlan:
         if ids.size:
             order = np.argsort(ids, kind="stable")
             ids, codes = ids[order], codes[order]
+        ids.flags.writeable = False   # shared by every user of this TablePlan
+        codes.flags.writeable = False
         return ids, codes
 
     @property
@@ -316,10 +318,7 @@ class Router:
     """The compiled routing of one table: special-row map plus cold function (Numba arrays)."""
 
     def __init__(self, tp: TablePlan, topo: Topology):
-        ids = np.concatenate([tp.global_ids, tp.node_ids, tp.placed_ids])
-        codes = np.concatenate([np.full(tp.global_ids.size, -1, np.int32),
-                                (-2 - tp.node_local).astype(np.int32),
-                                tp.placed_gpus.astype(np.int32)])
+        ids, codes = tp.special_sorted
         self.num_special = int(ids.size)
         self.lg = max(1, math.ceil(math.log2(2 * ids.size + 1))) if ids.size else 0
         if ids.size:

@@ -163,11 +163,8 @@ _FRACTIONS = (1.0, 0.75, 0.5, 0.375, 0.25, 0.1875, 0.125, 0.0625, 0.03125)
 
 def _codes(tp: TablePlan) -> tuple[np.ndarray, np.ndarray]:
     """Explicit rows of a table and their code: -1 global, -2 - m node (local GPU m), g placed."""
-    ids = np.concatenate([tp.global_ids, tp.node_ids, tp.placed_ids])
-    codes = np.concatenate([np.full(tp.global_ids.size, -1, np.int64),
-                            -2 - tp.node_local.astype(np.int64), tp.placed_gpus.astype(np.int64)])
-    o = np.argsort(ids, kind="stable")
-    return ids[o], codes[o]
+    ids, codes = tp.special_sorted
+    return ids, codes.astype(np.int64)
 
 
 def _from_codes(tp: TablePlan, ids: np.ndarray, codes: np.ndarray) -> TablePlan:
