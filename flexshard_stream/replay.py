@@ -73,7 +73,6 @@ from .plan import Plan
 from .planner import MemoryPolicy, plan_flexshard
 from .resharder import Decision, ReshardConfig, Resharder
 from .stream import StreamStats
-from .summary import FrequencySummary
 from .tables import EmbeddingTable, infer_tables, load_tables
 from .topology import Topology
 from .window import DecayedStats
@@ -352,18 +351,6 @@ def _check_out_dir(out: Path) -> None:
             raise ConfigError(f"{out}: exists, is not empty and holds no summary.json (not a "
                               f"replay directory); it would be replaced: choose another output "
                               f"directory or remove it")
-
-
-def _prob_of(s: FrequencySummary, ids: np.ndarray) -> np.ndarray:
-    """Access probability of ``ids`` under ``s``; rows outside its top get the tail probability."""
-    if s.total == 0 or ids.size == 0:
-        return np.zeros(ids.size)
-    order = np.argsort(s.top_ids, kind="stable")
-    top = s.top_ids[order]
-    if top.size == 0:
-        return np.full(ids.size, s.tail_probability())
-    pos = np.clip(np.searchsorted(top, ids), 0, top.size - 1)
-    return np.where(top[pos] == ids, s.top_est[order][pos] / s.total, s.tail_probability())
 
 
 def _decision_json(d: Decision) -> dict[str, Any]:
@@ -935,8 +922,8 @@ def _cdf(whole: StreamStats, tabs: Sequence[EmbeddingTable], final: Mapping[str,
             k0, k1 = int(tp.global_ids.size), int(tp.node_ids.size)
             rep = np.concatenate([tp.global_ids, tp.node_ids])
             cuts[name] = {"k0": k0, "k0_k1": k0 + k1,
-                          "global_share": float(_prob_of(s, tp.global_ids).sum()),
-                          "replicated_share": float(_prob_of(s, rep).sum())}
+                          "global_share": float(s.probabilities(tp.global_ids).sum()),
+                          "replicated_share": float(s.probabilities(rep).sum())}
         out["tables"][t.name] = {
             "feature": t.feature, "num_rows": t.num_rows, "total": int(s.total),
             "exact": bool(s.exact), "distinct_estimate": float(s.distinct_estimate),

@@ -16,7 +16,6 @@ decision rule is documented in docs/RESHARDER.md.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -178,15 +177,8 @@ def _from_codes(tp: TablePlan, ids: np.ndarray, codes: np.ndarray) -> TablePlan:
 
 
 def _prob(s: FrequencySummary | None, ids: np.ndarray) -> np.ndarray:
-    """Access probability of ``ids`` under ``s`` (tail probability outside its top)."""
-    if s is None or not s.total or ids.size == 0:
-        return np.zeros(ids.size)
-    order = np.argsort(s.top_ids)
-    top = s.top_ids[order]
-    if top.size == 0:
-        return np.full(ids.size, s.tail_probability())
-    pos = np.clip(np.searchsorted(top, ids), 0, top.size - 1)
-    return np.where(top[pos] == ids, s.top_est[order][pos] / s.total, s.tail_probability())
+    """Access probability of ``ids`` under ``s`` (zeros without a summary)."""
+    return np.zeros(ids.size) if s is None else s.probabilities(ids)
 
 
 def _kind(codes: np.ndarray) -> np.ndarray:

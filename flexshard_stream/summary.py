@@ -69,6 +69,20 @@ class FrequencySummary:
             return 0.0
         return self.tail_mass / self.total / self.tail_rows
 
+    def probabilities(self, ids: np.ndarray) -> np.ndarray:
+        """Estimated access probability of each of ``ids`` (float64): its estimate / total for a
+        top row, the tail probability for any other row; zeros when nothing was seen."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.total == 0 or ids.size == 0:
+            return np.zeros(ids.size)
+        if self.top_ids.size == 0:
+            return np.full(ids.size, self.tail_probability())
+        order = np.argsort(self.top_ids, kind="stable")
+        top = self.top_ids[order]
+        pos = np.clip(np.searchsorted(top, ids), 0, top.size - 1)
+        return np.where(top[pos] == ids, self.top_est[order][pos] / self.total,
+                        self.tail_probability())
+
     def to_dict(self, topk: int | None = None) -> dict[str, Any]:
         """The JSON form used by ``flexshard-stream stats --json``."""
         k = self.k if topk is None else min(topk, self.k)

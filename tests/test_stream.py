@@ -228,3 +228,13 @@ def test_config_errors():
         TableConfig("t", -3)
     c = SketchConfig.from_error(0.001, 0.01)
     assert c.cms_width == 4096 and c.cms_depth == 5
+
+
+def test_summary_probabilities_of_any_ids():
+    st = StreamStats({"a": 100})
+    st.update(Batch(["a"], np.array([5, 5, 5, 7], np.int64), np.ones(4, np.int64)))
+    s = st.summary(1)["a"]                      # top row 5; row 7 and the rest are the tail
+    p = s.probabilities(np.array([5, 7, 50]))
+    assert p[0] == pytest.approx(0.75)
+    assert p[1] == p[2] == pytest.approx(s.tail_probability()) and p[1] > 0
+    assert StreamStats({"a": 100}).summary(1)["a"].probabilities(np.array([1])).tolist() == [0.0]
