@@ -56,7 +56,7 @@ from flexshard_stream.batch import Batch  # noqa: E402
 from flexshard_stream.config import SketchConfig  # noqa: E402
 from flexshard_stream.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
 from flexshard_stream.planner import (PlannerConfig, _build_plan, _Curve,  # noqa: E402
-                                      plan_flexshard)
+                                      _threshold_states, plan_flexshard)
 from flexshard_stream.stream import StreamStats  # noqa: E402
 from flexshard_stream.summary import FrequencySummary  # noqa: E402
 from flexshard_stream.synth import IdPermutation, zipf_pmf_head  # noqa: E402
@@ -187,30 +187,12 @@ def search_optimum(tables, topo, sums, B, model, budget, *, starts=(), n_thresho
     best_t, best_state = math.inf, None
     if rwc.peak_memory_bytes <= budget * (1 + 1e-12):
         best_t = rwc.comm_time_s
-    # 1. shared thresholds
-    G = topo.num_gpus
-    score = []
-    for c in curves:   # expected requests per GPU per iteration of each row, per byte stored
-        lam = G * B * ml[c.table.name] * np.asarray(c.p, np.float64)
-        req = -np.expm1(-lam / G) if model.dedup else lam / G
-        score.append(req * (c.eb / c.rb))
-    hi = max(float(s[0]) for s in score if s.size) if any(s.size for s in score) else 0.0
-    lo = min(float(s[-1]) for s in score if s.size) if any(s.size for s in score) else 0.0
-    lo = max(lo, hi * 1e-9)
-    ths = [math.inf] + (list(np.geomspace(hi, lo, n_thresholds)) if hi > 0 else [])
-
-    def count(th):
-        return [int(np.searchsorted(-s, -th, side="right")) for s in score]
-
+    # 1. shared thresholds (the planner's own candidates, plus "none")
     grid_best = (math.inf, None)
-    for i0, th0 in enumerate(ths):
-        k0 = count(th0)
-        for th1 in ths[i0:]:
-            k01 = count(th1)
-            st = [(a, b - a) for a, b in zip(k0, k01)]
-            t, ok, _, _ = ev(st)
-            if ok and t < grid_best[0]:
-                grid_best = (t, st)
+    for st in [[(0, 0)] * len(curves)] + _threshold_states(curves, n_thresholds):
+        t, ok, _, _ = ev(st)
+        if ok and t < grid_best[0]:
+            grid_best = (t, st)
     n_grid_evals = evals[0]
     # 2. coordinate descent
     grids = [np.unique(np.concatenate([[0], np.round(np.geomspace(1, max(k, 1), n_grid))])
