@@ -63,10 +63,6 @@ def _stats(tables, batches) -> StreamStats:
     return st
 
 
-def _time(c) -> float:
-    return float(getattr(c, "iteration_time_s", c.comm_time_s))
-
-
 def replay(name, tables, windows, topo, B, model, ipw, top_k, check_per_window=4,
            half_life=4.0, capture=0.9, min_gain=0.03, windowed=True):
     """Replay ``windows`` (lists of batches) under the three strategies; per-window figures."""
@@ -85,6 +81,7 @@ def replay(name, tables, windows, topo, B, model, ipw, top_k, check_per_window=4
         stats.update(b)
     rows = []
     oracle_prev = static
+    prev_oracle_mig = (0.0, 0.0)
     tot = {k: {"comm_s": 0.0, "migration_bytes": 0.0, "migration_s": 0.0, "deltas": 0,
                "bytes": 0.0} for k in ("static", "oracle", "lagged_oracle", "resharder")}
     for w, batches in enumerate(windows):
@@ -106,14 +103,14 @@ def replay(name, tables, windows, topo, B, model, ipw, top_k, check_per_window=4
         # from scratch every window but one window late (it migrates what the oracle migrated,
         # one window later)
         cl = co if w == 0 else evaluate_trace(oracle_prev, [whole], B, model).mean
-        lagged_mig = row_prev_oracle_mig if w > 0 else (0.0, 0.0)
-        row_prev_oracle_mig = ((float(od.migration_bytes), float(od.migration_time_s(topo)))
-                               if od else (0.0, 0.0))
+        lagged_mig = prev_oracle_mig   # the oracle's previous move, one window late
+        prev_oracle_mig = ((float(od.migration_bytes), float(od.migration_time_s(topo)))
+                           if od else (0.0, 0.0))
         oracle_prev = oracle
-        row["static"] = {"comm_s": _time(cs), "a2a_bytes": cs.a2a_bytes}
-        row["lagged_oracle"] = {"comm_s": _time(cl), "a2a_bytes": cl.a2a_bytes,
+        row["static"] = {"comm_s": cs.iteration_time_s, "a2a_bytes": cs.a2a_bytes}
+        row["lagged_oracle"] = {"comm_s": cl.iteration_time_s, "a2a_bytes": cl.a2a_bytes,
                                 "migration_bytes": lagged_mig[0], "migration_s": lagged_mig[1]}
-        row["oracle"] = {"comm_s": _time(co), "a2a_bytes": co.a2a_bytes,
+        row["oracle"] = {"comm_s": co.iteration_time_s, "a2a_bytes": co.a2a_bytes,
                          "migration_bytes": float(od.migration_bytes) if od else 0.0,
                          "migration_s": float(od.migration_time_s(topo)) if od else 0.0}
         # re-sharder: segment by segment, each evaluated with the plan in force, then fed
@@ -126,7 +123,7 @@ def replay(name, tables, windows, topo, B, model, ipw, top_k, check_per_window=4
             seg = slice_batch(whole, lo, hi)
             c = evaluate_trace(rs.plan, [seg], B, model).mean
             k = (hi - lo) // spi
-            r_comm += _time(c) * k
+            r_comm += c.iteration_time_s * k
             r_bytes += c.a2a_bytes * k
             seen += k
             if w > 0:

@@ -398,7 +398,7 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
         if tp.cold.kind == "range" and tp.cold.weights.tobytes() == ones:
             cache[(tp.table.num_rows, ones)] = tp.cold
     tcache: dict = {}
-    best = (_t(rw_cost), rw, rw_cost, 0, None, None) \
+    best = (rw_cost.iteration_time_s, rw, rw_cost, 0, None, None) \
         if rw_cost.peak_memory_bytes <= budget * (1 + 1e-12) else None
     evaluated: dict[tuple, tuple] = {}
     # cold layouts tried: equal ranges, and on heterogeneous networks ranges weighted by each GPU's
@@ -421,7 +421,7 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
                 cand, cost = fit(cand, cost)
                 evaluated[key] = (cand, cost, g, list(st), w)
             cost = evaluated[key][1]
-            if out is None or _t(cost) < _t(out):
+            if out is None or cost.iteration_time_s < out.iteration_time_s:
                 out = cost
         return out
 
@@ -445,7 +445,7 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
             states[t] = (k0, k1)
             applied += 1
         cost = consider(list(states), g)
-        at_grid.append((_t(cost), g, list(states)))
+        at_grid.append((cost.iteration_time_s, g, list(states)))
     if not big:
         # every table cut at the same marginal value per byte (pairs of shared thresholds): where
         # the exact per-GPU peak memory, not the proxy's balanced one, decides what fits (many
@@ -471,7 +471,7 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     if cfg.max_placed > 0:
         # the hottest cold rows placed by load, on a budget-independent set of candidates: every
         # grid prefix when there are few tables, and the three fastest candidates overall
-        unplaced = sorted((_t(v[1]), i) for i, v in enumerate(evaluated.values()))
+        unplaced = sorted((v[1].iteration_time_s, i) for i, v in enumerate(evaluated.values()))
         vals = list(evaluated.values())
         todo = [(vals[i][3], vals[i][2]) for _, i in unplaced[:1 if big else 3]]
         if len(curves) <= cfg.variant_tables:
@@ -481,8 +481,8 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
                 consider(st, g, place=True)
     for cand, cost, g, st, w in evaluated.values():
         if cost.peak_memory_bytes <= budget * (1 + 1e-12):
-            if best is None or _t(cost) < best[0] * (1 - 1e-12):
-                best = (_t(cost), cand, cost, g, st, w)
+            if best is None or cost.iteration_time_s < best[0] * (1 - 1e-12):
+                best = (cost.iteration_time_s, cand, cost, g, st, w)
     if best is None:
         need = min(rw_cost.peak_memory_bytes, base_cost.peak_memory_bytes)
         if memory.host_memory:
@@ -504,12 +504,6 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
             "memory_room": _memory_room(cost, base_cost, budget)}
     chosen = Plan("flexshard" if chosen is not rw else "rw", topo, chosen.tables.values(), meta)
     return PlanResult(chosen, cost, baseline, base_cost, budget, g, n)
-
-
-def _t(cost: Cost) -> float:
-    """What the planner minimizes: modelled seconds per iteration, communication plus host-memory
-    lookups (equal to the communication time when no table has a host tier)."""
-    return cost.iteration_time_s
 
 
 def _memory_room(cost: Cost, base: Cost, budget: float) -> dict[str, float]:

@@ -138,11 +138,6 @@ class Decision:
                 "delta": self.delta.summary() if self.delta is not None else None}
 
 
-def _time(c: Cost) -> float:
-    """The modelled iteration time the planner minimizes (seconds)."""
-    return float(getattr(c, "iteration_time_s", c.comm_time_s))
-
-
 def thresholds(plan: Plan, summaries: Mapping[str, FrequencySummary]) -> dict[str, dict[str, float]]:
     """Per table: rows in the global and node tiers, and the access probability of the coldest
     replicated row under ``summaries`` (the threshold in probability; 0 when nothing is
@@ -390,7 +385,7 @@ class Resharder:
                                 None)
         if self.budget_bytes is None:
             self.budget_bytes = float(res.budget_bytes)
-        cur_s, tgt_s = _time(cur_cost), _time(res.cost)
+        cur_s, tgt_s = cur_cost.iteration_time_s, res.cost.iteration_time_s
         budget = self.budget_bytes
         d = Decision(n, pos, "kept", "", current_s=cur_s, target_s=tgt_s, applied_s=cur_s)
         prev, self._prev_target = self._prev_target, res.plan
@@ -420,7 +415,8 @@ class Resharder:
                 continue
             sc = res.cost if step is tgt else evaluate_analytic(step, sums, self.batch_size,
                                                                 self.model, want_matrices=False)
-            if sc.peak_memory_bytes > budget * (1 + 1e-9) or not (over or _time(sc) < cur_s):
+            if (sc.peak_memory_bytes > budget * (1 + 1e-9)
+                    or not (over or sc.iteration_time_s < cur_s)):
                 continue
             steps.append((mb, frac, step, delta, sc))
         if over:
@@ -428,15 +424,15 @@ class Resharder:
             # with the least migration, regardless of the hysteresis and the migration budget
             if not steps:
                 return self._apply(d, res.plan, sums, 1.0, budget, forced=True)
-            mb, frac, step, delta, sc = min(steps, key=lambda x: (x[0], _time(x[4])))
+            mb, frac, step, delta, sc = min(steps, key=lambda x: (x[0], x[4].iteration_time_s))
             return self._apply(d, step, sums, frac, budget, delta=delta, cost=sc, forced=True)
         if steps:
             # largest gains first: of the steps that capture enough of the best saving, the one
             # that moves the fewest bytes
-            best = max(cur_s - _time(x[4]) for x in steps)
-            mb, frac, step, delta, sc = min((x for x in steps if cur_s - _time(x[4])
+            best = max(cur_s - x[4].iteration_time_s for x in steps)
+            mb, frac, step, delta, sc = min((x for x in steps if cur_s - x[4].iteration_time_s
                                              >= cfg.capture * best), key=lambda x: (x[0], -x[1]))
-            saving = (cur_s - _time(sc)) * cfg.horizon_iterations
+            saving = (cur_s - sc.iteration_time_s) * cfg.horizon_iterations
             ms = float(delta.migration_time_s(self.topology))
             if saving > (1 + cfg.hysteresis) * ms:
                 return self._apply(d, step, sums, frac, budget, delta=delta, cost=sc)
@@ -461,7 +457,7 @@ class Resharder:
         d.delta = delta
         d.action = "applied" if frac >= 1.0 else "partial"
         d.fraction = frac
-        d.applied_s = _time(cost)
+        d.applied_s = cost.iteration_time_s
         d.peak_memory_bytes = float(cost.peak_memory_bytes)
         d.budget_bytes = float(budget)
         d.migration_bytes = float(delta.migration_bytes)
