@@ -34,7 +34,7 @@ from .tables import EmbeddingTable
 from .topology import Topology
 from .window import Clock, DecayedStats, WindowedStats
 
-__all__ = ["ReshardConfig", "Decision", "Resharder", "thresholds"]
+__all__ = ["CheckSchedule", "ReshardConfig", "Decision", "Resharder", "thresholds"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,27 @@ class ReshardConfig:
             raise ConfigError(f"capture must be in (0, 1], got {self.capture}")
         if self.top_k < 1:
             raise ConfigError(f"top_k must be >= 1 rows, got {self.top_k}")
+
+
+@dataclass
+class CheckSchedule:
+    """When a check is due: every ``check_every`` batches (position: batches seen, the first check
+    at ``check_every``) or seconds (position: the batch's timestamp, else wall time; the first
+    check ``check_every`` after the first batch). ``next`` is the position of the next check."""
+
+    check_every: float
+    unit: str = "batches"
+    next: float | None = None
+
+    def due(self, position: float) -> bool:
+        """True when a check is due at ``position``; the next one is then scheduled past it."""
+        if self.next is None:
+            self.next = self.check_every if self.unit == "batches" else position + self.check_every
+        if position < self.next:
+            return False
+        while self.next <= position:
+            self.next += self.check_every
+        return True
 
 
 @dataclass
@@ -326,7 +347,7 @@ class Resharder:
         self.history: list[Decision] = []
         self._clock = Clock(self.config.unit)
         self._batches = 0
-        self._next: float | None = None
+        self._schedule = CheckSchedule(self.config.check_every, self.config.unit)
         self.migrated_bytes = 0.0
         self.budget_bytes: float | None = (self.memory.bytes_per_gpu
                                            if self.memory.bytes_per_gpu is not None else None)
@@ -338,14 +359,7 @@ class Resharder:
         self.stats.update(batch)
         self._batches += 1
         pos = self._clock.position(batch, self._batches)
-        if self._next is None:
-            self._next = (self.config.check_every if self.config.unit == "batches"
-                          else pos + self.config.check_every)
-        if pos >= self._next:
-            while self._next <= pos:
-                self._next += self.config.check_every
-            return self.check(position=pos)
-        return None
+        return self.check(position=pos) if self._schedule.due(pos) else None
 
     def _view(self) -> StreamStats:
         s = self.stats

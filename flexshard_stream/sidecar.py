@@ -522,7 +522,7 @@ class Sidecar:
                  source: Mapping[str, Any] | None = None, source_batches: int = 0,
                  source_ids: int = 0):
         from .config import TableConfig
-        from .resharder import ReshardConfig
+        from .resharder import CheckSchedule, ReshardConfig
         from .tables import load_tables
         from .topology import Topology
         from .window import DecayedStats
@@ -609,7 +609,7 @@ class Sidecar:
         self._in_stats = 0          # batches in the statistics (cumulative)
         self._in_stats_ids = 0
         self._position = 0          # batches counted for the check schedule (cumulative)
-        self._next_check: float | None = None
+        self._schedule = CheckSchedule(self.config.check_every, self.config.unit)
         self._clock_unit = self.config.unit
         from .window import Clock
         self._clock = Clock(self.config.unit)
@@ -1023,13 +1023,8 @@ class Sidecar:
         position of a due check, else None."""
         cfg = self.config
         pos = clock.position(b, self._position)
-        if self._next_check is None:
-            self._next_check = (cfg.check_every if cfg.unit == "batches"
-                                else pos + cfg.check_every)
-        if pos < self._next_check:
+        if not self._schedule.due(pos):
             return None
-        while self._next_check <= pos:
-            self._next_check += cfg.check_every
         s = self._stats
         view = s.view() if hasattr(s, "view") else s
         return view.summary(cfg.top_k), float(pos), self._in_stats
@@ -1266,7 +1261,7 @@ class Sidecar:
                  "source": dict(self.source), "source_batches": source_batches,
                  "source_ids": source_ids,
                  "stats": state,
-                 "schedule": {"position": self._position, "next_check": self._next_check,
+                 "schedule": {"position": self._position, "next_check": self._schedule.next,
                               "unit": self._clock_unit},
                  "resharder": {"budget_bytes": rs["budget_bytes"],
                                "migrated_bytes": rs["migrated_bytes"], "checks": rs["checks"]},
@@ -1344,7 +1339,7 @@ class Sidecar:
             sch = m["schedule"]
             self._position = int(sch["position"])
             if sch["unit"] == self.config.unit:
-                self._next_check = sch["next_check"]
+                self._schedule.next = sch["next_check"]
             self._ckpt_seq = int(m["seq"])
             self._checks_before = int(m["resharder"]["checks"])
             self._lost_before = int(m.get("lost", 0))
