@@ -29,19 +29,19 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flexshard_stream.batch import Batch, rebatch  # noqa: E402
-from flexshard_stream.baselines import row_wise  # noqa: E402
-from flexshard_stream.config import TableConfig  # noqa: E402
-from flexshard_stream.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
 from flexshard_stream.kernels.hashing import mix64_np  # noqa: E402
 from flexshard_stream.kernels.traffic import table_traffic  # noqa: E402
-from flexshard_stream.plan import ColdSharding, Plan, TablePlan  # noqa: E402
-from flexshard_stream.stream import validate_batch  # noqa: E402
-from flexshard_stream.summary import FrequencySummary  # noqa: E402
-from flexshard_stream.synth import (IdPermutation, sample_lengths, zipf_pmf_head,  # noqa: E402
-                                    zipf_ranks)
-from flexshard_stream.tables import EmbeddingTable  # noqa: E402
-from flexshard_stream.topology import Topology  # noqa: E402
+
+from flexshard_stream.placement.baselines import row_wise  # noqa: E402
+from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
+from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan  # noqa: E402
+from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.placement.topology import Topology  # noqa: E402
+from flexshard_stream.sources.synth import IdPermutation, sample_lengths, zipf_pmf_head, zipf_ranks  # noqa: E402
+from flexshard_stream.stats.batch import Batch, rebatch  # noqa: E402
+from flexshard_stream.stats.config import TableConfig  # noqa: E402
+from flexshard_stream.stats.stream import validate_batch  # noqa: E402
+from flexshard_stream.stats.summary import FrequencySummary  # noqa: E402
 
 ALPHA = 1.05
 # name, rows, dim, dtype, kind, mean IDs per sample

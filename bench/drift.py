@@ -1,6 +1,6 @@
 """Re-sharder under drift: static plan vs. per-window oracle vs. the incremental re-sharder.
 
-Each scenario is replayed in windows (the synthetic drift scenarios of ``flexshard_stream.drift``
+Each scenario is replayed in windows (the synthetic drift scenarios of ``flexshard_stream.sources.drift``
 and the timestamped MovieLens ratings in ``../shared/data``). Strategies:
 
 - ``static``: one FlexShard plan made on the first window, kept;
@@ -8,7 +8,7 @@ and the timestamped MovieLens ratings in ``../shared/data``). Strategies:
   evaluated on), migrating from its previous plan each time;
 - ``lagged_oracle``: the oracle's plan of the previous window (what re-planning from scratch every
   window achieves online), reported for reference;
-- ``resharder``: :class:`flexshard_stream.resharder.Resharder`, starting from the static plan, fed
+- ``resharder``: :class:`flexshard_stream.online.resharder.Resharder`, starting from the static plan, fed
   the stream in segments (``--checks-per-window``, default 4, one check each) through sliding-window
   statistics (8 checks in 4 sub-windows; ``--decayed`` for exponential decay with ``--half-life``
   checks); each segment is evaluated with the plan in force before the re-sharder sees it (online:
@@ -38,16 +38,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flexshard_stream import drift  # noqa: E402
-from flexshard_stream.batch import Batch, concat_batches, slice_batch  # noqa: E402
-from flexshard_stream.cost import CostModel, evaluate_trace  # noqa: E402
-from flexshard_stream.delta import PlanDelta  # noqa: E402
-from flexshard_stream.planner import plan_flexshard  # noqa: E402
-from flexshard_stream.resharder import Resharder, ReshardConfig  # noqa: E402
-from flexshard_stream.stream import StreamStats  # noqa: E402
-from flexshard_stream.synth import TableSpec  # noqa: E402
-from flexshard_stream.tables import EmbeddingTable  # noqa: E402
-from flexshard_stream.topology import Topology  # noqa: E402
-from flexshard_stream.window import DecayedStats, WindowedStats  # noqa: E402
+from flexshard_stream.online.resharder import ReshardConfig, Resharder  # noqa: E402
+from flexshard_stream.placement.cost import CostModel, evaluate_trace  # noqa: E402
+from flexshard_stream.placement.delta import PlanDelta  # noqa: E402
+from flexshard_stream.placement.planner import plan_flexshard  # noqa: E402
+from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.placement.topology import Topology  # noqa: E402
+from flexshard_stream.sources.synth import TableSpec  # noqa: E402
+from flexshard_stream.stats.batch import Batch, concat_batches, slice_batch  # noqa: E402
+from flexshard_stream.stats.stream import StreamStats  # noqa: E402
+from flexshard_stream.stats.window import DecayedStats, WindowedStats  # noqa: E402
 
 DIM, STATE = 64, 4
 
@@ -211,7 +211,7 @@ def synthetic(args, model):
 
 
 def movielens(args, model):
-    from flexshard_stream import datasets
+    from flexshard_stream.sources import datasets
     try:
         ml = datasets.movielens_ratings()
     except Exception as e:   # data absent: report, do not fail

@@ -20,11 +20,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flexshard_stream import Batch, SketchConfig, StreamStats, TableStats  # noqa: E402
 from flexshard_stream.kernels.countmin import cms_update  # noqa: E402
 from flexshard_stream.kernels.frequent import mg_update  # noqa: E402
-from flexshard_stream.kernels.hll import hll_update_hashed  # noqa: E402
 from flexshard_stream.kernels.hashing import hash_ids  # noqa: E402
+from flexshard_stream.kernels.hll import hll_update_hashed  # noqa: E402
+
+from flexshard_stream import Batch, SketchConfig, StreamStats, TableStats  # noqa: E402
 
 
 def timed(fn, repeats):
@@ -38,7 +39,7 @@ def timed(fn, repeats):
 
 
 def zipf_ids(n, num_rows, alpha, seed):
-    from flexshard_stream.synth import IdPermutation, zipf_ranks
+    from flexshard_stream.sources.synth import IdPermutation, zipf_ranks
     rng = np.random.default_rng(seed)
     return IdPermutation(num_rows, seed).forward(zipf_ranks(n, num_rows, alpha, rng)).astype(np.int64)
 
@@ -172,7 +173,7 @@ def bench_zipf(n, ds_n, repeats, num_rows=50_000_000):
 def bench_real():
     """Top-1000 recall and IDs/s on the real streams, at the default sizes."""
     try:
-        from flexshard_stream import datasets
+        from flexshard_stream.sources import datasets
         streams = {"movielens_movies": datasets.movielens_stream(),
                    "amazon_beauty_items": datasets.amazon_stream("Beauty"),
                    "criteo_categorical": datasets.criteo_stream()}

@@ -51,17 +51,22 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flexshard_stream import synth  # noqa: E402
-from flexshard_stream.baselines import row_wise, table_row_wise  # noqa: E402
-from flexshard_stream.batch import Batch  # noqa: E402
-from flexshard_stream.config import SketchConfig  # noqa: E402
-from flexshard_stream.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
-from flexshard_stream.planner import (PlannerConfig, _build_plan, _Curve,  # noqa: E402
-                                      _threshold_states, plan_flexshard)
-from flexshard_stream.stream import StreamStats  # noqa: E402
-from flexshard_stream.summary import FrequencySummary  # noqa: E402
-from flexshard_stream.synth import IdPermutation, zipf_pmf_head  # noqa: E402
-from flexshard_stream.tables import EmbeddingTable  # noqa: E402
-from flexshard_stream.topology import Topology  # noqa: E402
+from flexshard_stream.placement.baselines import row_wise, table_row_wise  # noqa: E402
+from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
+from flexshard_stream.placement.planner import (  # noqa: E402
+    PlannerConfig,
+    _build_plan,
+    _Curve,
+    _threshold_states,
+    plan_flexshard,
+)
+from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.placement.topology import Topology  # noqa: E402
+from flexshard_stream.sources.synth import IdPermutation, zipf_pmf_head  # noqa: E402
+from flexshard_stream.stats.batch import Batch  # noqa: E402
+from flexshard_stream.stats.config import SketchConfig  # noqa: E402
+from flexshard_stream.stats.stream import StreamStats  # noqa: E402
+from flexshard_stream.stats.summary import FrequencySummary  # noqa: E402
 
 # the design brief's analytic check (DESIGN.md section 3): (dedup, alpha) -> (a2a, inter, speedup)
 BRIEF = {(False, 1.0): (-0.62, -0.88, 2.9), (False, 1.05): (-0.72, -0.93, 4.0),
@@ -479,7 +484,7 @@ def _dense(x):
 
 
 def real_traces(quick: bool):
-    from flexshard_stream import datasets
+    from flexshard_stream.sources import datasets
     traces = {}
     try:
         ml = datasets.movielens_ratings()

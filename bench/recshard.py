@@ -42,14 +42,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paper import many_tables as paper_many_tables, plan_and_eval  # noqa: E402
+from paper import many_tables as paper_many_tables  # noqa: E402
+from paper import plan_and_eval
 
 from flexshard_stream import synth  # noqa: E402
-from flexshard_stream.baselines import row_wise  # noqa: E402
-from flexshard_stream.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
-from flexshard_stream.recshard import cold_rows_per_gpu, slow_memory_report, split_cold  # noqa: E402
-from flexshard_stream.tables import EmbeddingTable  # noqa: E402
-from flexshard_stream.topology import Topology  # noqa: E402
+from flexshard_stream.placement.baselines import row_wise  # noqa: E402
+from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
+from flexshard_stream.placement.recshard import cold_rows_per_gpu, slow_memory_report, split_cold  # noqa: E402
+from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.placement.topology import Topology  # noqa: E402
 
 DIM, DTYPE, STATE_BYTES = 128, "fp32", 4
 SETTINGS = (("dedup_on", True), ("dedup_off", False))

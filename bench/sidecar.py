@@ -17,7 +17,7 @@ loop, insensitive to other processes) and the median cost of one ``submit`` call
 
 Sidecar: decayed statistics of two tables of 1 M rows, re-sharder checks every ``--check-every-s``
 seconds (planner on its own thread, top 4096 rows), drop policy, a 64-batch queue, a checkpoint
-every 10 s. Ring: ``flexshard_stream.ring.ring_throughput`` (one producer process, this process
+every 10 s. Ring: ``flexshard_stream.online.ring.ring_throughput`` (one producer process, this process
 consuming).
 
 The machine has 2 cores shared with other processes; the training loop takes one, the sidecar's
@@ -41,12 +41,12 @@ from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flexshard_stream.batch import Batch
-from flexshard_stream.resharder import ReshardConfig
-from flexshard_stream.ring import ring_throughput
-from flexshard_stream.sidecar import Sidecar
-from flexshard_stream.tables import EmbeddingTable
-from flexshard_stream.topology import Topology
+from flexshard_stream.online.resharder import ReshardConfig
+from flexshard_stream.online.ring import ring_throughput
+from flexshard_stream.online.sidecar import Sidecar
+from flexshard_stream.placement.tables import EmbeddingTable
+from flexshard_stream.placement.topology import Topology
+from flexshard_stream.stats.batch import Batch
 
 ROWS = 1_000_000
 

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from flexshard_stream.batch import Batch
-from flexshard_stream.ring import Ring
-from flexshard_stream.tables import EmbeddingTable, save_tables
+from flexshard_stream.online.ring import Ring
+from flexshard_stream.placement.tables import EmbeddingTable, save_tables
+from flexshard_stream.stats.batch import Batch
 
 TABLES = [EmbeddingTable("user", 100_000, 64), EmbeddingTable("item", 50_000, 64)]
 KEYS = [t.name for t in TABLES]
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
         tables = Path(tempfile.mkdtemp()) / "tables.toml"
         save_tables(TABLES, tables)
         sidecar = subprocess.Popen(
-            [sys.executable, "-m", "flexshard_stream.sidecar", "--ring", args.ring,
+            [sys.executable, "-m", "flexshard_stream.online.sidecar", "--ring", args.ring,
              "--tables", str(tables), "--topology", "2x8", "--out", args.out,
              "--batch-size", str(args.batch_size), "--slots", str(max(8, args.workers))],
             stdout=subprocess.PIPE, text=True)

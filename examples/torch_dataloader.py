@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from flexshard_stream.resharder import ReshardConfig
-from flexshard_stream.sidecar import Sidecar
-from flexshard_stream.tables import EmbeddingTable
-from flexshard_stream.topology import Topology
+from flexshard_stream.online.resharder import ReshardConfig
+from flexshard_stream.online.sidecar import Sidecar
+from flexshard_stream.placement.tables import EmbeddingTable
+from flexshard_stream.placement.topology import Topology
 
 TABLES = [EmbeddingTable("user", 100_000, 64), EmbeddingTable("item", 50_000, 64)]
 

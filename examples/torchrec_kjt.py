@@ -15,10 +15,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from flexshard_stream.resharder import ReshardConfig
-from flexshard_stream.sidecar import Sidecar
-from flexshard_stream.tables import EmbeddingTable
-from flexshard_stream.topology import Topology
+from flexshard_stream.online.resharder import ReshardConfig
+from flexshard_stream.online.sidecar import Sidecar
+from flexshard_stream.placement.tables import EmbeddingTable
+from flexshard_stream.placement.topology import Topology
 
 TABLES = [EmbeddingTable("history", 200_000, 64), EmbeddingTable("item", 50_000, 64)]
 KEYS = [t.name for t in TABLES]

@@ -29,15 +29,15 @@ def _default_trace() -> Path:
     if DEFAULT_TRACE.exists():
         return DEFAULT_TRACE
     raise FlexShardError("the embedded default trace is missing; regenerate it with "
-                         "`python -m flexshard_stream.synth default data/default_trace.parquet`")
+                         "`python -m flexshard_stream.sources.synth default data/default_trace.parquet`")
 
 
 def _sketch_logs(paths: List[Path], features: Optional[List[str]], batch_size: int,
                  show_progress: bool):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .logs import read_log
-    from .stream import StreamStats
+    from .sources.logs import read_log
+    from .stats.stream import StreamStats
 
     stats = StreamStats(auto_tables=True)
     t0 = time.perf_counter()
@@ -115,8 +115,8 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
     """Replay the embedded default trace through four placements and write the HTML report."""
     from rich.console import Console
 
-    from .cost import CostModel
-    from .replay import replay as run_replay
+    from .online.replay import replay as run_replay
+    from .placement.cost import CostModel
 
     try:
         path = _default_trace()
@@ -136,7 +136,7 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
             con.print("[yellow]report skipped: matplotlib is not installed[/] (pip install "
                       "'flexshard-stream[report]')")
         if report:
-            from .report import build_report
+            from .online.report import build_report
             html = build_report(out)
             con.print(f"Report: [bold]{html.resolve()}[/] (open it in a browser; the pictures "
                       f"and summary.json are beside it in {where})")
@@ -158,11 +158,16 @@ def _fail(e: BaseException | str) -> None:
 
 
 class _ReplayProgress:
-    """A rich progress bar on stderr fed by :func:`flexshard_stream.replay.replay`'s callback."""
+    """A rich progress bar on stderr fed by :func:`flexshard_stream.online.replay.replay`'s callback."""
 
     def __init__(self, enabled: bool = True):
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
         con = _stderr_console()
         self.prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                              TextColumn("rows"), TimeElapsedColumn(), console=con,
@@ -204,7 +209,7 @@ def _print_replay(con, res) -> None:
     """Per strategy: bytes per iteration, comm time, peak memory, migration, speed-up vs rw."""
     from rich.table import Table
 
-    from .replay import STRATEGIES
+    from .online.replay import STRATEGIES
 
     s = res.summary
     tot = s["totals"]
@@ -290,8 +295,8 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder."""
     from rich.console import Console
 
-    from .cost import CostModel
-    from .replay import replay as run_replay
+    from .online.replay import replay as run_replay
+    from .placement.cost import CostModel
 
     try:
         with _ReplayProgress(enabled=not json_out) as prog:
@@ -323,7 +328,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
 def report_cmd(directory: Path = typer.Argument(..., help="A directory written by "
                                                 "`flexshard-stream replay`.")):
     """Write DIR/report.html and its PNG pictures from a replay directory (needs matplotlib)."""
-    from .report import PICTURES, build_report
+    from .online.report import PICTURES, build_report
 
     try:
         html = build_report(directory)
@@ -336,8 +341,8 @@ def report_cmd(directory: Path = typer.Argument(..., help="A directory written b
 
 
 def _profile_batches(batches, tables):
-    from .config import TableConfig
-    from .stream import StreamStats
+    from .stats.config import TableConfig
+    from .stats.stream import StreamStats
     st = StreamStats([TableConfig(t.name, t.num_rows, t.feature) for t in tables])
     for b in batches:
         st.update(b)
@@ -345,7 +350,7 @@ def _profile_batches(batches, tables):
 
 
 def _load_tables(logs: List[Path], tables: Optional[Path]):
-    from .tables import infer_tables, load_tables
+    from .placement.tables import infer_tables, load_tables
     if tables is not None:
         return load_tables(tables)
     return infer_tables([str(p) for p in logs])
@@ -353,9 +358,9 @@ def _load_tables(logs: List[Path], tables: Optional[Path]):
 
 def _profile(logs: List[Path], tables, batch_size: int):
     """Sketch the log with the tables' row counts; returns the StreamStats."""
-    from .logs import read_log
-    from .stream import StreamStats
-    from .config import TableConfig
+    from .sources.logs import read_log
+    from .stats.config import TableConfig
+    from .stats.stream import StreamStats
 
     st = StreamStats([TableConfig(t.name, t.num_rows, t.feature) for t in tables])
     for b in read_log([str(p) for p in logs], features=[t.feature for t in tables],
@@ -388,8 +393,8 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
                                           "HBM; host lookups at UVM bandwidth."),
          json_out: bool = typer.Option(False, "--json", help="Print the plan summary as JSON.")):
     """Write a plan (FlexShard or a baseline) for the tables of a log."""
-    from .baselines import build_baseline
-    from .topology import Topology
+    from .placement.baselines import build_baseline
+    from .placement.topology import Topology
 
     topo = Topology.load(topology)
     tabs = _load_tables(log, tables)
@@ -402,8 +407,8 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
         iterations = max(1, st.samples // (topo.num_gpus * batch_size))
         lookups = {n: s.total / iterations for n, s in summaries.items()}
     if strategy == "flexshard":
-        from .cost import CostModel
-        from .planner import MemoryPolicy, plan_flexshard
+        from .placement.cost import CostModel
+        from .placement.planner import MemoryPolicy, plan_flexshard
         result = plan_flexshard(tabs, topo, summaries, batch_size,
                                 MemoryPolicy(bytes_per_gpu=memory_bytes, baseline=memory_baseline,
                                              host_memory=host_memory),
@@ -489,12 +494,12 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
     from rich.console import Console
     from rich.table import Table
 
-    from .cost import CostModel, evaluate_trace
     from .errors import ConfigError
-    from .logs import read_log
-    from .plan import Plan
-    from .tables import load_tables
-    from .topology import Topology
+    from .placement.cost import CostModel, evaluate_trace
+    from .placement.plan import Plan
+    from .placement.tables import load_tables
+    from .placement.topology import Topology
+    from .sources.logs import read_log
 
     results = {}
     for d in plan_dirs:
@@ -530,8 +535,8 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
 
 
 # commands defined beside what they drive (imports inside them are lazy)
-from .distributed import merge_command  # noqa: E402
-from .sidecar import sidecar_command  # noqa: E402
+from .online.distributed import merge_command  # noqa: E402
+from .online.sidecar import sidecar_command  # noqa: E402
 
 app.command("merge")(merge_command)
 app.command("sidecar")(sidecar_command)

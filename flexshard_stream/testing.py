@@ -14,7 +14,7 @@ Public and meant for users' own test suites, whichever planner made the plan::
 Two parts:
 
 - :func:`check_plan` / :func:`assert_plan_ok`: the invariants of ``DESIGN.md`` section 4 on ANY
-  :class:`~flexshard_stream.plan.Plan` (routing from every GPU, replicas staying on their GPU or node,
+  :class:`~flexshard_stream.placement.plan.Plan` (routing from every GPU, replicas staying on their GPU or node,
   tiers as frequency prefixes, the memory budget, the file round trip, bytes conservation). Needs
   numpy only.
 - hypothesis strategies (:func:`topologies`, :func:`tables`, :func:`skewed_summaries`,
@@ -35,14 +35,19 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .batch import Batch
-from .cost import COMPONENTS, CostModel, evaluate_analytic, evaluate_trace
 from .errors import FlexShardError
-from .plan import ColdSharding, Plan, TablePlan
-from .summary import FrequencySummary
-from .synth import IdPermutation, zipf_pmf_head
-from .tables import DTYPE_BYTES, TABLE_KINDS, EmbeddingTable
-from .topology import Topology
+from .placement.cost import COMPONENTS, CostModel, evaluate_analytic, evaluate_trace
+from .placement.plan import ColdSharding, Plan, TablePlan
+from .placement.tables import (
+    DTYPE_BYTES,
+    TABLE_KINDS,
+    EmbeddingTable,
+    summaries_by_table,
+)
+from .placement.topology import Topology
+from .sources.synth import IdPermutation, zipf_pmf_head
+from .stats.batch import Batch
+from .stats.summary import FrequencySummary
 
 __all__ = [
     # checker
@@ -117,7 +122,7 @@ def _summary_of(summaries: Mapping[str, FrequencySummary] | None, t: EmbeddingTa
                 ) -> FrequencySummary | None:
     if summaries is None:
         return None
-    return summaries.get(t.name) or summaries.get(t.feature)
+    return summaries_by_table([t], summaries, required=False)[t.name]
 
 
 def _top_of(s: FrequencySummary, num_rows: int) -> tuple[np.ndarray, np.ndarray]:

@@ -103,9 +103,11 @@ def test_demo_runs_on_the_embedded_trace(tmp_path):
 
 def test_plan_host_memory_tier(tmp_path):
     import json as _json
+
     from typer.testing import CliRunner
+
     from flexshard_stream.cli import app
-    from flexshard_stream.plan import Plan
+    from flexshard_stream.placement.plan import Plan
     trace = Path(__file__).resolve().parent.parent / "data" / "default_trace.parquet"
     r = CliRunner().invoke(app, ["plan", "--log", str(trace), "--topology", "2x8", "--strategy",
                                  "flexshard", "--out", str(tmp_path / "p"), "--batch-size", "64",

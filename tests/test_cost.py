@@ -3,16 +3,23 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flexshard_stream import Batch, BatchError, TableStats
-from flexshard_stream.baselines import (data_parallel, hugectr_hybrid, hugectr_threshold, row_wise,
-                                        table_row_wise, table_wise)
-from flexshard_stream.cost import CostModel, evaluate_analytic, evaluate_trace
-from flexshard_stream.plan import ColdSharding, Plan, TablePlan
-from flexshard_stream.summary import FrequencySummary
-from flexshard_stream.tables import EmbeddingTable
-from flexshard_stream.topology import Topology
+from flexshard_stream.placement.baselines import (
+    data_parallel,
+    hugectr_hybrid,
+    hugectr_threshold,
+    row_wise,
+    table_row_wise,
+    table_wise,
+)
+from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace
+from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.placement.tables import EmbeddingTable
+from flexshard_stream.placement.topology import Topology
+from flexshard_stream.stats.summary import FrequencySummary
 
 M64 = (1 << 64) - 1
 
@@ -148,7 +155,7 @@ def test_vectorized_evaluator_equals_brute_force(pb, dedup):
     plan, batch, B = pb
     G = plan.topology.num_gpus
     tc = evaluate_trace(plan, [batch], B, CostModel(dedup=dedup), keep_matrices=True)
-    from flexshard_stream.batch import slice_batch
+    from flexshard_stream.stats.batch import slice_batch
     assert tc.mean.iterations == len(tc.matrices) == batch.batch_size // (G * B)
     for i, mats in enumerate(tc.matrices):
         it = slice_batch(batch, i * G * B, (i + 1) * G * B)
@@ -312,7 +319,7 @@ def test_analytic_agrees_with_trace(kind, dedup):
         assert getattr(an, attr) == pytest.approx(getattr(tr, attr), rel=0.05), attr
     # times: the analytic mode is the slowest GPU of the *expected* traffic; the trace averages the
     # slowest GPU of each iteration, which is higher by the per-iteration imbalance (Jensen)
-    from flexshard_stream.cost import _a2a_time
+    from flexshard_stream.placement.cost import _a2a_time
     for comp in ("index", "forward", "backward"):
         of_mean = _a2a_time(topo, tr.send[comp], tr.recv[comp])
         assert an.time_s[comp] == pytest.approx(of_mean, rel=0.05), comp

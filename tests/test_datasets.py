@@ -1,4 +1,4 @@
-"""Tests of flexshard_stream.datasets against the facts in ../shared/data/README.md."""
+"""Tests of flexshard_stream.sources.datasets against the facts in ../shared/data/README.md."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from flexshard_stream import LogError
-from flexshard_stream import datasets as ds
-from flexshard_stream.logs import LogReader, inspect_log, log_max_ids, read_log
+from flexshard_stream.sources import datasets as ds
+from flexshard_stream.sources.logs import LogReader, inspect_log, log_max_ids, read_log
 
 try:
     DATA = ds.shared_data_dir()

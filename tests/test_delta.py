@@ -11,12 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexshard_stream import testing as fst
-from flexshard_stream.container import pack, unpack
-from flexshard_stream.delta import COLD_CODE, PlanDelta, compose, plan_fingerprint
 from flexshard_stream.errors import FormatError, IncompatibleError
-from flexshard_stream.plan import ColdSharding, Plan, TablePlan, _jsonable
-from flexshard_stream.tables import EmbeddingTable
-from flexshard_stream.topology import Topology
+from flexshard_stream.formats.container import pack, unpack
+from flexshard_stream.placement.delta import COLD_CODE, PlanDelta, compose, plan_fingerprint
+from flexshard_stream.formats.files import jsonable
+from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.placement.tables import EmbeddingTable
+from flexshard_stream.placement.topology import Topology
 
 HAS_HBM = "hbm_fraction" in {f.name for f in dataclasses.fields(TablePlan)}
 
@@ -111,7 +112,8 @@ def chains(draw, length=2, max_rows=1200):
 
 def same_plan(a, b):
     """Plan equality plus what Plan.__eq__ leaves out (meta, range weights)."""
-    return (a == b and json.dumps(_jsonable(a.meta)) == json.dumps(_jsonable(b.meta))
+    return (a == b and json.dumps(jsonable(a.meta, nonfinite_as_none=False))
+            == json.dumps(jsonable(b.meta, nonfinite_as_none=False))
             and all(np.array_equal(a[n].cold.weights, b[n].cold.weights) for n in a.tables)
             and plan_fingerprint(a) == plan_fingerprint(b))
 

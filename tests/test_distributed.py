@@ -19,7 +19,7 @@ from flexshard_stream import (
     SketchConfig,
     StreamStats,
 )
-from flexshard_stream.distributed import (
+from flexshard_stream.online.distributed import (
     export_datasketches,
     hll_image,
     load_snapshot,
@@ -30,7 +30,7 @@ from flexshard_stream.distributed import (
     save_snapshot,
     window_stats,
 )
-from flexshard_stream.logs import read_log
+from flexshard_stream.sources.logs import read_log
 
 CFG = SketchConfig(cms_epsilon=0.01, cms_delta=0.05, hh_lg_size=6, hll_p=8)
 TABLES = {"a": None, "b": None, "c": 300}        # a, b sketched (heavy hitters purge), c exact
@@ -128,7 +128,7 @@ def assert_same_stats(a: StreamStats, b: StreamStats):
 
 # --------------------------------------------------------------------------- window spec
 def test_parse_window_is_replays():
-    from flexshard_stream import replay
+    from flexshard_stream.online import replay
     w = parse_window("30m")
     assert (w.unit, w.size) == ("seconds", 1800.0)
     w = parse_window("100000")
@@ -252,7 +252,7 @@ def test_ray_engine_agrees(logs, ray_cluster):
 
 
 def test_import_does_not_import_ray():
-    code = ("import sys, flexshard_stream, flexshard_stream.distributed, flexshard_stream.cli; "
+    code = ("import sys, flexshard_stream, flexshard_stream.online.distributed, flexshard_stream.cli; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -314,8 +314,8 @@ def test_merge_refuses_incompatible(tmp_path, logs, other):
         b = save_snapshot(_host_stats(logs[1:2], {"a": None, "b": None, "c": 400}),
                           tmp_path / "b.snap", host="b")
     elif other == "version":
-        from flexshard_stream import distributed
-        from flexshard_stream.container import pack, unpack
+        from flexshard_stream.online import distributed
+        from flexshard_stream.formats.container import pack, unpack
         meta, arrays = unpack(distributed._snapshot_bytes(st, "b", None, None, None),
                               "StreamSnapshot")
         meta["snapshot_version"] = 2
@@ -365,9 +365,9 @@ def test_merge_command(tmp_path, logs):
 
 # --------------------------------------------------------------------------- planning
 def test_planner_on_merged_equals_planner_on_concatenated(tmp_path, logs):
-    from flexshard_stream.planner import plan_flexshard
-    from flexshard_stream.tables import EmbeddingTable
-    from flexshard_stream.topology import Topology
+    from flexshard_stream.placement.planner import plan_flexshard
+    from flexshard_stream.placement.tables import EmbeddingTable
+    from flexshard_stream.placement.topology import Topology
     tabs = [EmbeddingTable("a", 4000, 16), EmbeddingTable("b", 2000, 16, kind="pooled"),
             EmbeddingTable("c", 300, 16, kind="pooled")]
     topo = Topology.preset("2x8")

@@ -1,4 +1,4 @@
-"""Tests of the drift scenarios (flexshard_stream.drift)."""
+"""Tests of the drift scenarios (flexshard_stream.sources.drift)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from flexshard_stream import Batch, ConfigError
-from flexshard_stream import drift as D
-from flexshard_stream import synth as S
+from flexshard_stream.sources import drift as D
+from flexshard_stream.sources import synth as S
 
 ITEMS = S.TableSpec("items", 100_000, 1.1)
 

@@ -9,21 +9,29 @@ from typing import Any, List, Optional
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from flexshard_stream.baselines import data_parallel, row_wise, table_row_wise, table_wise
-from flexshard_stream.cost import CostModel, evaluate_analytic
 from flexshard_stream.errors import ConfigError, FormatError
-from flexshard_stream.export_torchrec import (CONSTRAINTS_FILE, CONFIGS_FILE, MANIFEST_FILE,
-                                              PARAMETER_CONSTRAINTS_FIELDS, export_torchrec,
-                                              load_torchrec_export, plan_from_export,
-                                              torchrec_constraints, torchrec_embedding_configs,
-                                              torchrec_rw_shard_rows)
-from flexshard_stream.plan import ColdSharding, Plan, TablePlan
-from flexshard_stream.planner import plan_flexshard
-from flexshard_stream.summary import FrequencySummary
-from flexshard_stream.tables import EmbeddingTable
-from flexshard_stream.topology import Topology
+from flexshard_stream.placement.baselines import data_parallel, row_wise, table_row_wise, table_wise
+from flexshard_stream.placement.cost import CostModel, evaluate_analytic
+from flexshard_stream.placement.export_torchrec import (
+    CONFIGS_FILE,
+    CONSTRAINTS_FILE,
+    MANIFEST_FILE,
+    PARAMETER_CONSTRAINTS_FIELDS,
+    export_torchrec,
+    load_torchrec_export,
+    plan_from_export,
+    torchrec_constraints,
+    torchrec_embedding_configs,
+    torchrec_rw_shard_rows,
+)
+from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.placement.planner import plan_flexshard
+from flexshard_stream.placement.tables import EmbeddingTable
+from flexshard_stream.placement.topology import Topology
+from flexshard_stream.stats.summary import FrequencySummary
 
 # Copied by hand from the torchrec==1.8.0 wheel (sha256 c6f9785f...915034f2),
 # torchrec/distributed/planner/types.py l.1551-1568, class ParameterConstraints, in order:

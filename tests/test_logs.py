@@ -1,4 +1,4 @@
-"""Tests of flexshard_stream.logs: streaming parquet / CSV logs into batches."""
+"""Tests of flexshard_stream.sources.logs: streaming parquet / CSV logs into batches."""
 
 from __future__ import annotations
 
@@ -11,12 +11,19 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings, strategies as st, HealthCheck
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from flexshard_stream import Batch, LogError
-from flexshard_stream import logs as logs_mod
-from flexshard_stream.logs import (REASONS, LogReader, LogSchema, inspect_log, log_max_ids,
-                                   read_log)
+from flexshard_stream.sources import logs as logs_mod
+from flexshard_stream.sources.logs import (
+    REASONS,
+    LogReader,
+    LogSchema,
+    inspect_log,
+    log_max_ids,
+    read_log,
+)
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -6,20 +6,30 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from flexshard_stream import ConfigError
 from flexshard_stream import testing as fst
-from flexshard_stream.baselines import build_baseline, hugectr_hybrid, row_wise
-from flexshard_stream.cost import CostModel, evaluate_analytic, evaluate_trace
-from flexshard_stream.plan import ColdSharding, Plan, TablePlan
-from flexshard_stream.planner import MemoryPolicy, PlannerConfig, plan_flexshard
-from flexshard_stream.summary import FrequencySummary
-from flexshard_stream.tables import EmbeddingTable
-from flexshard_stream.testing import (assert_plan_ok, check_plan, plans, sample_batches,
-                                      skewed_streams, skewed_summaries, tables, topologies,
-                                      workloads, zipf_summary)
-from flexshard_stream.topology import Topology
+from flexshard_stream.placement.baselines import build_baseline, hugectr_hybrid, row_wise
+from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace
+from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.placement.planner import MemoryPolicy, PlannerConfig, plan_flexshard
+from flexshard_stream.placement.tables import EmbeddingTable
+from flexshard_stream.placement.topology import Topology
+from flexshard_stream.stats.summary import FrequencySummary
+from flexshard_stream.testing import (
+    assert_plan_ok,
+    check_plan,
+    plans,
+    sample_batches,
+    skewed_streams,
+    skewed_summaries,
+    tables,
+    topologies,
+    workloads,
+    zipf_summary,
+)
 
 # the planner runs in every example: few, small examples (the whole file runs in well under 90 s)
 PLANNER = settings(max_examples=25, deadline=None,

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 from flexshard_stream import StreamStats, TableStats
-from flexshard_stream.batch import Batch
+from flexshard_stream.stats.batch import Batch
 
 
 def _streams(shared_data):
-    from flexshard_stream import datasets
+    from flexshard_stream.sources import datasets
     return {"movielens_movies": datasets.movielens_stream(),
             "amazon_beauty_items": datasets.amazon_stream("Beauty"),
             "amazon_sports_items": datasets.amazon_stream("Sports"),

@@ -5,19 +5,20 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from flexshard_stream.kernels.hashing import HOST_SEED, host_u, host_u_np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from flexshard_stream import ConfigError
 from flexshard_stream import testing as fst
-from flexshard_stream.baselines import row_wise, table_wise
-from flexshard_stream.batch import Batch, slice_batch
-from flexshard_stream.cost import Cost, CostModel, evaluate_analytic, evaluate_trace
-from flexshard_stream.kernels.hashing import HOST_SEED, host_u, host_u_np
-from flexshard_stream.plan import ColdSharding, Plan, TablePlan
-from flexshard_stream.recshard import cold_rows_per_gpu, slow_memory_report, split_cold
-from flexshard_stream.summary import FrequencySummary
-from flexshard_stream.tables import EmbeddingTable
-from flexshard_stream.topology import Topology
+from flexshard_stream.placement.baselines import row_wise, table_wise
+from flexshard_stream.placement.cost import Cost, CostModel, evaluate_analytic, evaluate_trace
+from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.placement.recshard import cold_rows_per_gpu, slow_memory_report, split_cold
+from flexshard_stream.placement.tables import EmbeddingTable
+from flexshard_stream.placement.topology import Topology
+from flexshard_stream.stats.batch import Batch, slice_batch
+from flexshard_stream.stats.summary import FrequencySummary
 
 M64 = (1 << 64) - 1
 FEW = settings(max_examples=30, deadline=None,

@@ -7,16 +7,16 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from flexshard_stream import drift
-from flexshard_stream.batch import concat_batches, rebatch, slice_batch
+from flexshard_stream.sources import drift
 from flexshard_stream.cli import app
-from flexshard_stream.cost import CostModel, evaluate_trace
 from flexshard_stream.errors import ConfigError, LogError
-from flexshard_stream.logs import read_log
-from flexshard_stream.plan import Plan
-from flexshard_stream.replay import STRATEGIES, WindowSpec, parse_window, replay
-from flexshard_stream.synth import TableSpec, write_log
-from flexshard_stream.topology import Topology
+from flexshard_stream.online.replay import STRATEGIES, WindowSpec, parse_window, replay
+from flexshard_stream.placement.cost import CostModel, evaluate_trace
+from flexshard_stream.placement.plan import Plan
+from flexshard_stream.placement.topology import Topology
+from flexshard_stream.sources.logs import read_log
+from flexshard_stream.sources.synth import TableSpec, write_log
+from flexshard_stream.stats.batch import concat_batches, rebatch, slice_batch
 
 SPECS = [TableSpec("hist", 20_000, 1.1, "sequence", "fixed", 8),
          TableSpec("item", 5_000, 1.05, "pooled", "fixed", 1)]

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from flexshard_stream import drift
-from flexshard_stream.baselines import build_baseline
-from flexshard_stream.batch import concat_batches, slice_batch
+from flexshard_stream.sources import drift
 from flexshard_stream.cli import app
-from flexshard_stream.config import TableConfig
-from flexshard_stream.cost import CostModel, evaluate_analytic
-from flexshard_stream.distributed import window_stats
 from flexshard_stream.errors import ConfigError
-from flexshard_stream.planner import MemoryPolicy, plan_flexshard
-from flexshard_stream.replay import STRATEGIES, replay
-from flexshard_stream.synth import TableSpec, write_log
-from flexshard_stream.tables import EmbeddingTable
-from flexshard_stream.topology import Topology
+from flexshard_stream.online.distributed import window_stats
+from flexshard_stream.online.replay import STRATEGIES, replay
+from flexshard_stream.placement.baselines import build_baseline
+from flexshard_stream.placement.cost import CostModel, evaluate_analytic
+from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard
+from flexshard_stream.placement.tables import EmbeddingTable
+from flexshard_stream.placement.topology import Topology
+from flexshard_stream.sources.synth import TableSpec, write_log
+from flexshard_stream.stats.batch import concat_batches, slice_batch
+from flexshard_stream.stats.config import TableConfig
 
 SPECS = [TableSpec("hist", 20_000, 1.1, "sequence", "fixed", 8),
          TableSpec("item", 5_000, 1.05, "pooled", "fixed", 1)]

@@ -8,13 +8,13 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from flexshard_stream import drift
+from flexshard_stream.sources import drift
 from flexshard_stream.cli import app
 from flexshard_stream.errors import FlexShardError, FormatError
-from flexshard_stream.replay import replay
-from flexshard_stream.report import PICTURES, build_report
-from flexshard_stream.synth import TableSpec, write_log
-from flexshard_stream.topology import Topology
+from flexshard_stream.online.replay import replay
+from flexshard_stream.online.report import PICTURES, build_report
+from flexshard_stream.placement.topology import Topology
+from flexshard_stream.sources.synth import TableSpec, write_log
 
 pytest.importorskip("matplotlib")
 
@@ -90,8 +90,8 @@ def test_missing_or_damaged_summary(rep, tmp_path):
 
 
 def test_matplotlib_is_lazy_and_its_absence_is_a_clear_error(rep, monkeypatch):
-    code = ("import sys, flexshard_stream, flexshard_stream.cli, flexshard_stream.replay, "
-            "flexshard_stream.report; print('matplotlib' in sys.modules)")
+    code = ("import sys, flexshard_stream, flexshard_stream.cli, flexshard_stream.online.replay, "
+            "flexshard_stream.online.report; print('matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=False)
     assert out.stdout.strip() == "False", out.stderr

@@ -3,17 +3,17 @@
 import numpy as np
 import pytest
 
-from flexshard_stream import drift
-from flexshard_stream.cost import CostModel, evaluate_analytic
-from flexshard_stream.delta import PlanDelta
+from flexshard_stream.sources import drift
 from flexshard_stream.errors import ConfigError
-from flexshard_stream.planner import MemoryPolicy
-from flexshard_stream.resharder import Resharder, ReshardConfig
-from flexshard_stream.synth import TableSpec
-from flexshard_stream.tables import EmbeddingTable
+from flexshard_stream.online.resharder import ReshardConfig, Resharder
+from flexshard_stream.placement.cost import CostModel, evaluate_analytic
+from flexshard_stream.placement.delta import PlanDelta
+from flexshard_stream.placement.planner import MemoryPolicy
+from flexshard_stream.placement.tables import EmbeddingTable
+from flexshard_stream.placement.topology import Topology
+from flexshard_stream.sources.synth import TableSpec
+from flexshard_stream.stats.window import DecayedStats
 from flexshard_stream.testing import check_plan
-from flexshard_stream.topology import Topology
-from flexshard_stream.window import DecayedStats
 
 H = 50_000
 SPECS = [TableSpec("hist", H, 1.1, "sequence", "fixed", 20)]
@@ -135,6 +135,6 @@ def test_bad_config(kw):
 
 def test_initial_plan_must_match_tables():
     other = [EmbeddingTable("x", 10, 4)]
-    from flexshard_stream.baselines import build_baseline
+    from flexshard_stream.placement.baselines import build_baseline
     with pytest.raises(ConfigError, match="tables"):
         Resharder(TABLES, TOPO, B, plan=build_baseline("rw", other, TOPO))

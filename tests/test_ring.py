@@ -14,10 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from flexshard_stream import ring as R
-from flexshard_stream.batch import Batch
+from flexshard_stream.online import ring as R
 from flexshard_stream.errors import FormatError
-from flexshard_stream.ring import (
+from flexshard_stream.online.ring import (
     RecordTooLargeError,
     Ring,
     RingBusyError,
@@ -27,12 +26,13 @@ from flexshard_stream.ring import (
     RingPermissionError,
     ring_path,
 )
+from flexshard_stream.stats.batch import Batch
 
 # One deterministic batch per (producer, seq); the first key names it, so a received batch says
 # which one it is. Shared verbatim with the child processes.
 GEN = '''
 import numpy as np
-from flexshard_stream.batch import Batch
+from flexshard_stream.stats.batch import Batch
 
 def make_batch(producer, seq, big=1):
     rng = np.random.default_rng([producer, seq])
@@ -55,7 +55,7 @@ make_batch = _ns["make_batch"]
 
 PRELUDE = GEN + '''
 import os, sys, json, time
-from flexshard_stream.ring import Ring
+from flexshard_stream.online.ring import Ring
 '''
 
 
@@ -318,7 +318,7 @@ def test_producers_in_processes_exactly_once(name):
 def test_producer_killed_between_copy_and_publish(name):
     ring = Ring.create(name, slots=1, capacity_bytes=16384)
     proc = spawn('''
-        from flexshard_stream.ring import Producer
+        from flexshard_stream.online.ring import Producer
         import signal
         p = Ring.attach(sys.argv[1]).producer()
         for s in range(5):

@@ -18,13 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flexshard_stream.batch import Batch
-from flexshard_stream.delta import PlanDelta, plan_fingerprint
 from flexshard_stream.errors import BatchError, ConfigError
-from flexshard_stream.plan import Plan
-from flexshard_stream.resharder import ReshardConfig
-from flexshard_stream.ring import Ring, ring_path
-from flexshard_stream.sidecar import (
+from flexshard_stream.online.resharder import ReshardConfig
+from flexshard_stream.online.ring import Ring, ring_path
+from flexshard_stream.online.sidecar import (
     Sidecar,
     SidecarError,
     SidecarWarning,
@@ -32,10 +29,13 @@ from flexshard_stream.sidecar import (
     read_checkpoint,
     to_batch,
 )
-from flexshard_stream.stream import StreamStats
-from flexshard_stream.tables import EmbeddingTable, save_tables
+from flexshard_stream.placement.delta import PlanDelta, plan_fingerprint
+from flexshard_stream.placement.plan import Plan
+from flexshard_stream.placement.tables import EmbeddingTable, save_tables
+from flexshard_stream.placement.topology import Topology
+from flexshard_stream.stats.batch import Batch
+from flexshard_stream.stats.stream import StreamStats
 from flexshard_stream.testing import check_plan
-from flexshard_stream.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 H = 2000
@@ -440,8 +440,8 @@ def test_ring_workers_example(tmp_path):
 
 PRODUCER = textwrap.dedent("""
     import os, sys, time, numpy as np
-    from flexshard_stream.batch import Batch
-    from flexshard_stream.ring import Ring
+    from flexshard_stream.stats.batch import Batch
+    from flexshard_stream.online.ring import Ring
     name, directory, seed, stop, H = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], \\
         int(sys.argv[5])
     ring = Ring.attach(name, directory)
@@ -463,7 +463,7 @@ class Proc:
     """A sidecar process whose JSON-lines stdout is read by a thread."""
 
     def __init__(self, args):
-        self.p = subprocess.Popen([sys.executable, "-m", "flexshard_stream.sidecar", *args],
+        self.p = subprocess.Popen([sys.executable, "-m", "flexshard_stream.online.sidecar", *args],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   cwd=ROOT)
         self.events = queue.Queue()

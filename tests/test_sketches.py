@@ -4,11 +4,12 @@ import math
 import datasketches as ds
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
-
 from conftest import zipf_stream
+from hypothesis import given
+from hypothesis import strategies as st
+
 from flexshard_stream import SketchConfig, TableStats
-from flexshard_stream.table_stats import hll_estimate
+from flexshard_stream.stats.table_stats import hll_estimate
 
 SMALL = SketchConfig(cms_epsilon=0.01, cms_delta=0.05, hh_lg_size=5, hll_p=8)  # 512 x 3, 24 counters
 

@@ -3,12 +3,20 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
-
 from conftest import zipf_stream
-from flexshard_stream import (Batch, DecayedStats, FormatError, IncompatibleError, SketchConfig,
-                              StreamStats, WindowedStats)
-from flexshard_stream.container import MAGIC, VERSION
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flexshard_stream import (
+    Batch,
+    DecayedStats,
+    FormatError,
+    IncompatibleError,
+    SketchConfig,
+    StreamStats,
+    WindowedStats,
+)
+from flexshard_stream.formats.container import MAGIC, VERSION
 
 CFG = SketchConfig(cms_epsilon=0.01, cms_delta=0.05, hh_lg_size=6, hll_p=8)
 
@@ -160,7 +168,7 @@ def test_failed_save_keeps_previous_file(saved, monkeypatch):
     p, blob = saved
     s = StreamStats.load(p)
     s.update(next(batches(1, seed=9)))
-    import flexshard_stream.container as c
+    import flexshard_stream.formats.container as c
 
     def boom(*a, **k):
         raise OSError("disk full")

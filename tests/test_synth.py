@@ -1,4 +1,4 @@
-"""Tests of the synthetic trace generator (flexshard_stream.synth)."""
+"""Tests of the synthetic trace generator (flexshard_stream.sources.synth)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexshard_stream import Batch, ConfigError, FormatError, LogError
-from flexshard_stream import synth as S
+from flexshard_stream.sources import synth as S
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FLEXSHARD_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -411,7 +411,7 @@ def test_presets_scale_and_validate():
 def test_default_trace_is_reproducible_from_its_readme_command(tmp_path):
     shipped = REPO / "data" / "default_trace.parquet"
     readme = (REPO / "data" / "README.md").read_text()
-    assert "python -m flexshard_stream.synth default data/default_trace.parquet" in readme
+    assert "python -m flexshard_stream.sources.synth default data/default_trace.parquet" in readme
     out = tmp_path / "default_trace.parquet"
     assert S.main(["default", str(out)]) == 0
     new = pl.read_parquet(out)

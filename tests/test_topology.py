@@ -6,9 +6,15 @@ import polars as pl
 import pytest
 
 from flexshard_stream.errors import ConfigError, FormatError
-from flexshard_stream.tables import (DTYPE_BYTES, EmbeddingTable, infer_tables, load_tables,
-                                     save_tables, tables_by_feature)
-from flexshard_stream.topology import Topology, available_presets
+from flexshard_stream.placement.tables import (
+    DTYPE_BYTES,
+    EmbeddingTable,
+    infer_tables,
+    load_tables,
+    save_tables,
+    tables_by_feature,
+)
+from flexshard_stream.placement.topology import Topology, available_presets
 
 
 def write(tmp_path, text, name="topo.toml"):

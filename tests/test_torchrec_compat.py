@@ -1,4 +1,4 @@
-"""TorchRec-compatible comm cost (flexshard_stream.torchrec_compat) against TorchRec 1.8.0's formulas.
+"""TorchRec-compatible comm cost (flexshard_stream.placement.torchrec_compat) against TorchRec 1.8.0's formulas.
 
 Hand-computed cases quote the TorchRec 1.8.0 line they follow (paths relative to
 ``torchrec/distributed/planner/`` of the ``torchrec==1.8.0`` wheel, git e2a8e5b8). TorchRec's
@@ -13,10 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flexshard_stream.errors import ConfigError
-from flexshard_stream.torchrec_compat import (
-    TORCHREC_BATCHED_COPY_PERF_FACTOR, TORCHREC_DDR_MEM_BW, TORCHREC_HBM_MEM_BW,
-    TORCHREC_INTER_HOST_BW, TORCHREC_INTRA_HOST_BW, torchrec_comms_bw, torchrec_default_num_shards,
-    torchrec_shard_comm)
+from flexshard_stream.placement.torchrec_compat import (
+    TORCHREC_BATCHED_COPY_PERF_FACTOR,
+    TORCHREC_DDR_MEM_BW,
+    TORCHREC_HBM_MEM_BW,
+    TORCHREC_INTER_HOST_BW,
+    TORCHREC_INTRA_HOST_BW,
+    torchrec_comms_bw,
+    torchrec_default_num_shards,
+    torchrec_shard_comm,
+)
 
 # TorchRec's own constants, in its own unit (bytes per millisecond), constants.py l.16-17, 28-29.
 TR_INTRA_MS = 600 * 1024 * 1024 * 1024 / 1000
@@ -353,11 +359,11 @@ def test_note_and_units_are_reported():
 
 # ------------------------------------------------------------------ plan-level wrapper
 def test_plan_level_torchrec_estimate_matches_shard_formula():
-    from flexshard_stream.baselines import row_wise, table_row_wise, table_wise
-    from flexshard_stream.plan import ColdSharding, TablePlan
-    from flexshard_stream.tables import EmbeddingTable
-    from flexshard_stream.torchrec_compat import torchrec_plan_comm, torchrec_sharding_of
-    from flexshard_stream.topology import Topology
+    from flexshard_stream.placement.baselines import row_wise, table_row_wise, table_wise
+    from flexshard_stream.placement.plan import ColdSharding, TablePlan
+    from flexshard_stream.placement.tables import EmbeddingTable
+    from flexshard_stream.placement.topology import Topology
+    from flexshard_stream.placement.torchrec_compat import torchrec_plan_comm, torchrec_sharding_of
 
     topo = Topology.uniform(2, 8)
     t = EmbeddingTable("s", 1000, 128, "fp32", "sequence")

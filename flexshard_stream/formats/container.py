@@ -1,0 +1,116 @@
+"""The binary container of saved state: magic, version, JSON header, raw arrays, checksum.
+
+Layout (little endian)::
+
+    b"FSSTREAM"                      8 bytes magic
+    u16 format version, u16 0        4 bytes
+    u64 header length H              8 bytes
+    header: UTF-8 JSON               H bytes  {"kind", "meta", "arrays": [{name, dtype, shape, offset}]}
+    payload: arrays, 8-byte aligned
+    u32 CRC-32 of all of the above, b"FSEND\\0\\0\\0"
+
+Nothing is unpickled: arrays are read with an explicit dtype from an allow-list. Files are written
+atomically (temp file, fsync, rename) and read back to verify before the rename.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import FormatError
+from . import files
+from .files import replace_directory
+
+MAGIC = b"FSSTREAM"
+END = b"FSEND\0\0\0"
+VERSION = 1
+_DTYPES = {"int64", "uint64", "uint32", "uint8", "int32", "float64", "float32"}
+
+__all__ = ["pack", "unpack", "write_atomic", "read_file", "replace_directory"]
+
+
+def pack(kind: str, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
+    """Serialize ``meta`` (JSON-able) and named numpy arrays into one checksummed blob."""
+    entries, blobs, off = [], [], 0
+    for name, arr in arrays.items():
+        a = np.ascontiguousarray(arr)
+        if a.dtype.name not in _DTYPES:
+            raise TypeError(f"array {name!r}: dtype {a.dtype} not serializable")
+        raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        entries.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape),
+                        "offset": off, "nbytes": len(raw)})
+        pad = (-len(raw)) % 8
+        blobs.append(raw + b"\0" * pad)
+        off += len(raw) + pad
+    header = json.dumps({"kind": kind, "meta": meta, "arrays": entries},
+                        separators=(",", ":")).encode()
+    body = MAGIC + struct.pack("<HHQ", VERSION, 0, len(header)) + header + b"".join(blobs)
+    return body + struct.pack("<I", zlib.crc32(body)) + END
+
+
+def unpack(data: bytes, kind: str, source: str = "<bytes>") -> tuple[dict, dict[str, np.ndarray]]:
+    """Verify and decode a blob made by :func:`pack`; ``kind`` must match. Raises FormatError."""
+    mv = memoryview(data)
+    if len(data) < 8 or bytes(mv[:8]) != MAGIC:
+        raise FormatError(f"{source}: not a flexshard_stream state file (bad magic "
+                          f"{bytes(mv[:8])!r}, expected {MAGIC!r})")
+    if len(data) < 20 + 12:
+        raise FormatError(f"{source}: truncated ({len(data)} bytes)")
+    version, _, hlen = struct.unpack_from("<HHQ", data, 8)
+    if version != VERSION:
+        raise FormatError(f"{source}: format version {version} is not supported "
+                          f"(this flexshard_stream reads version {VERSION})")
+    if bytes(mv[-8:]) != END:
+        raise FormatError(f"{source}: truncated or damaged (end marker missing)")
+    body_len = len(data) - 12
+    (crc,) = struct.unpack_from("<I", data, body_len)
+    if zlib.crc32(mv[:body_len]) != crc:
+        raise FormatError(f"{source}: checksum mismatch: the file is damaged")
+    if 20 + hlen > body_len:
+        raise FormatError(f"{source}: header length {hlen} exceeds the file")
+    try:
+        header = json.loads(bytes(mv[20:20 + hlen]).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"{source}: header is not valid JSON ({e})") from None
+    if header.get("kind") != kind:
+        raise FormatError(f"{source}: holds {header.get('kind')!r}, expected {kind!r}")
+    base = 20 + hlen
+    arrays: dict[str, np.ndarray] = {}
+    for e in header.get("arrays", []):
+        dt = e.get("dtype")
+        if dt not in _DTYPES:
+            raise FormatError(f"{source}: array {e.get('name')!r} has unsupported dtype {dt!r}")
+        shape = tuple(int(s) for s in e["shape"])
+        start = base + int(e["offset"])
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+        if n != int(e["nbytes"]) or start + n > body_len or start < base:
+            raise FormatError(f"{source}: array {e['name']!r} does not fit the file")
+        arrays[e["name"]] = np.frombuffer(data, dtype=np.dtype(dt).newbyteorder("<"),
+                                          count=n // np.dtype(dt).itemsize,
+                                          offset=start).astype(dt).reshape(shape)
+    return header["meta"], arrays
+
+
+def write_atomic(path: str | os.PathLike, data: bytes, verify_kind: str | None = None, *,
+                 fsync: bool = True) -> Path:
+    """Write ``data`` atomically (:func:`.files.write_atomic`); with ``verify_kind`` the bytes read
+    back are decoded as a container of that kind before they replace ``path``."""
+    verify = None if verify_kind is None else (lambda back: unpack(back, verify_kind, str(path)))
+    return files.write_atomic(path, data, verify, fsync=fsync)
+
+
+def read_file(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read and verify a container file. Raises FormatError naming the file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no such file") from None
+    return unpack(data, kind, str(path))

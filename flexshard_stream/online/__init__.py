@@ -1,0 +1,3 @@
+"""Placement kept current while data flows: the re-sharder, the sidecar, the shared-memory ring,
+replay of logged traffic, distributed statistics and reports. Imports ``placement`` and below.
+"""

@@ -1,0 +1,606 @@
+"""An HTML report with PNG pictures of a replay directory (``flexshard-stream report DIR``).
+
+Reads what :func:`flexshard_stream.online.replay.replay` wrote (``summary.json``, ``cdf.json``,
+``traffic/<strategy>.npz``) and writes into the same directory ``report.html`` and five PNGs:
+
+``cdf.png``            per table, the access CDF of the whole log with the tier cut points
+``bytes_per_iter.png`` all-to-all and inter-node bytes and communication time per iteration, per
+                       window and strategy
+``threshold.png``      the re-sharder's replication threshold over time: replicated rows and the
+                       access probability of the coldest replicated row, per table
+``traffic.png``        mean all-to-all bytes per iteration per GPU pair, node boundaries drawn
+``memory.png``         per-GPU peak memory per strategy against the memory budget
+
+matplotlib (Agg backend) is imported only here, lazily: ``pip install 'flexshard-stream[report]'``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FlexShardError, FormatError
+
+__all__ = ["PICTURES", "build_report"]
+
+#: PNG files the report writes, in the order they appear, with their captions' titles.
+PICTURES = ("cdf.png", "bytes_per_iter.png", "threshold.png", "traffic.png", "memory.png")
+
+_COLORS = {"rw": "#7f7f7f", "twrw": "#1f77b4", "static": "#ff7f0e", "resharder": "#d62728"}
+_LABELS = {"rw": "row-wise (rw)", "twrw": "table-row-wise (twrw)",
+           "static": "FlexShard, static (planned on window 0)",
+           "resharder": "FlexShard + re-sharder (online)"}
+_DPI = 110
+#: Line styles: rw and twrw often carry the same all-to-all bytes, so rw is drawn wide underneath.
+_STYLE = {"rw": {"lw": 4.0, "alpha": 0.55, "marker": "o", "ms": 6, "zorder": 2},
+          "twrw": {"lw": 1.4, "ls": "--", "marker": "s", "ms": 4, "zorder": 3},
+          "static": {"lw": 1.8, "marker": "^", "ms": 5, "zorder": 4},
+          "resharder": {"lw": 1.8, "marker": "D", "ms": 4, "zorder": 5}}
+
+
+# ----------------------------------------------------------------------------- loading
+def _mpl():
+    try:
+        import matplotlib
+    except ImportError:
+        raise FlexShardError("the report needs matplotlib, which is not installed: "
+                             "pip install 'flexshard-stream[report]' (or pip install matplotlib)"
+                             ) from None
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _load_json(path: Path, what: str) -> Any:
+    if not path.is_file():
+        raise FormatError(f"{path}: missing ({what}); write the directory with "
+                          f"`flexshard-stream replay LOG... --topology T --out {path.parent}`")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise FormatError(f"{path}: damaged {what}: not valid JSON ({e})") from None
+
+
+def _check_summary(s: Any, path: Path) -> None:
+    def bad(msg: str) -> FormatError:
+        return FormatError(f"{path}: not a replay summary: {msg}")
+
+    if not isinstance(s, dict):
+        raise bad("the top level is not an object")
+    for key in ("windows", "totals", "window", "topology", "batch_size"):
+        if key not in s:
+            raise bad(f"missing key {key!r}")
+    if not isinstance(s["windows"], list) or not s["windows"]:
+        raise bad("'windows' is not a non-empty list")
+    if not isinstance(s["totals"], dict) or not isinstance(s["totals"].get("strategies"), dict):
+        raise bad("'totals.strategies' is missing")
+    for i, w in enumerate(s["windows"]):
+        if not isinstance(w, dict) or not isinstance(w.get("strategies"), dict):
+            raise bad(f"window {i} has no 'strategies'")
+        for k in ("start", "end", "samples"):
+            if k not in w:
+                raise bad(f"window {i} has no {k!r}")
+
+
+def _load_traffic(path: Path) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise FormatError(f"{path}: missing (traffic matrices of the replay)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            out = {k: np.asarray(z[k]) for k in z.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise FormatError(f"{path}: damaged traffic file ({e})") from None
+    if "a2a" not in out or "link_class" not in out or out["a2a"].ndim != 2 \
+            or out["a2a"].shape != out["link_class"].shape:
+        raise FormatError(f"{path}: damaged traffic file (no G x G 'a2a' and 'link_class')")
+    return out
+
+
+# ----------------------------------------------------------------------------- helpers
+def _unit(vmax: float, base: str = "B") -> tuple[float, str]:
+    """Scale factor and unit label for values up to ``vmax`` (decimal prefixes)."""
+    for f, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if vmax >= f:
+            return f, p + base
+    return 1.0, base
+
+
+def _time_unit(vmax: float) -> tuple[float, str]:
+    for f, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if vmax >= f:
+            return f, u
+    return 1e-9, "ns"
+
+
+def _fmt_bytes(x: float | None, digits: int = 3) -> str:
+    if x is None:
+        return "–"
+    f, u = _unit(abs(x))
+    return f"{x / f:,.{digits}g} {u}"
+
+
+def _fmt_time(x: float | None) -> str:
+    if x is None:
+        return "–"
+    f, u = _time_unit(abs(x)) if x else (1.0, "s")
+    return f"{x / f:,.3g} {u}"
+
+
+def _strategies(summary: dict) -> list[str]:
+    names = summary.get("strategies") or list(summary["totals"]["strategies"])
+    return [n for n in names if n in summary["totals"]["strategies"]]
+
+
+def _axis(summary: dict) -> tuple[str, float]:
+    """x-axis label and origin for window positions."""
+    win = summary["window"]
+    if win.get("position") == "ts":
+        t0 = win.get("t0")
+        if t0 is None:
+            t0 = summary["windows"][0]["start"]
+        return "time since the first sample (s)", float(t0)
+    return "sample index", 0.0
+
+
+def _save(fig, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=_DPI, format="png")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ----------------------------------------------------------------------------- pictures
+def _plot_cdf(plt, cdf: dict, path: Path) -> str:
+    tables = cdf.get("tables") or {}
+    if not isinstance(tables, dict) or not tables:
+        raise FormatError(f"{path.parent / 'cdf.json'}: damaged: no tables")
+    n = len(tables)
+    cols = min(n, 2)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 3.9 * rows), squeeze=False)
+    for ax, (name, t) in zip(axes.flat, tables.items()):
+        share = np.asarray(t.get("cumulative_share", []), dtype=float) * 100
+        rank = np.arange(1, share.size + 1)
+        if share.size:
+            ax.plot(rank, share, color="black", lw=1.6, label="whole log, top rows")
+        cuts = t.get("cuts", {})
+        for s, style in (("static", "--"), ("resharder", ":")):
+            c = cuts.get(s)
+            if not c:
+                continue
+            col = _COLORS[s]
+            k0, kk = int(c["k0"]), int(c["k0_k1"])
+            lbl = (f"{s}: {k0:,} global + {kk - k0:,} node rows "
+                   f"({100 * c.get('replicated_share', 0):.0f}% of lookups)")
+            if k0 > 0:
+                ax.axvline(k0, color=col, ls=style, lw=1.2, alpha=0.8)
+            if kk > 0:
+                ax.axvline(kk, color=col, ls=style, lw=2.0, label=lbl)
+            else:
+                ax.plot([], [], color=col, ls=style, lw=2.0, label=lbl)
+        ax.set_xscale("log")
+        ax.set_xlim(1, max(10, share.size))
+        ax.set_ylim(0, 100)
+        ax.set_xlabel("row rank (hottest first, log scale)")
+        ax.set_ylabel("cumulative share of lookups (%)")
+        kind = "exact counts" if t.get("exact") else "sketch estimates"
+        ax.set_title(f"{name}: {t.get('total', 0):,} lookups, {t.get('num_rows', 0):,} rows "
+                     f"({kind})", fontsize=10)
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=7.5, loc="upper left", framealpha=0.95)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.suptitle("Access CDF per table and the replication cut points (thin line: global tier "
+                 "ends; thick: node tier ends)", fontsize=11)
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+    return ("Cumulative share of each table's lookups carried by its hottest rows (whole log; "
+            f"top {cdf.get('top_k', '?')} rows kept). Vertical lines: where the static plan "
+            "(dashed) and the re-sharder's final plan (dotted) stop replicating rows on every GPU "
+            "(thin) and on every node (thick). The legend gives the share of all lookups those "
+            "replicated rows carry.")
+
+
+def _plot_bytes(plt, summary: dict, path: Path) -> str:
+    xlabel, x0 = _axis(summary)
+    wins = summary["windows"]
+    strategies = _strategies(summary)
+    mid = np.array([(float(w["start"]) + float(w["end"])) / 2 - x0 for w in wins])
+    series = {}
+    for s in strategies:
+        tot, inter, t = [], [], []
+        for w in wins:
+            m = w["strategies"].get(s) or {}
+            b = m.get("bytes_per_iter")
+            tot.append(np.nan if not b else b["total"])
+            inter.append(np.nan if not b else b["inter_node"])
+            c = m.get("comm_time_s_per_iter")
+            t.append(np.nan if c is None else c)
+        series[s] = (np.array(tot, float), np.array(inter, float), np.array(t, float))
+    fig, axes = plt.subplots(3, 1, figsize=(9.5, 9.4), sharex=True)
+    allb = np.concatenate([np.concatenate([v[0], v[1]]) for v in series.values()])
+    fb, ub = _unit(np.nanmax(allb) if np.isfinite(allb).any() else 0.0)
+    allt = np.concatenate([v[2] for v in series.values()])
+    ft, ut = _time_unit(np.nanmax(allt) if np.isfinite(allt).any() else 0.0)
+    for s, (tot, inter, t) in series.items():
+        kw = dict(color=_COLORS.get(s), label=_LABELS.get(s, s), **_STYLE.get(s, {}))
+        axes[0].plot(mid, tot / fb, **kw)
+        axes[1].plot(mid, inter / fb, **kw)
+        axes[2].plot(mid, t / ft, **kw)
+    axes[0].set_ylabel(f"all-to-all\n({ub} / iteration)")
+    axes[1].set_ylabel(f"inter-node\n({ub} / iteration)")
+    axes[2].set_ylabel(f"comm time\n({ut} / iteration)")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.margins(y=0.15)
+        for w in wins:
+            ax.axvline(float(w["start"]) - x0, color="#cccccc", lw=0.6, zorder=0)
+    if not np.isfinite(allt).any():
+        axes[1].text(0.5, 0.5, "no window holds a whole iteration (G x B samples): nothing was "
+                     "evaluated", ha="center", va="center", transform=axes[1].transAxes)
+    axes[2].set_xlabel(xlabel + " (points: window midpoints; grey lines: window starts)")
+    B = summary.get("batch_size")
+    fig.suptitle(f"Per iteration ({summary.get('samples_per_iteration', '?')} samples = "
+                 f"{summary['topology'].get('num_gpus', '?')} GPUs x B {B}), mean over each "
+                 f"window (y axes do not start at 0)", fontsize=11)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=8.5,
+               bbox_to_anchor=(0.5, 0.955), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    _save(fig, path)
+    plt.close(fig)
+    return ("Mean bytes per training iteration in each window (index exchange + embeddings "
+            "forward + gradients backward, whole cluster), the part of it crossing between nodes, "
+            "and the modelled communication time per iteration (slowest GPU; replica sync "
+            "included). Trace mode: every window's own samples replayed through each plan.")
+
+
+def _plot_threshold(plt, summary: dict, path: Path) -> str:
+    xlabel, x0 = _axis(summary)
+    wins = summary["windows"]
+    pts: list[tuple[float, dict, str]] = []
+    for w in wins:
+        checks = w.get("checks") or []
+        if not checks and w.get("thresholds"):
+            # no check in this window (the first one): its plan held from its start to its end
+            pts.append((float(w["start"]) - x0, w["thresholds"], ""))
+            pts.append((float(w["end"]) - x0, w["thresholds"], ""))
+        for c in checks:
+            if c.get("thresholds"):
+                pts.append((float(c["position"]) - x0, c["thresholds"], c.get("action", "")))
+    fig, axes = plt.subplots(2, 1, figsize=(10.5, 7.4), sharex=True)
+    tables = list(dict.fromkeys(t for _, th, _ in pts for t in th))
+    cmap = plt.get_cmap("Dark2")
+    ymax = 1
+    any_global = False
+    for i, t in enumerate(tables):
+        sel = [p for p in pts if t in p[1]]
+        xs = [p[0] for p in sel]
+        rows = [p[1][t]["global_rows"] + p[1][t]["node_rows"] for p in sel]
+        g = [p[1][t]["global_rows"] for p in sel]
+        prob = [p[1][t]["threshold_probability"] for p in sel]
+        col = cmap(i % 8)
+        ymax = max(ymax, max(rows))
+        axes[0].step(xs, rows, where="post", color=col, lw=2.0, label=t, marker="o", ms=3)
+        if any(g):
+            any_global = True
+            axes[0].step(xs, g, where="post", color=col, lw=1.0, ls="--")
+        pp = np.array([np.nan if (v is None or v <= 0) else v for v in prob], float)
+        axes[1].step(xs, pp, where="post", color=col, lw=2.0, label=t, marker="o", ms=3)
+    changes = [p for p in pts if p[2] in ("applied", "partial")]
+    for x, _, _ in changes:
+        for ax in axes:
+            ax.axvline(x, color="#d62728", lw=1.2, alpha=0.6, ls="-.", zorder=1)
+    for w in wins:
+        for ax in axes:
+            ax.axvline(float(w["start"]) - x0, color="#cccccc", lw=0.6, zorder=0)
+    axes[0].set_ylabel("replicated rows\n(global + node tiers)")
+    axes[0].set_yscale("symlog", linthresh=10)
+    axes[0].set_ylim(0, ymax * 3)
+    axes[1].set_ylabel("threshold: access probability\nof the coldest replicated row")
+    probs = [p[1][t]["threshold_probability"] for p in pts for t in p[1]]
+    if any(v is not None and v > 0 for v in probs):
+        axes[1].set_yscale("log")
+        axes[1].margins(y=0.15)
+    axes[1].set_xlabel(xlabel + " (one point per check; grey lines: window starts)")
+    for ax in axes:
+        ax.grid(True, which="major", alpha=0.3)
+    extra = []
+    if changes:
+        extra.append(plt.Line2D([], [], color="#d62728", ls="-.", alpha=0.6,
+                                label=f"plan changed ({len(changes)} of "
+                                      f"{sum(len(w.get('checks') or []) for w in wins)} checks)"))
+    if any_global:
+        extra.append(plt.Line2D([], [], color="black", ls="--", lw=1.0,
+                                label="global tier only"))
+    handles = axes[0].get_legend_handles_labels()[0] + extra
+    if handles:
+        fig.legend(handles, [h.get_label() for h in handles], loc="upper center",
+                   ncol=min(len(handles), 4), fontsize=8.5, bbox_to_anchor=(0.5, 0.95),
+                   frameon=False)
+    if not pts:
+        axes[0].text(0.5, 0.5, "no re-sharder check (a single window)", ha="center",
+                     transform=axes[0].transAxes)
+    fig.suptitle("The re-sharder's replication threshold over time, per table", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    _save(fig, path)
+    plt.close(fig)
+    return ("After each re-sharder check: the rows each table replicates (global + node tiers; "
+            "dashed: global tier only, when there is one) and the threshold in probability, the "
+            "access probability of the coldest replicated row under the statistics of that check "
+            "(gaps: nothing replicated). The first window has no check: the static plan holds. "
+            "Dash-dotted red lines: checks that changed the plan.")
+
+
+def _plot_traffic(plt, summary: dict, traffic: dict[str, dict[str, np.ndarray]],
+                  path: Path) -> str:
+    from matplotlib.colors import LogNorm
+
+    strategies = [s for s in _strategies(summary) if s in traffic]
+    n = len(strategies)
+    cols = min(n, 2)
+    rows = math.ceil(n / cols)
+    M = int(summary["topology"].get("gpus_per_node") or 1)
+    mats = {s: traffic[s]["a2a"] for s in strategies}
+    pos = np.concatenate([m[m > 0] for m in mats.values()]) if mats else np.zeros(0)
+    vmax = float(pos.max()) if pos.size else 1.0
+    vmin = max(float(pos.min()) if pos.size else 1e-3, vmax * 1e-4)
+    f, u = _unit(vmax)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols + 1.4, 5.0 * rows + 0.6),
+                             squeeze=False, layout="constrained")
+    im = None
+    for ax, s in zip(axes.flat, strategies):
+        m = mats[s]
+        lc = traffic[s]["link_class"]
+        G = m.shape[0]
+        shown = np.where(m > 0, m / f, np.nan)
+        im = ax.imshow(shown, cmap="viridis", norm=LogNorm(vmin=vmin / f, vmax=vmax / f),
+                       interpolation="nearest", origin="upper")
+        for b in range(M, G, M):
+            ax.axhline(b - 0.5, color="white", lw=1.5)
+            ax.axvline(b - 0.5, color="white", lw=1.5)
+        intra = float(m[lc == 1].sum())
+        inter = float(m[lc == 2].sum())
+        ax.set_title(f"{_LABELS.get(s, s)}\nintra-node {_fmt_bytes(intra)}, inter-node "
+                     f"{_fmt_bytes(inter)} per iteration", fontsize=9)
+        step = max(1, M * math.ceil(G / M / 8)) if G > 16 else max(1, G // 8)
+        ticks = list(range(0, G, step))
+        ax.set_xticks(ticks)
+        ax.set_yticks(ticks)
+        ax.set_xlabel("destination GPU")
+        ax.set_ylabel("source GPU")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    if im is not None:
+        from matplotlib.ticker import FuncFormatter
+        cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
+        cb.set_label(f"all-to-all {u} per iteration (log scale)")
+        fmt = FuncFormatter(lambda v, _: f"{v:,.3g}")
+        cb.ax.yaxis.set_major_formatter(fmt)
+        cb.ax.yaxis.set_minor_formatter(fmt)
+        cb.ax.tick_params(which="minor", labelsize=7)
+    fig.suptitle("Mean all-to-all traffic per GPU pair over the replay\n(white lines: node "
+                 "boundaries; diagonal blocks = intra-node links, the rest inter-node)",
+                 fontsize=10.5)
+    _save(fig, path)
+    plt.close(fig)
+    return ("Bytes GPU <i>a</i> (row) sends GPU <i>b</i> (column) per iteration, mean over every "
+            "evaluated iteration (index exchange, embeddings and gradients; replica sync not "
+            "included). The diagonal blocks between the white lines travel over intra-node links "
+            "(NVLink), everything else over the slower inter-node network. The diagonal "
+            "(a GPU serving itself) costs nothing; empty cells carry no traffic.")
+
+
+def _plot_memory(plt, summary: dict, path: Path) -> str:
+    strategies = _strategies(summary)
+    tot = summary["totals"]["strategies"]
+    mems = {s: np.asarray(tot[s].get("memory_per_gpu_bytes") or [], float) for s in strategies}
+    mems = {s: m for s, m in mems.items() if m.size}
+    budget = summary.get("budget_bytes")
+    vmax = max([float(m.max()) for m in mems.values()] + [float(budget or 0)] + [1.0])
+    f, u = _unit(vmax)
+    G = max((m.size for m in mems.values()), default=0)
+    fig, ax = plt.subplots(figsize=(min(14.0, max(8.5, 0.5 * G + 3)), 5.2))
+    x = np.arange(G)
+
+    def label(s: str, m: np.ndarray) -> str:
+        rel = f", {100 * m.max() / budget:.1f}% of the budget" if budget else ""
+        return f"{_LABELS.get(s, s)}: peak {_fmt_bytes(float(m.max()), 4)}{rel}"
+
+    if G <= 32:
+        width = 0.8 / max(1, len(mems))
+        for i, (s, m) in enumerate(mems.items()):
+            ax.bar(x + (i - (len(mems) - 1) / 2) * width, m / f, width, color=_COLORS.get(s),
+                   label=label(s, m))
+        ax.set_xticks(x)
+    else:
+        for s, m in mems.items():
+            st = {k: v for k, v in _STYLE.get(s, {}).items() if k not in ("marker", "ms")}
+            ax.step(x, m / f, where="mid", color=_COLORS.get(s), label=label(s, m), **st)
+    if budget:
+        ax.axhline(budget / f, color="black", ls=(0, (4, 3)), lw=1.2, zorder=6,
+                   label=f"FlexShard memory budget {_fmt_bytes(budget, 4)} per GPU")
+    pos = [float(m[m > 0].min()) for m in mems.values() if (m > 0).any()]
+    if pos and vmax / min(pos) > 20:
+        ax.set_yscale("log")
+        ax.set_ylabel(f"peak memory per GPU ({u}, log scale)")
+    else:
+        ax.set_ylim(0, vmax / f * 1.05)
+    M = int(summary["topology"].get("gpus_per_node") or 1)
+    for b in range(M, G, M):
+        ax.axvline(b - 0.5, color="#999999", lw=0.8)
+    ax.set_xlabel("GPU (grey lines: node boundaries)")
+    if ax.get_yscale() != "log":
+        ax.set_ylabel(f"peak memory per GPU ({u})")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.legend(loc="upper center", ncol=2, fontsize=8.5, bbox_to_anchor=(0.5, 0.93),
+               frameon=False)
+    fig.suptitle("Peak per-GPU memory over the replay (rows + optimizer state + communication "
+                 "buffers)", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.83))
+    _save(fig, path)
+    plt.close(fig)
+    return ("Largest memory each GPU needed during the replay: embedding rows with their "
+            "optimizer state, plus the communication buffers of its busiest iteration. The "
+            "dashed line is the budget the FlexShard plans were made for (by default the row-wise "
+            "plan's modelled peak on the first window); trace-mode peaks can exceed it slightly "
+            "when an iteration's buffers are above the modelled mean. HBM capacity (topology) is "
+            "not drawn.")
+
+
+# ----------------------------------------------------------------------------- html
+def _totals_table(summary: dict) -> str:
+    tot = summary["totals"]["strategies"]
+    head = ("<tr><th>strategy</th><th>iterations</th><th>all-to-all / iter</th>"
+            "<th>inter-node / iter</th><th>sync / iter</th><th>comm time / iter</th>"
+            "<th>comm time, total</th><th>peak memory / GPU</th><th>migration</th>"
+            "<th>plan changes</th><th>speed-up vs rw</th></tr>")
+    rows = []
+    for s in _strategies(summary):
+        t = tot[s]
+        b = t.get("bytes_per_iter") or {}
+        sp = t.get("speedup_vs_rw")
+        rows.append(
+            "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
+                _LABELS.get(s, s), f"{t.get('iterations', 0):,}", _fmt_bytes(b.get("total")),
+                _fmt_bytes(b.get("inter_node")), _fmt_bytes(b.get("sync")),
+                _fmt_time(t.get("comm_time_s_per_iter")), _fmt_time(t.get("comm_time_s")),
+                _fmt_bytes(t.get("peak_memory_bytes"), 4),
+                _fmt_bytes(t.get("migration_bytes", 0)),
+                t.get("deltas", 0), "–" if sp is None else f"{sp:.2f}x")) + "</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _windows_table(summary: dict) -> str:
+    strategies = _strategies(summary)
+    head = ("<tr><th>window</th><th>start</th><th>end</th><th>samples</th><th>iterations</th>"
+            + "".join(f"<th>{html.escape(s)} comm / iter</th>" for s in strategies)
+            + "<th>re-sharder migration</th><th>checks (applied)</th></tr>")
+    rows = []
+    for w in summary["windows"]:
+        cells = [w.get("index", ""), f"{w['start']:.6g}", f"{w['end']:.6g}",
+                 f"{w['samples']:,}", w.get("iterations", "")]
+        for s in strategies:
+            cells.append(_fmt_time((w["strategies"].get(s) or {}).get("comm_time_s_per_iter")))
+        dec = w.get("decisions") or {}
+        cells += [_fmt_bytes(w.get("migration_bytes", 0)),
+                  f"{sum(dec.values())} ({dec.get('applied', 0) + dec.get('partial', 0)})"]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;
+max-width:1100px;margin:2em auto;padding:0 1em;color:#222}h1{font-size:1.5em}
+h2{font-size:1.2em;margin-top:1.6em}table{border-collapse:collapse;font-size:.9em;margin:.6em 0}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
+td:first-child,th:first-child{text-align:left}figure{margin:1.2em 0}
+img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.92em;color:#444;margin-top:.3em}
+.meta{color:#555;font-size:.92em}code{background:#f5f5f5;padding:0 .2em}"""
+
+
+def build_report(directory: str | os.PathLike) -> Path:
+    """Write ``report.html`` and the PNGs (:data:`PICTURES`) into a replay directory.
+
+    Returns the path of ``report.html``. Raises :class:`FormatError` naming the file when
+    ``summary.json`` (or ``cdf.json``, a traffic file) is missing or damaged, and
+    :class:`FlexShardError` when matplotlib is not installed.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        raise FormatError(f"{d}: no such replay directory; write one with "
+                          f"`flexshard-stream replay LOG... --topology T --out {d}`")
+    spath = d / "summary.json"
+    summary = _load_json(spath, "replay summary")
+    _check_summary(summary, spath)
+    cdf = _load_json(d / "cdf.json", "access CDF")
+    if not isinstance(cdf, dict):
+        raise FormatError(f"{d / 'cdf.json'}: damaged: the top level is not an object")
+    traffic = {s: _load_traffic(d / "traffic" / f"{s}.npz") for s in _strategies(summary)}
+    plt = _mpl()
+    captions = {}
+    try:
+        captions["cdf.png"] = _plot_cdf(plt, cdf, d / "cdf.png")
+        captions["bytes_per_iter.png"] = _plot_bytes(plt, summary, d / "bytes_per_iter.png")
+        captions["threshold.png"] = _plot_threshold(plt, summary, d / "threshold.png")
+        captions["traffic.png"] = _plot_traffic(plt, summary, traffic, d / "traffic.png")
+        captions["memory.png"] = _plot_memory(plt, summary, d / "memory.png")
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        raise FormatError(f"{spath}: damaged replay summary: unexpected content ({e!r})") from None
+    finally:
+        plt.close("all")
+    titles = {"cdf.png": "Access CDF and tier cut points",
+              "bytes_per_iter.png": "Bytes per iteration over time",
+              "threshold.png": "Re-sharder threshold over time",
+              "traffic.png": "Traffic per GPU pair",
+              "memory.png": "Per-GPU memory against the budget"}
+    topo = summary["topology"]
+    win = summary["window"]
+    tot = summary["totals"]
+    skipped = tot.get("skipped_rows", 0)
+    st = tot["strategies"]
+    best = st.get("resharder") or st.get("static") or {}
+    sp = best.get("speedup_vs_rw")
+    dedup = "on" if (summary.get("model") or {}).get("dedup", True) else "off"
+    logs = ", ".join(f"<code>{html.escape(str(p))}</code>" for p in summary.get("logs", []))
+    wdesc = html.escape(str(win.get("describe") or win.get("spec") or win.get("size")))
+    skipped_txt = ""
+    if skipped:
+        reasons = ", ".join(f"{k} {v:,}" for k, v in (tot.get("skipped") or {}).items() if v)
+        skipped_txt = f"<br>Bad rows skipped: {skipped:,} ({html.escape(reasons)})"
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        "<title>flexshard-stream replay report</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>flexshard-stream replay report</h1>",
+        f"<p class='meta'>Logs: {logs}<br>",
+        f"Topology: {html.escape(str(topo.get('summary', '')))}<br>",
+        (f"B = {summary['batch_size']} samples per GPU per iteration "
+         f"({summary.get('samples_per_iteration', '?')} samples per iteration); "
+         f"{tot.get('windows', len(summary['windows']))} windows of {wdesc}; "
+         f"{tot.get('samples', 0):,} samples, {tot.get('iterations', 0):,} iterations evaluated "
+         f"per strategy; de-duplication {dedup}; {tot.get('checks', 0)} re-sharder checks; "
+         f"FlexShard memory budget {_fmt_bytes(summary.get('budget_bytes'), 4)} per GPU."),
+        skipped_txt,
+        "</p>",
+    ]
+    for w in summary.get("warnings") or []:
+        parts.append(f"<p><b>Warning:</b> {html.escape(str(w))}</p>")
+    if sp is not None:
+        parts.append(f"<p><b>FlexShard with the re-sharder: {sp:.2f}x less communication time "
+                     f"per iteration than row-wise</b> over the whole replay.</p>")
+    parts += ["<h2>Totals over the replay</h2>", _totals_table(summary),
+              ("<p class='meta'>Per-iteration figures are means over every evaluated iteration; "
+               "peak memory is the largest over the replay; migration is what the re-sharder's "
+               "plan changes moved (bytes received by GPUs).</p>")]
+    for i, name in enumerate(PICTURES, 1):
+        parts.append(f"<h2>{i}. {html.escape(titles[name])}</h2><figure><img src='{name}' "
+                     f"alt='{html.escape(titles[name])}'><figcaption>{captions[name]}"
+                     f"</figcaption></figure>")
+    parts += ["<h2>Windows</h2>", _windows_table(summary),
+              ("<p class='meta'>Written by <code>flexshard-stream report</code> from "
+               "<code>summary.json</code>, <code>cdf.json</code> and <code>traffic/</code> in "
+               "this directory; docs/REPLAY.md describes them.</p></body></html>")]
+    out = d / "report.html"
+    fd, tmp = tempfile.mkstemp(prefix=".report.html.", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(p for p in parts if p))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out

@@ -1,0 +1,555 @@
+"""The one cost evaluator: all-to-all bytes, replica sync, communication time and memory of a plan.
+
+Two modes share every formula after the traffic counts (:func:`_finish`):
+
+- trace mode, :func:`evaluate_trace`: replays batches as iterations of ``G * B`` samples (sample ``i``
+  of an iteration on GPU ``i // B``) through the Numba kernel ``kernels/traffic.table_traffic``;
+- analytic mode, :func:`evaluate_analytic`: expectations from a :class:`FrequencySummary` per table,
+  with ``lambda_r = G * B * mean(L) * p_r`` expected lookups of row ``r`` per iteration.
+
+Units: bytes and bytes per iteration, seconds per iteration. Byte matrices are ``M[a, b]`` = bytes
+GPU ``a`` sends to GPU ``b``. docs/COST_MODEL.md gives the equations.
+
+Host memory tier (``TablePlan.hbm_fraction``): lookups of cold rows kept in host memory are counted per
+owner GPU (``Cost.host_lookups``) and charged at its UVM bandwidth (``Cost.uvm_time_s``);
+``Cost.iteration_time_s = comm_time_s + uvm_time_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from ..errors import BatchError, ConfigError
+from ..kernels.analytic import analytic_traffic
+from ..kernels.traffic import table_traffic
+from ..stats.batch import Batch, rebatch
+from ..stats.config import TableConfig
+from ..stats.stream import validate_batch
+from ..stats.summary import FrequencySummary
+from .plan import Plan, TablePlan
+from .tables import summaries_by_table
+from .topology import Topology
+
+__all__ = ["CostModel", "Cost", "TraceCost", "evaluate_trace", "evaluate_analytic",
+           "COMPONENTS", "A2A_COMPONENTS"]
+
+COMPONENTS = ("index", "forward", "backward", "sync")
+A2A_COMPONENTS = ("index", "forward", "backward")
+CLASSES = ("local", "intra_node", "inter_node")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Options of the cost model.
+
+    dedup : bool            in-batch de-duplication: a GPU requests each distinct (table, row) once
+                            per iteration (default); off: once per occurrence (TorchRec's assumption)
+    index_bytes : int       bytes per ID in the index exchange (8: int64)
+    allreduce : str         "hierarchical" (intra-node reduce-scatter, inter-node ring, intra-node
+                            all-gather) or "ring" (one flat ring over all GPUs)
+    reservation_bytes : float  per-GPU memory reserved for everything else (bytes)
+    """
+
+    dedup: bool = True
+    index_bytes: int = 8
+    allreduce: str = "hierarchical"
+    reservation_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.allreduce not in ("hierarchical", "ring"):
+            raise ConfigError(f"allreduce must be 'hierarchical' or 'ring', got {self.allreduce!r}")
+        if self.index_bytes <= 0:
+            raise ConfigError(f"index_bytes must be > 0, got {self.index_bytes}")
+        if self.reservation_bytes < 0:
+            raise ConfigError(f"reservation_bytes must be >= 0, got {self.reservation_bytes}")
+
+
+@dataclass
+class Cost:
+    """Cost of one iteration (trace mode: the mean over iterations; peak memory: the max).
+
+    send, recv : {component: float64[G, 3]}   bytes per GPU by link class (local, intra, inter)
+    matrices : {component: float64[G, G]} or None
+    time_s : {component: seconds}; comm_time_s = index + forward + backward + sync
+    row_bytes, buffer_bytes : float64[G]   rows stored in HBM; communication buffers (bytes)
+    host_lookups : float64[G]   row lookups served from GPU g's host memory per iteration (host
+                                memory tier; every requester, the owner included; with
+                                de-duplication once per (source GPU, row) pair)
+    uvm_bytes : float64[G]      bytes moved over GPU g's UVM link per iteration: per host lookup
+                                ``D e`` (forward read) + ``2 (D e + s)`` (backward read-modify-write
+                                of the row and its optimizer state)
+    host_bytes : float64[G]     rows GPU g keeps in host memory (bytes, expected value)
+    """
+
+    topology: Topology
+    send: dict[str, np.ndarray]
+    recv: dict[str, np.ndarray]
+    time_s: dict[str, float]
+    row_bytes: np.ndarray
+    buffer_bytes: np.ndarray
+    reservation_bytes: float = 0.0
+    matrices: dict[str, np.ndarray] | None = None
+    iterations: int = 1
+    mode: str = "trace"
+    dedup: bool = True
+    host_lookups: np.ndarray | None = None
+    uvm_bytes: np.ndarray | None = None
+    host_bytes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        G = self.topology.num_gpus
+        for a in ("host_lookups", "uvm_bytes", "host_bytes"):
+            v = getattr(self, a)
+            setattr(self, a, np.zeros(G) if v is None else np.asarray(v, dtype=np.float64))
+
+    @property
+    def comm_time_s(self) -> float:
+        """Modelled communication time per iteration (seconds)."""
+        return float(sum(self.time_s[c] for c in COMPONENTS))
+
+    @property
+    def uvm_time_s(self) -> float:
+        """Host-memory (UVM) time per iteration: the slowest GPU's ``uvm_bytes / uvm_bw``
+        (seconds; 0 without a host memory tier)."""
+        if not self.uvm_bytes.size or not self.uvm_bytes.any():
+            return 0.0
+        return float((self.uvm_bytes / self.topology.uvm_bw).max())
+
+    @property
+    def iteration_time_s(self) -> float:
+        """``comm_time_s + uvm_time_s`` (seconds per iteration): what a planner minimizes."""
+        return self.comm_time_s + self.uvm_time_s
+
+    @property
+    def host_lookups_total(self) -> float:
+        """Lookups served from host memory per iteration, all GPUs."""
+        return float(self.host_lookups.sum())
+
+    def bytes_by_class(self, component: str) -> dict[str, float]:
+        """Bytes per iteration of one component, summed over GPUs, per link class."""
+        s = self.send[component].sum(axis=0)
+        return {c: float(s[i]) for i, c in enumerate(CLASSES)}
+
+    @property
+    def a2a_bytes(self) -> float:
+        """All-to-all bytes per iteration: index exchange + forward + backward (whole cluster)."""
+        return float(sum(self.send[c].sum() for c in A2A_COMPONENTS))
+
+    @property
+    def intra_node_bytes(self) -> float:
+        return float(sum(self.send[c][:, 1].sum() for c in A2A_COMPONENTS))
+
+    @property
+    def inter_node_bytes(self) -> float:
+        """All-to-all bytes crossing between nodes ("global" traffic)."""
+        return float(sum(self.send[c][:, 2].sum() for c in A2A_COMPONENTS))
+
+    @property
+    def sync_bytes(self) -> float:
+        return float(self.send["sync"].sum())
+
+    @property
+    def peak_memory_per_gpu(self) -> np.ndarray:
+        return self.row_bytes + self.buffer_bytes + self.reservation_bytes
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        """Largest per-GPU memory: rows + communication buffers + reservation (bytes)."""
+        return float(self.peak_memory_per_gpu.max())
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary printed by ``flexshard-stream evaluate --json``."""
+        return {"iterations": self.iterations, "mode": self.mode, "dedup": self.dedup,
+                "bytes_per_iter": {"total": self.a2a_bytes, "intra_node": self.intra_node_bytes,
+                                   "inter_node": self.inter_node_bytes,
+                                   "sync": self.sync_bytes,
+                                   "sync_inter_node": float(self.send["sync"][:, 2].sum()),
+                                   "by_component": {c: self.bytes_by_class(c) for c in COMPONENTS}},
+                "comm_time_s_per_iter": self.comm_time_s,
+                "time_s_per_iter": dict(self.time_s),
+                "host_lookups_per_iter": self.host_lookups_total,
+                "uvm_time_s_per_iter": self.uvm_time_s,
+                "iteration_time_s": self.iteration_time_s,
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "row_bytes_max": float(self.row_bytes.max()),
+                "buffer_bytes_max": float(self.buffer_bytes.max()),
+                "host_bytes_max": float(self.host_bytes.max()) if self.host_bytes.size else 0.0}
+
+
+@dataclass
+class TraceCost:
+    """Trace-mode result: the mean :class:`Cost` plus per-iteration series."""
+
+    mean: Cost
+    per_iteration: dict[str, np.ndarray] = field(default_factory=dict)
+    matrices: list[dict[str, np.ndarray]] | None = None
+    dropped_samples: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.mean.to_json()
+        d["dropped_samples"] = self.dropped_samples
+        return d
+
+
+# ----------------------------------------------------------------------------- shared formulas
+def _class_masks(topo: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lc = topo.link_class_matrix()
+    return lc == 0, lc == 1, lc == 2
+
+
+def _by_class_from_matrix(m: np.ndarray, masks) -> tuple[np.ndarray, np.ndarray]:
+    send = np.stack([(m * k).sum(axis=1) for k in masks], axis=1)
+    recv = np.stack([(m * k).sum(axis=0) for k in masks], axis=1)
+    return send, recv
+
+
+def _a2a_time(topo: Topology, send: np.ndarray, recv: np.ndarray) -> float:
+    """An all-to-all ends when its slowest GPU ends: per GPU the max of intra and inter bytes over
+    that GPU's bandwidths, for what it sends and what it receives."""
+    t = np.maximum.reduce([send[:, 1] / topo.intra_bw, send[:, 2] / topo.inter_bw,
+                           recv[:, 1] / topo.intra_bw, recv[:, 2] / topo.inter_bw])
+    return float(t.max()) if t.size else 0.0
+
+
+def _sync_traffic(topo: Topology, s_global: float, s_node: np.ndarray, model: CostModel,
+                  want_matrix: bool):
+    """All-reduce of replica gradients: ``s_global`` bytes over all GPUs, ``s_node[m]`` bytes over
+    the N copies held by local GPU ``m`` of each node. Returns (send, recv, time, matrix)."""
+    N, M, G = topo.nodes, topo.gpus_per_node, topo.num_gpus
+    g = np.arange(G)
+    node, local = g // M, g % M
+    edges = []  # (src array, dst array, bytes array)
+    if model.allreduce == "hierarchical":
+        if M > 1 and s_global > 0:
+            edges.append((g, node * M + (local + 1) % M, np.full(G, 2 * (M - 1) / M * s_global)))
+        if N > 1 and s_global > 0:
+            edges.append((g, ((node + 1) % N) * M + local, np.full(G, 2 * (N - 1) / N * s_global / M)))
+    elif G > 1 and s_global > 0:
+        edges.append((g, (g + 1) % G, np.full(G, 2 * (G - 1) / G * s_global)))
+    if N > 1 and np.any(s_node > 0):
+        edges.append((g, ((node + 1) % N) * M + local, 2 * (N - 1) / N * s_node[local]))
+    send = np.zeros((G, 3))
+    recv = np.zeros((G, 3))
+    mat = np.zeros((G, G)) if want_matrix else None
+    for src, dst, b in edges:
+        cls = np.where(src == dst, 0, np.where(src // M == dst // M, 1, 2))
+        np.add.at(send, (src, cls), b)
+        np.add.at(recv, (dst, cls), b)
+        if mat is not None:
+            np.add.at(mat, (src, dst), b)
+    # phases run one after the other: intra part then inter part (hierarchical); one ring otherwise
+    t = send[:, 1] / topo.intra_bw + send[:, 2] / topo.inter_bw
+    return send, recv, float(t.max()) if t.size else 0.0, mat
+
+
+def _finish(topo: Topology, a2a: Mapping[str, tuple[np.ndarray, np.ndarray]],
+            sync: tuple[np.ndarray, np.ndarray, float], sync_buffer: np.ndarray,
+            row_bytes: np.ndarray, model: CostModel, matrices, mode: str,
+            host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Cost:
+    send = {c: a2a[c][0] for c in A2A_COMPONENTS}
+    recv = {c: a2a[c][1] for c in A2A_COMPONENTS}
+    send["sync"], recv["sync"] = sync[0], sync[1]
+    time_s = {c: _a2a_time(topo, send[c], recv[c]) for c in A2A_COMPONENTS}
+    time_s["sync"] = sync[2]
+    # buffers materialized by an iteration: index and embedding exchange (sent + received; the
+    # backward reuses the forward's buffers, transposed) plus the replica gradients
+    buf = sum(send[c].sum(axis=1) + recv[c].sum(axis=1) for c in ("index", "forward"))
+    buf = buf + sync_buffer
+    hl, ub, hb = host if host is not None else (None, None, None)
+    return Cost(topo, send, recv, time_s, row_bytes, buf, model.reservation_bytes, matrices,
+                mode=mode, dedup=model.dedup, host_lookups=hl, uvm_bytes=ub, host_bytes=hb)
+
+
+# ----------------------------------------------------------------------------- trace mode
+def _split_features(batch: Batch) -> list[tuple[str, np.ndarray, np.ndarray, int]]:
+    """Per-feature views of a batch; ID ranges are checked inside the trace kernel (one pass)."""
+    offs = batch.key_offsets()
+    bs = batch.batch_size
+    return [(k, batch.values[offs[i]:offs[i + 1]], batch.lengths[i * bs:(i + 1) * bs], -1)
+            for i, k in enumerate(batch.keys)]
+
+
+class _Scratch:
+    """Reusable hash-set scratch of the trace kernel, grown on demand; stamps avoid clearing."""
+
+    def __init__(self, G: int):
+        self.G = G
+        self.set_tab = np.zeros((16, 2), np.int64)
+        self.dp_tab = np.zeros((1, 2), np.int64)
+        self.marks = np.full(G, -1, np.int64)
+        self.stamp = 1
+
+    @staticmethod
+    def _pow2(n: int) -> int:
+        return 1 << max(4, math.ceil(math.log2(2 * n + 1)))
+
+    def ensure(self, block_ids: int, dp_ids: int) -> None:
+        need = self._pow2(block_ids)
+        if need > self.set_tab.shape[0]:
+            self.set_tab = np.zeros((need, 2), np.int64)
+        if dp_ids and self._pow2(dp_ids) > self.dp_tab.shape[0]:
+            self.dp_tab = np.zeros((self._pow2(dp_ids), 2), np.int64)
+
+    def next_stamp(self) -> int:
+        s = self.stamp
+        self.stamp += self.G + 1
+        return s
+
+
+def _table_for_features(plan: Plan) -> dict[str, TablePlan]:
+    out = {}
+    for tp in plan.tables.values():
+        out[tp.table.feature or tp.table.name] = tp
+    return out
+
+
+def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
+                   model: CostModel | None = None, *, keep_matrices: bool = False,
+                   max_iterations: int | None = None, progress=None) -> TraceCost:
+    """Replay ``batches`` through ``plan``: iterations of ``G * batch_size`` samples in order.
+
+    A trailing partial iteration is not evaluated (``dropped_samples``). Features without a table in
+    the plan, IDs out of range or negative, raise :class:`BatchError` before anything is counted for
+    that iteration. ``progress(iterations_done)`` is called after each iteration when given.
+    """
+    model = model or CostModel()
+    topo = plan.topology
+    G, M = topo.num_gpus, topo.gpus_per_node
+    if batch_size <= 0:
+        raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
+    by_feature = _table_for_features(plan)
+    configs = {f: TableConfig(tp.name, tp.table.num_rows, f) for f, tp in by_feature.items()}
+    routers = {f: plan.router(tp.name) for f, tp in by_feature.items()}
+    touch = {f: np.zeros(max(1, r.keys.size), np.int64) for f, r in routers.items()}
+    masks = _class_masks(topo)
+    scratch = _Scratch(G)
+    spi = G * batch_size
+    series: dict[str, list[float]] = {k: [] for k in (
+        "a2a_bytes", "intra_node_bytes", "inter_node_bytes", "sync_bytes", "comm_time_s",
+        "peak_memory_bytes", "host_lookups", "uvm_time_s")}
+    sum_send = {c: np.zeros((G, 3)) for c in COMPONENTS}
+    sum_recv = {c: np.zeros((G, 3)) for c in COMPONENTS}
+    sum_time = {c: 0.0 for c in COMPONENTS}
+    sum_mat = {c: np.zeros((G, G)) for c in COMPONENTS}
+    peak_buf = np.zeros(G)
+    per_iter_mats: list[dict[str, np.ndarray]] | None = [] if keep_matrices else None
+    row_bytes = plan.row_bytes_per_gpu
+    host_bytes = plan.host_bytes_per_gpu
+    sum_host = np.zeros(G)
+    sum_uvm = np.zeros(G)
+    host_cnt = np.zeros(G, np.int64)
+    n_it = 0
+    dropped = 0
+    for it in rebatch(batches, spi):
+        if it.batch_size < spi:
+            dropped = it.batch_size
+            break
+        for k in it.keys:
+            if k not in by_feature:
+                raise BatchError(f"no table in plan {plan.strategy!r} for this feature; "
+                                 f"plan features: {sorted(by_feature)}", feature=k, field="keys")
+        parts = _split_features(it)
+        idx_m = np.zeros((G, G))
+        fwd_m = np.zeros((G, G))
+        s_global = 0.0
+        s_node = np.zeros(M)
+        it_host = np.zeros(G)
+        it_uvm = np.zeros(G)
+        for feat, ids, lens, _ in parts:
+            tp = by_feature[feat]
+            r = routers[feat]
+            block = int(lens.reshape(G, batch_size).sum(axis=1).max()) if lens.size else 0
+            scratch.ensure(block, ids.size if tp.replicated else 0)
+            stamp = scratch.next_stamp()
+            scratch.marks.fill(-1)
+            cnt_idx = np.zeros((G, G), np.int64)
+            cnt_emb = np.zeros((G, G), np.int64)
+            touched_node = np.zeros(M, np.int64)
+            if tp.has_host_tier:  # the kernel counts host lookups (compiled apart)
+                host_cnt.fill(0)
+                tg = table_traffic(ids, lens, batch_size, M, tp.table.num_rows, r.keys, r.vals,
+                                   r.used, r.lg, r.cold_kind, r.gpus, r.bounds, r.seed, model.dedup,
+                                   tp.table.kind == "pooled", scratch.set_tab, stamp, touch[feat],
+                                   scratch.dp_tab, scratch.marks, cnt_idx, cnt_emb, touched_node,
+                                   tp.hbm_fraction, host_cnt)
+            else:
+                tg = table_traffic(ids, lens, batch_size, M, tp.table.num_rows, r.keys, r.vals,
+                                   r.used, r.lg, r.cold_kind, r.gpus, r.bounds, r.seed, model.dedup,
+                                   tp.table.kind == "pooled", scratch.set_tab, stamp, touch[feat],
+                                   scratch.dp_tab, scratch.marks, cnt_idx, cnt_emb, touched_node)
+            if tg < 0:  # an ID out of range: the kernel stopped; name it (nothing was counted)
+                validate_batch(it, configs)
+                raise BatchError(f"ID {int(ids[-tg - 1])} out of range", feature=feat,
+                                 field="values", position=int(-tg - 1))
+            eb = float(tp.table.embedding_bytes)
+            idx_m += cnt_idx * float(model.index_bytes)
+            fwd_m += cnt_emb.T * eb          # embeddings flow owner -> requester
+            s_global += tg * eb
+            s_node += touched_node * eb
+            if tp.has_host_tier:
+                it_host += host_cnt
+                it_uvm += host_cnt * float(tp.table.embedding_bytes + 2 * tp.table.row_bytes)
+        bwd_m = fwd_m.T                      # gradients flow requester -> owner
+        a2a = {}
+        for c, m in (("index", idx_m), ("forward", fwd_m), ("backward", bwd_m)):
+            a2a[c] = _by_class_from_matrix(m, masks)
+        ss, sr, st, smat = _sync_traffic(topo, s_global, s_node, model,
+                                          want_matrix=True)
+        sync_buf = np.full(G, s_global) + s_node[np.arange(G) % M]
+        cost = _finish(topo, a2a, (ss, sr, st), sync_buf, row_bytes, model, None, "trace",
+                       (it_host, it_uvm, host_bytes))
+        sum_host += it_host
+        sum_uvm += it_uvm
+        for c in COMPONENTS:
+            sum_send[c] += cost.send[c]
+            sum_recv[c] += cost.recv[c]
+            sum_time[c] += cost.time_s[c]
+        for c, m in (("index", idx_m), ("forward", fwd_m), ("backward", bwd_m), ("sync", smat)):
+            sum_mat[c] += m
+        if per_iter_mats is not None:
+            per_iter_mats.append({"index": idx_m, "forward": fwd_m, "backward": bwd_m,
+                                  "sync": smat})
+        peak_buf = np.maximum(peak_buf, cost.buffer_bytes)
+        series["a2a_bytes"].append(cost.a2a_bytes)
+        series["intra_node_bytes"].append(cost.intra_node_bytes)
+        series["inter_node_bytes"].append(cost.inter_node_bytes)
+        series["sync_bytes"].append(cost.sync_bytes)
+        series["comm_time_s"].append(cost.comm_time_s)
+        series["peak_memory_bytes"].append(cost.peak_memory_bytes)
+        series["host_lookups"].append(cost.host_lookups_total)
+        series["uvm_time_s"].append(cost.uvm_time_s)
+        n_it += 1
+        if progress is not None:
+            progress(n_it)
+        if max_iterations is not None and n_it >= max_iterations:
+            break
+    k = max(n_it, 1)
+    mean = Cost(topo, {c: sum_send[c] / k for c in COMPONENTS},
+                {c: sum_recv[c] / k for c in COMPONENTS}, {c: sum_time[c] / k for c in COMPONENTS},
+                row_bytes, peak_buf, model.reservation_bytes,
+                {c: sum_mat[c] / k for c in COMPONENTS}, iterations=n_it, mode="trace",
+                dedup=model.dedup, host_lookups=sum_host / k, uvm_bytes=sum_uvm / k,
+                host_bytes=host_bytes)
+    return TraceCost(mean, {k2: np.asarray(v) for k2, v in series.items()}, per_iter_mats, dropped)
+
+
+# ----------------------------------------------------------------------------- analytic mode
+_TOPS: list = []   # one entry: (key, the summaries, (offsets, IDs, probabilities))
+
+
+def _sorted_tops(sums: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The summaries' top rows concatenated, sorted by ID within each table (the analytic kernel
+    merges them with the plan's sorted special rows), with their access probabilities. Cached
+    for the last list of summaries: the planner prices many plans against the same ones."""
+    key = tuple((id(s), s.total, s.top_ids.size) for s in sums)
+    entry = _TOPS[0] if _TOPS else None   # one read: other threads may replace the entry
+    if entry is not None and entry[0] == key:
+        return entry[2]
+    ids, ps, off = [], [], [0]
+    for s in sums:
+        o = np.argsort(s.top_ids, kind="stable")
+        ids.append(s.top_ids[o])
+        ps.append(s.top_est[o] / s.total if s.total else np.zeros(s.top_ids.size))
+        off.append(off[-1] + s.top_ids.size)
+    val = (np.asarray(off, np.int64),
+           np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64),
+           np.concatenate(ps).astype(np.float64) if ps else np.zeros(0))
+    _TOPS[:] = [(key, list(sums), val)]   # the summaries are kept, so their ids are not reused
+    return val
+
+
+def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size: int,
+                      model: CostModel | None = None, *, mean_lengths: Mapping[str, float] | None
+                      = None, want_matrices: bool | None = None) -> Cost:
+    """Expected cost per iteration from frequency summaries (keyed by table name or feature).
+
+    Per row ``r``: ``lambda_r = G * B * L * p_r`` expected lookups per iteration, spread evenly over
+    the GPUs. With de-duplication GPU ``src`` requests row ``r`` with probability
+    ``1 - exp(-lambda_r / G)``; without, ``lambda_r / G`` times. Tail rows (beyond the summary's top)
+    share the tail mass evenly and are spread over the cold GPUs in proportion to the rows each
+    holds. Pooled tables send one partial sum per (sample, owner) pair: ``B * (1 - exp(-L * q_dst))``
+    with ``q_dst`` the probability mass owned by ``dst``. All tables go through one Numba call
+    (``kernels/analytic.py``); matrices are built only for G <= 512 (or when asked), the per-GPU sums
+    come from closed forms in O(G) per table.
+
+    Host memory tier: a host row ``r`` owned by ``g`` adds ``G * (1 - exp(-lambda_r / G))`` host
+    lookups at ``g`` with de-duplication (every GPU, ``g`` included, requests it), ``lambda_r``
+    without; explicit top rows by their own hash test, tail rows with probability ``1 - f[g]``.
+    """
+    model = model or CostModel()
+    topo = plan.topology
+    G, M = topo.num_gpus, topo.gpus_per_node
+    if batch_size <= 0:
+        raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
+    want = G <= 512 if want_matrices is None else want_matrices
+    T = len(plan.tables)
+    tail_p, tail_rows, mean_len = np.zeros(T), np.zeros(T), np.zeros(T)
+    by_name = summaries_by_table([tp.table for tp in plan.tables.values()], summaries)
+    sums = []
+    for i, (name, tp) in enumerate(plan.tables.items()):
+        s = by_name[name]
+        sums.append(s)
+        tail_p[i] = s.tail_probability()
+        tail_rows[i] = s.tail_rows if s.total else 0.0
+        mean_len[i] = (mean_lengths or {}).get(name, s.mean_length) or 1.0
+    f = plan.flat
+    idx_cold, emb_cold, emb_node = np.zeros(G), np.zeros(G), np.zeros(G)
+    idx_node, s_node = np.zeros(M), np.zeros(M)
+    host_lk, uvm_b = np.zeros(G), np.zeros(G)
+    s_global = analytic_traffic(
+        G, M, float(batch_size), model.dedup, f["sp_off"], f["sp_ids"], f["sp_codes"],
+        f["layout"], f["num_rows"], f["emb_bytes"], f["pooled"], f["lay_kind"], f["lay_off"],
+        f["lay_gpus"], f["lay_w"], f["lay_boff"], f["lay_bounds"], f["lay_seed"],
+        *_sorted_tops(sums), tail_p, tail_rows, mean_len, idx_cold, idx_node, emb_cold, emb_node, s_node,
+        f["hf_off"], f["hf"], f["uvm_lookup_bytes"], host_lk, uvm_b)
+    ib = float(model.index_bytes)
+    idx_node_g = idx_node[np.arange(G) % M]
+    a2a = {"index": _structured(topo, idx_cold * ib, idx_node_g * ib),
+           "forward": _structured(topo, emb_cold, emb_node, transpose=True),
+           "backward": _structured(topo, emb_cold, emb_node)}
+    matrices = None
+    if want:
+        matrices = {"index": _structured_matrix(topo, idx_cold * ib, idx_node_g * ib),
+                    "backward": _structured_matrix(topo, emb_cold, emb_node)}
+        matrices["forward"] = matrices["backward"].T.copy()
+    ss, sr, st, smat = _sync_traffic(topo, s_global, s_node, model, want_matrix=want)
+    if matrices is not None:
+        matrices["sync"] = smat
+    sync_buf = np.full(G, s_global) + s_node[np.arange(G) % M]
+    return _finish(topo, a2a, (ss, sr, st), sync_buf, plan.row_bytes_per_gpu, model, matrices,
+                   "analytic", (host_lk, uvm_b, plan.host_bytes_per_gpu))
+
+
+def _structured(topo: Topology, c: np.ndarray, cn: np.ndarray, transpose: bool = False):
+    """Per-GPU (send, recv) by class for the matrix ``A[src, dst] = c[dst]`` (src != dst) plus
+    ``cn[dst]`` for src != dst in the same node; transposed for the forward direction."""
+    G, N, M = topo.num_gpus, topo.nodes, topo.gpus_per_node
+    g = np.arange(G)
+    node = g // M
+    node_sum = c.reshape(N, M).sum(axis=1)
+    cn_sum = cn.reshape(N, M).sum(axis=1)
+    total = c.sum()
+    # requester side (sends requests / index; receives embeddings in forward)
+    req_intra = node_sum[node] - c + cn_sum[node] - cn
+    req_inter = total - node_sum[node]
+    # owner side
+    own_intra = (M - 1) * (c + cn)
+    own_inter = (G - M) * c
+    z = np.zeros(G)
+    requester = np.stack([z, req_intra, req_inter], axis=1)
+    owner = np.stack([z, own_intra, own_inter], axis=1)
+    return (owner, requester) if transpose else (requester, owner)
+
+
+def _structured_matrix(topo: Topology, c: np.ndarray, cn: np.ndarray) -> np.ndarray:
+    G, M = topo.num_gpus, topo.gpus_per_node
+    m = np.tile(c, (G, 1))
+    node = np.arange(G) // M
+    same = node[:, None] == node[None, :]
+    m = m + same * cn[None, :]
+    np.fill_diagonal(m, 0.0)
+    return m

@@ -1,0 +1,631 @@
+"""The one plan type: per table, the tiers of a FlexShard plan plus a deterministic cold-owner function.
+
+Tiers (DESIGN.md section 3), as explicit sorted ID arrays where rows are chosen individually:
+
+- ``global_ids``: tier 0, replicated on every GPU (lookups never leave the GPU);
+- ``node_ids`` with ``node_local``: tier 1, one copy per node, row ``node_ids[i]`` on local GPU
+  ``node_local[i]`` of every node (lookups never leave the node);
+- ``placed_ids`` with ``placed_gpus``: cold rows placed explicitly (by load, not by hash);
+- every other ID: the cold function :class:`ColdSharding` (hash, range or weighted range over a set
+  of GPUs, or ``replicated`` for data-parallel tables).
+
+Host memory tier (RecShard, ``hbm_fraction``, float64[G] or empty): replicas and placed rows always sit
+in HBM; with a non-empty ``hbm_fraction`` every other cold row ``r`` owned by GPU ``g`` sits in HBM iff
+``host_u(r) < hbm_fraction[g]`` (``kernels/hashing.host_u``, a fixed uniform hash of the row ID), else
+in the host memory of ``g``'s node, read over UVM. Routing does not depend on it. An empty array (the
+default) keeps every row in HBM. See docs/COST_MODEL.md, "Host memory tier (RecShard)".
+
+Every baseline (table-wise, row-wise, table-row-wise, data-parallel, HugeCTR hybrid) and the FlexShard
+planner produce this type; the evaluator, re-sharder and replay consume it; ``route`` is the single
+routing function. Plans are saved as a directory: ``plan.json`` plus ``.npy`` ID arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from ..errors import ConfigError, FormatError
+from ..formats.container import replace_directory
+from ..formats.files import jsonable
+from ..kernels.hashing import host_u_np
+from ..kernels.routing import (
+    COLD_HASH,
+    COLD_RANGE,
+    COLD_REPLICATED,
+    cumulative_weights,
+    hash_owner_counts,
+    map_build,
+    range_bounds,
+    route_ids,
+)
+from .tables import EmbeddingTable
+from .topology import Topology
+
+__all__ = ["ColdSharding", "TablePlan", "Plan", "Router", "PLAN_SCHEMA_VERSION"]
+
+PLAN_SCHEMA_VERSION = 1
+_COLD_KINDS = {"hash": COLD_HASH, "range": COLD_RANGE, "replicated": COLD_REPLICATED}
+_EXACT_HASH_COUNT_ROWS = 1 << 24
+
+
+def _sorted_unique_ids(a: Any, what: str, table: str, num_rows: int) -> np.ndarray:
+    arr = np.ascontiguousarray(np.asarray(a if a is not None else [], dtype=np.int64).ravel())
+    if arr.size:
+        if np.any(arr[1:] <= arr[:-1]):
+            raise ConfigError(f"table {table!r}: {what} must be sorted and unique")
+        if arr[0] < 0 or arr[-1] >= num_rows:
+            raise ConfigError(f"table {table!r}: {what} must lie in [0, {num_rows}); "
+                              f"got {int(arr[0])}..{int(arr[-1])}")
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class ColdSharding:
+    """How the rows without an explicit placement are spread.
+
+    kind : "hash" | "range" | "replicated"
+    gpus : int32[n]   GPUs holding the cold rows, in order
+    bounds : int64[n + 1]   for "range": GPU ``gpus[j]`` holds rows ``[bounds[j], bounds[j + 1])``
+        (unequal widths make a weighted range); empty otherwise
+    seed : int   for "hash": ``gpus[mix64(id, seed) % n]``
+    """
+
+    kind: str
+    gpus: np.ndarray
+    bounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    seed: int = 0
+    weights: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+
+    def __post_init__(self) -> None:
+        if self.kind not in _COLD_KINDS:
+            raise ConfigError(f"cold sharding kind must be one of {sorted(_COLD_KINDS)}, "
+                              f"got {self.kind!r}")
+        object.__setattr__(self, "gpus", np.ascontiguousarray(self.gpus, dtype=np.int32).ravel())
+        object.__setattr__(self, "bounds", np.ascontiguousarray(self.bounds, dtype=np.int64).ravel())
+        object.__setattr__(self, "weights",
+                           np.ascontiguousarray(self.weights, dtype=np.float64).ravel())
+        if self.weights.size and (self.kind != "range" or self.weights.size != self.gpus.size
+                                  or not np.array_equal(self.bounds,
+                                                        range_bounds(self.weights,
+                                                                     int(self.bounds[-1])))):
+            raise ConfigError("range weights must be one per GPU and give exactly the bounds")
+        if self.kind != "replicated" and self.gpus.size == 0:
+            raise ConfigError("cold sharding needs at least one GPU")
+        if self.kind == "range":
+            b = self.bounds
+            if b.size != self.gpus.size + 1:
+                raise ConfigError(f"range sharding needs {self.gpus.size + 1} bounds, got {b.size}")
+            if b[0] != 0 or np.any(b[1:] < b[:-1]):
+                raise ConfigError("range bounds must start at 0 and not decrease")
+
+    @classmethod
+    def hashed(cls, gpus: Iterable[int], seed: int = 0) -> "ColdSharding":
+        return cls("hash", np.asarray(list(gpus)), seed=seed)
+
+    @classmethod
+    def ranges(cls, gpus: Iterable[int], num_rows: int,
+               weights: Iterable[float] | None = None) -> "ColdSharding":
+        """Contiguous ranges over ``[0, num_rows)``, equal or proportional to ``weights``."""
+        g = np.asarray(gpus if isinstance(gpus, np.ndarray) else list(gpus), dtype=np.int32)
+        if weights is None:
+            w = np.ones(g.size)
+        else:
+            w = np.asarray(weights if isinstance(weights, np.ndarray) else list(weights),
+                           dtype=np.float64)
+            if w.size != g.size or np.any(~(w >= 0)) or w.sum() <= 0:
+                raise ConfigError("range weights must be one non-negative number per GPU")
+        return cls("range", g, range_bounds(w, int(num_rows)), weights=w)
+
+    @classmethod
+    def replicated(cls) -> "ColdSharding":
+        return cls("replicated", np.zeros(0, np.int32))
+
+    @cached_property
+    def layout_key(self) -> tuple:
+        """Content key under which cold functions share one layout in ``Plan.flat``: weighted
+        ranges by (GPUs, weights), whatever the table size (bounds are recomputed per table from
+        the cumulative weights); explicit bounds and hashes by their own arrays. Computed once per
+        object (tables on thousands of GPUs share these objects)."""
+        if self.kind == "range" and self.weights.size:
+            return (3, self.gpus.tobytes(), self.weights.tobytes())
+        if self.kind == "range":
+            return (1, self.gpus.tobytes(), self.bounds.tobytes())
+        return (_COLD_KINDS[self.kind], self.gpus.tobytes(), self.seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "gpus": self.gpus.tolist(), "bounds": self.bounds.tolist(),
+                "seed": int(self.seed), "weights": self.weights.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ColdSharding":
+        return cls(d["kind"], np.asarray(d["gpus"], dtype=np.int32),
+                   np.asarray(d.get("bounds", []), dtype=np.int64), int(d.get("seed", 0)),
+                   np.asarray(d.get("weights", []), dtype=np.float64))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, ColdSharding) and self.kind == other.kind
+                and np.array_equal(self.gpus, other.gpus)
+                and np.array_equal(self.bounds, other.bounds) and self.seed == other.seed)
+
+
+@dataclass(frozen=True, eq=False)
+class TablePlan:
+    """The placement of one embedding table (see the module docstring for the tiers)."""
+
+    table: EmbeddingTable
+    cold: ColdSharding
+    global_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    node_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    node_local: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    placed_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    placed_gpus: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    hbm_fraction: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+
+    def __post_init__(self) -> None:
+        t = self.table
+        try:
+            hf = np.ascontiguousarray(np.asarray(self.hbm_fraction if self.hbm_fraction is not None
+                                                 else [], dtype=np.float64).ravel())
+        except (TypeError, ValueError):
+            raise ConfigError(f"table {t.name!r}: hbm_fraction must be an array of numbers in "
+                              f"[0, 1], got {self.hbm_fraction!r}") from None
+        if hf.size:
+            if self.cold.kind == "replicated":
+                raise ConfigError(f"table {t.name!r}: a data-parallel (replicated) table cannot "
+                                  f"have a host memory tier (hbm_fraction must be empty)")
+            bad = np.flatnonzero(~((hf >= 0.0) & (hf <= 1.0)))
+            if bad.size:
+                raise ConfigError(f"table {t.name!r}: hbm_fraction must lie in [0, 1]; GPU "
+                                  f"{int(bad[0])} has {float(hf[bad[0]])!r}")
+        object.__setattr__(self, "hbm_fraction", hf)
+        for name in ("global_ids", "node_ids", "placed_ids"):
+            object.__setattr__(self, name, _sorted_unique_ids(getattr(self, name), name, t.name,
+                                                              t.num_rows))
+        nl = np.ascontiguousarray(np.asarray(self.node_local, dtype=np.int32).ravel())
+        pg = np.ascontiguousarray(np.asarray(self.placed_gpus, dtype=np.int32).ravel())
+        if nl.size != self.node_ids.size:
+            raise ConfigError(f"table {t.name!r}: {nl.size} node_local entries for "
+                              f"{self.node_ids.size} node_ids")
+        if pg.size != self.placed_ids.size:
+            raise ConfigError(f"table {t.name!r}: {pg.size} placed_gpus for "
+                              f"{self.placed_ids.size} placed_ids")
+        object.__setattr__(self, "node_local", nl)
+        object.__setattr__(self, "placed_gpus", pg)
+        tiers = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
+        tiers.sort()
+        if tiers.size > 1 and np.any(tiers[1:] == tiers[:-1]):
+            raise ConfigError(f"table {t.name!r}: global, node and placed rows must be disjoint")
+        if self.cold.kind == "range" and self.cold.bounds[-1] < t.num_rows:
+            raise ConfigError(f"table {t.name!r}: range bounds end at {int(self.cold.bounds[-1])} "
+                              f"but the table has {t.num_rows} rows")
+
+    @property
+    def name(self) -> str:
+        return self.table.name
+
+    @cached_property
+    def special_sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rows with an explicit placement, sorted, and their routing codes (int32): -1 global,
+        -2 - m node replica on local GPU m, g placed on GPU g. Computed once per object."""
+        ids = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
+        codes = np.concatenate([np.full(self.global_ids.size, -1, np.int32),
+                                (-2 - self.node_local).astype(np.int32),
+                                self.placed_gpus.astype(np.int32)])
+        if ids.size:
+            order = np.argsort(ids, kind="stable")
+            ids, codes = ids[order], codes[order]
+        ids.flags.writeable = False   # shared by every user of this TablePlan
+        codes.flags.writeable = False
+        return ids, codes
+
+    @property
+    def replicated(self) -> bool:
+        """Data parallel: every row on every GPU."""
+        return self.cold.kind == "replicated"
+
+    @property
+    def has_host_tier(self) -> bool:
+        """Some cold rows may sit in host memory (``hbm_fraction`` given)."""
+        return self.hbm_fraction.size > 0
+
+    def in_hbm(self, ids: Any, owners: Any) -> np.ndarray:
+        """Whether each cold row ``ids[k]`` owned by GPU ``owners[k]`` sits in HBM (bool array).
+
+        For rows routed by the cold function only (replicas and placed rows are always in HBM);
+        everything is in HBM without a host tier."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not self.has_host_tier:
+            return np.ones(ids.shape, dtype=bool)
+        return host_u_np(ids) < self.hbm_fraction[np.asarray(owners, dtype=np.int64)]
+
+    def tier_sizes(self) -> dict[str, int]:
+        """Rows per tier (``cold`` includes placed rows)."""
+        H = self.table.num_rows
+        if self.replicated:
+            return {"global": H, "node": 0, "cold": 0, "placed": 0}
+        k0, k1 = self.global_ids.size, self.node_ids.size
+        return {"global": k0, "node": k1, "cold": H - k0 - k1, "placed": int(self.placed_ids.size)}
+
+    def check_topology(self, topo: Topology) -> None:
+        G, M = topo.num_gpus, topo.gpus_per_node
+        t = self.table.name
+        if self.node_local.size and (self.node_local.min() < 0 or self.node_local.max() >= M):
+            raise ConfigError(f"table {t!r}: node_local must lie in [0, {M})")
+        for what, g in (("placed_gpus", self.placed_gpus), ("cold gpus", self.cold.gpus)):
+            if g.size and (g.min() < 0 or g.max() >= G):
+                raise ConfigError(f"table {t!r}: {what} must lie in [0, {G})")
+        if self.hbm_fraction.size and self.hbm_fraction.size != G:
+            raise ConfigError(f"table {t!r}: hbm_fraction has {self.hbm_fraction.size} values; "
+                              f"one per GPU expected ({G}), or none (no host memory tier)")
+
+    def rows_per_gpu(self, topo: Topology) -> np.ndarray:
+        """Rows stored by each GPU (int64[G]), in HBM or (host memory tier) in its host memory."""
+        G, M = topo.num_gpus, topo.gpus_per_node
+        H = self.table.num_rows
+        if self.replicated:
+            return np.full(G, H, dtype=np.int64)
+        rows = np.full(G, self.global_ids.size, dtype=np.int64)
+        per_local = np.bincount(self.node_local, minlength=M).astype(np.int64)
+        rows += np.tile(per_local, topo.nodes)
+        rows += np.bincount(self.placed_gpus, minlength=G)
+        special = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
+        special.sort()
+        c = self.cold
+        n = c.gpus.size
+        if c.kind == "range":
+            counts = np.diff(c.bounds).astype(np.int64)
+            counts[-1] += max(0, H - int(c.bounds[-1]))
+            inside = np.searchsorted(c.bounds, special, side="right") - 1
+            inside = np.clip(inside, 0, n - 1)
+            counts -= np.bincount(inside, minlength=n)
+        elif H <= _EXACT_HASH_COUNT_ROWS:
+            counts = hash_owner_counts(H, n, np.uint64(c.seed), special)
+        else:  # expected value; the hash balances to ~1e-4 relative at this size
+            counts = np.full(n, (H - special.size) // n, dtype=np.int64)
+            counts[: (H - special.size) % n] += 1
+        rows += np.bincount(c.gpus, weights=counts, minlength=G).astype(np.int64)
+        return rows
+
+    def host_rows_per_gpu(self, topo: Topology) -> np.ndarray:
+        """Expected rows each GPU keeps in host memory (float64[G]): ``(1 - f[g])`` times its cold
+        rows that are not placed (the hash split counted by its expected value); zeros without a
+        host tier."""
+        G = topo.num_gpus
+        if not self.has_host_tier:
+            return np.zeros(G)
+        cold = (self.rows_per_gpu(topo) - Plan._non_cold_rows(self, topo)).astype(np.float64)
+        return (1.0 - self.hbm_fraction) * cold
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"table": self.table.name, "cold": self.cold.to_dict(), "tiers": self.tier_sizes()}
+        if self.has_host_tier:
+            d["hbm_fraction"] = self.hbm_fraction.tolist()
+        return d
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TablePlan):
+            return NotImplemented
+        return (self.table == other.table and self.cold == other.cold
+                and all(np.array_equal(getattr(self, a), getattr(other, a))
+                        for a in ("global_ids", "node_ids", "node_local", "placed_ids",
+                                  "placed_gpus", "hbm_fraction")))
+
+
+class Router:
+    """The compiled routing of one table: special-row map plus cold function (Numba arrays)."""
+
+    def __init__(self, tp: TablePlan, topo: Topology):
+        ids, codes = tp.special_sorted
+        self.num_special = int(ids.size)
+        self.lg = max(1, math.ceil(math.log2(2 * ids.size + 1))) if ids.size else 0
+        if ids.size:
+            self.keys, self.vals, self.used = map_build(ids, codes, self.lg)
+        else:
+            self.keys = np.zeros(0, np.int64)
+            self.vals = np.zeros(0, np.int32)
+            self.used = np.zeros(0, np.bool_)
+        self.cold_kind = _COLD_KINDS[tp.cold.kind]
+        self.gpus = tp.cold.gpus if tp.cold.gpus.size else np.zeros(1, np.int32)
+        self.bounds = tp.cold.bounds if tp.cold.bounds.size else np.zeros(1, np.int64)
+        self.seed = np.uint64(tp.cold.seed)
+        self.gpus_per_node = topo.gpus_per_node
+
+    def route(self, ids: np.ndarray, srcs: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        srcs = np.ascontiguousarray(np.broadcast_to(srcs, ids.shape), dtype=np.int64)
+        return route_ids(ids, srcs, self.keys, self.vals, self.used, self.lg, self.cold_kind,
+                         self.gpus, self.bounds, self.seed, self.gpus_per_node,
+                         np.empty(ids.size, np.int32))
+
+
+class Plan:
+    """A placement of every table on a topology.
+
+    Parameters
+    ----------
+    strategy : str            "rw", "tw", "twrw", "dp", "hugectr", "flexshard", ...
+    topology : Topology
+    tables : iterable of TablePlan (one per table, unique names)
+    meta : dict               free-form JSON-able facts (parameters, estimates, where memory came from)
+    """
+
+    def __init__(self, strategy: str, topology: Topology, tables: Iterable[TablePlan],
+                 meta: Mapping[str, Any] | None = None):
+        self.strategy = str(strategy)
+        self.topology = topology
+        self.tables: dict[str, TablePlan] = {}
+        for tp in tables:
+            if tp.name in self.tables:
+                raise ConfigError(f"table {tp.name!r} appears twice in the plan")
+            if tp.__dict__.get("_checked_for") is not topology:   # reused tables: checked once
+                tp.check_topology(topology)
+                tp.__dict__["_checked_for"] = topology
+            self.tables[tp.name] = tp
+        self.meta: dict[str, Any] = dict(meta or {})
+        self._routers: dict[str, Router] = {}
+
+    # ---------------------------------------------------------------- routing
+    def router(self, table: str) -> Router:
+        if table not in self._routers:
+            self._routers[table] = Router(self[table], self.topology)
+        return self._routers[table]
+
+    def route(self, table: str, ids: Any, src_gpu: Any) -> np.ndarray:
+        """Owner GPU (int32) serving each of ``ids`` of ``table`` for requester(s) ``src_gpu``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        tp = self[table]
+        if ids.size and (ids.min() < 0 or ids.max() >= tp.table.num_rows):
+            raise ConfigError(f"table {table!r}: IDs must lie in [0, {tp.table.num_rows})")
+        src = np.asarray(src_gpu, dtype=np.int64)
+        if src.size and (src.min() < 0 or src.max() >= self.topology.num_gpus):
+            raise ConfigError(f"src_gpu must lie in [0, {self.topology.num_gpus})")
+        return self.router(table).route(ids, src)
+
+    def __getitem__(self, table: str) -> TablePlan:
+        try:
+            return self.tables[table]
+        except KeyError:
+            raise KeyError(f"no table {table!r} in the plan; have {sorted(self.tables)}") from None
+
+    # ----------------------------------------------------------------- memory
+    def rows_per_gpu(self) -> dict[str, np.ndarray]:
+        return {n: tp.rows_per_gpu(self.topology) for n, tp in self.tables.items()}
+
+    @property
+    def has_host_tier(self) -> bool:
+        """Some table keeps cold rows in host memory."""
+        return any(tp.has_host_tier for tp in self.tables.values())
+
+    @property
+    def row_bytes_per_gpu(self) -> np.ndarray:
+        """Bytes of rows (embeddings plus optimizer state) each GPU stores in HBM (float64[G]).
+
+        Without a host memory tier equal to ``sum(tp.rows_per_gpu(topo) * row_bytes)``; with one,
+        the cold rows that are not placed count ``hbm_fraction[g]`` of their bytes (expected value of
+        the hash split), the rest is in :attr:`host_bytes_per_gpu`. Range-sharded cold rows are
+        counted in one Numba pass over all tables (thousands of tables on thousands of GPUs).
+        """
+        return self._memory[0]
+
+    @property
+    def host_bytes_per_gpu(self) -> np.ndarray:
+        """Expected bytes of rows each GPU keeps in host memory (float64[G]; zeros without a host
+        memory tier): ``sum_t (1 - f_t[g]) * (cold rows of t on g that are not placed) * row_bytes``.
+        The GPUs of a node share its ``topology.host_memory_bytes``."""
+        return self._memory[1]
+
+    @cached_property
+    def _memory(self) -> tuple[np.ndarray, np.ndarray]:
+        from ..kernels.analytic import cold_row_counts
+        topo = self.topology
+        G, M = topo.num_gpus, topo.gpus_per_node
+        out = np.zeros(G)
+        host = np.zeros(G)
+        everywhere = 0.0
+        node_acc = np.zeros(M)
+        rbs = np.zeros(len(self.tables))
+        for i, tp in enumerate(self.tables.values()):
+            rb = rbs[i] = float(tp.table.row_bytes)
+            if tp.replicated:
+                everywhere += tp.table.num_rows * rb
+                continue
+            everywhere += tp.global_ids.size * rb
+            if tp.node_ids.size:
+                node_acc += np.bincount(tp.node_local, minlength=M) * rb
+            if tp.placed_ids.size:
+                out += np.bincount(tp.placed_gpus, minlength=G) * rb
+            if tp.cold.kind == "hash":
+                cold = (tp.rows_per_gpu(topo) - self._non_cold_rows(tp, topo)) * rb
+                if tp.has_host_tier:
+                    out += tp.hbm_fraction * cold
+                    host += (1.0 - tp.hbm_fraction) * cold
+                else:
+                    out += cold
+        f = self.flat
+        cold_row_counts(G, f["layout"], f["num_rows"], rbs, f["lay_kind"], f["lay_off"],
+                        f["lay_gpus"], f["lay_boff"], f["lay_bounds"], f["sp_off"], f["sp_ids"],
+                        out, f["hf_off"], f["hf"], host)
+        out += everywhere
+        out += np.tile(node_acc, topo.nodes)
+        return out, host
+
+    @staticmethod
+    def _non_cold_rows(tp: TablePlan, topo: Topology) -> np.ndarray:
+        """Rows per GPU from tiers and placements only (what rows_per_gpu adds besides cold)."""
+        G, M = topo.num_gpus, topo.gpus_per_node
+        rows = np.full(G, tp.global_ids.size, dtype=np.int64)
+        rows += np.tile(np.bincount(tp.node_local, minlength=M).astype(np.int64), topo.nodes)
+        rows += np.bincount(tp.placed_gpus, minlength=G)
+        return rows
+
+    def tier_sizes(self) -> dict[str, dict[str, int]]:
+        return {n: tp.tier_sizes() for n, tp in self.tables.items()}
+
+    @cached_property
+    def flat(self) -> dict[str, np.ndarray]:
+        """All tables flattened into concatenated arrays with per-table offsets (plan order), cold
+        functions shared as layouts (one per distinct ColdSharding object), for kernels that process
+        many tables in one call (``kernels/analytic.py``). Host memory tier: ``hf[hf_off[t]:
+        hf_off[t + 1]]`` is table t's ``hbm_fraction`` (G values, or none without a tier);
+        ``uvm_lookup_bytes[t] = D e + 2 (D e + s)`` bytes moved over UVM per host lookup."""
+        sp_ids, sp_codes, sp_off = [], [], [0]
+        layout, rows, eb, pooled = [], [], [], []
+        hf, hf_off, ulb = [], [0], []
+        lay_of: dict[tuple, int] = {}
+        lk, lg, lw, lb, ls, loff, lboff = [], [], [], [], [], [0], [0]
+        for tp in self.tables.values():
+            ids, codes = tp.special_sorted
+            sp_ids.append(ids)
+            sp_codes.append(codes)
+            sp_off.append(sp_off[-1] + ids.size)
+            c = tp.cold
+            key = c.layout_key
+            li = lay_of.get(key)
+            if li is None:
+                li = lay_of[key] = len(lk)
+                lk.append(key[0])
+                lg.append(c.gpus.astype(np.int64))
+                if key[0] == 3:
+                    lw.append(c.weights)
+                    lb.append(cumulative_weights(c.weights))
+                elif key[0] == 1:
+                    lw.append(np.diff(c.bounds).astype(np.float64))
+                    lb.append(c.bounds.astype(np.float64))
+                else:
+                    lw.append(np.ones(c.gpus.size))
+                    lb.append(np.zeros(0))
+                ls.append(c.seed)
+                loff.append(loff[-1] + c.gpus.size)
+                lboff.append(lboff[-1] + lb[-1].size)
+            layout.append(li)
+            rows.append(tp.table.num_rows)
+            eb.append(float(tp.table.embedding_bytes))
+            pooled.append(tp.table.kind == "pooled")
+            hf.append(tp.hbm_fraction)
+            hf_off.append(hf_off[-1] + tp.hbm_fraction.size)
+            ulb.append(float(tp.table.embedding_bytes + 2 * tp.table.row_bytes))
+
+        def cat(parts, dtype):
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+        return {"sp_off": np.asarray(sp_off, np.int64), "sp_ids": cat(sp_ids, np.int64),
+                "sp_codes": cat(sp_codes, np.int32), "layout": np.asarray(layout, np.int64),
+                "num_rows": np.asarray(rows, np.int64), "emb_bytes": np.asarray(eb, np.float64),
+                "pooled": np.asarray(pooled, np.bool_), "lay_kind": np.asarray(lk, np.int64),
+                "lay_off": np.asarray(loff, np.int64), "lay_gpus": cat(lg, np.int64),
+                "lay_w": cat(lw, np.float64), "lay_boff": np.asarray(lboff, np.int64),
+                "lay_bounds": cat(lb, np.float64), "lay_seed": np.asarray(ls, np.uint64),
+                "hf_off": np.asarray(hf_off, np.int64), "hf": cat(hf, np.float64),
+                "uvm_lookup_bytes": np.asarray(ulb, np.float64)}
+
+    # -------------------------------------------------------------- equality
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return (self.strategy == other.strategy and self.topology == other.topology
+                and list(self.tables) == list(other.tables)
+                and all(self.tables[n] == other.tables[n] for n in self.tables))
+
+    def __repr__(self) -> str:
+        return (f"Plan({self.strategy!r}, {self.topology.nodes}x{self.topology.gpus_per_node}, "
+                f"tables={list(self.tables)})")
+
+    # ------------------------------------------------------------------ files
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``plan.json`` and the ``.npy`` ID arrays into ``directory`` atomically."""
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+        try:
+            tables = []
+            for i, (name, tp) in enumerate(self.tables.items()):
+                arrays = {}
+                for a in ("global_ids", "node_ids", "node_local", "placed_ids", "placed_gpus",
+                          "hbm_fraction"):
+                    fn = f"t{i}.{a}.npy"
+                    arr = getattr(tp, a)
+                    with open(tmp / fn, "wb") as f:
+                        np.save(f, arr, allow_pickle=False)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    arrays[a] = {"file": fn, "dtype": arr.dtype.name, "shape": list(arr.shape),
+                                 "sha256": hashlib.sha256((tmp / fn).read_bytes()).hexdigest()}
+                tables.append({"table": dataclasses.asdict(tp.table), "cold": tp.cold.to_dict(),
+                               "tiers": tp.tier_sizes(), "arrays": arrays})
+            doc = {"schema_version": PLAN_SCHEMA_VERSION, "strategy": self.strategy,
+                   "topology": self.topology.to_dict(), "tables": tables,
+                   "memory_per_gpu_bytes": self.row_bytes_per_gpu.tolist(),
+                   "host_memory_per_gpu_bytes": self.host_bytes_per_gpu.tolist(),
+                   "meta": _meta_json(self.meta)}
+            with open(tmp / "plan.json", "w") as f:
+                json.dump(doc, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            Plan.load(tmp)  # verify before publishing
+            replace_directory(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "Plan":
+        """Read a plan directory, verifying version, shapes, dtypes and checksums."""
+        directory = Path(directory)
+        pj = directory / "plan.json"
+        try:
+            doc = json.loads(pj.read_text())
+        except FileNotFoundError:
+            raise FormatError(f"{directory}: not a plan directory (no plan.json)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise FormatError(f"{pj}: not valid JSON ({e})") from None
+        if not isinstance(doc, dict) or "schema_version" not in doc:
+            raise FormatError(f"{pj}: not a flexshard_stream plan (no schema_version)")
+        if doc["schema_version"] != PLAN_SCHEMA_VERSION:
+            raise FormatError(f"{pj}: plan schema version {doc['schema_version']} is not supported "
+                              f"(this flexshard_stream reads version {PLAN_SCHEMA_VERSION})")
+        try:
+            topo = Topology.from_dict(doc["topology"])
+            tps = []
+            for entry in doc["tables"]:
+                table = EmbeddingTable(**entry["table"])
+                arrs = {}
+                for a, spec in entry["arrays"].items():
+                    f = directory / spec["file"]
+                    if Path(spec["file"]).name != spec["file"]:
+                        raise FormatError(f"{pj}: array file {spec['file']!r} is not a plain name")
+                    try:
+                        raw = f.read_bytes()
+                    except FileNotFoundError:
+                        raise FormatError(f"{directory}: missing array file {spec['file']}") from None
+                    if hashlib.sha256(raw).hexdigest() != spec["sha256"]:
+                        raise FormatError(f"{f}: checksum mismatch: the plan is damaged")
+                    with open(f, "rb") as fh:
+                        arr = np.load(fh, allow_pickle=False)
+                    if arr.dtype.name != spec["dtype"] or list(arr.shape) != spec["shape"]:
+                        raise FormatError(f"{f}: shape {arr.shape} {arr.dtype} does not match "
+                                          f"plan.json ({spec['shape']} {spec['dtype']})")
+                    arrs[a] = arr
+                tps.append(TablePlan(table, ColdSharding.from_dict(entry["cold"]), **arrs))
+            plan = cls(doc["strategy"], topo, tps, doc.get("meta", {}))
+        except FormatError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise FormatError(f"{pj}: inconsistent plan ({type(e).__name__}: {e})") from None
+        return plan
+
+
+def _meta_json(meta: Any) -> Any:
+    """A plan's ``meta`` as JSON values (floats kept as they are)."""
+    return jsonable(meta, nonfinite_as_none=False)

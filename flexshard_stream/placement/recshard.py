@@ -1,0 +1,279 @@
+"""The RecShard memory tier: split each GPU's cold shard between HBM and host memory (UVM).
+
+:func:`split_cold` takes a plan and an HBM budget per GPU and returns a plan whose cold rows overflow
+to host memory so that every GPU's peak HBM (HBM rows + communication buffers + reservation, as
+:func:`~flexshard_stream.placement.cost.evaluate_analytic` computes it) fits the budget. Routing is unchanged
+(every row keeps its owner), so the communication buffers are unchanged too; only where the owner keeps
+a row changes. Representation (``TablePlan.hbm_fraction``, docs/COST_MODEL.md "Host memory tier"):
+replicas and placed rows are always in HBM; any other cold row ``r`` of GPU ``g`` is in HBM iff
+``host_u(r) < hbm_fraction[g]``.
+
+- frequency-aware (RecShard): over all tables at once, the explicit top cold rows of the summaries are
+  ranked by expected host lookups saved per HBM byte, ``h_r * (D e + 2 (D e + s)) / (D e + s)`` with
+  ``h_r`` the cost model's host lookups of the row (``G (1 - exp(-lambda_r / G))`` with
+  de-duplication, ``lambda_r`` without), and each table's tail as one uniform block with its own
+  density; each overflowing GPU's capacity is filled greedily in that order: explicit rows become
+  placed rows at their current owner, a table's block gets the fraction of its bytes that fits;
+- frequency-blind: the same capacity per GPU, filled by one fraction for all cold rows of that GPU
+  (every table), no new placed rows.
+
+The memory of the hash split is counted by its expected value, ``(1 - f) * rows * row_bytes`` in host
+memory, as :attr:`Plan.host_bytes_per_gpu` does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..kernels.analytic import cold_rows_by_table, fill_hbm, top_cold_owners
+from ..stats.summary import FrequencySummary
+from .cost import Cost, CostModel, evaluate_analytic
+from .plan import Plan, TablePlan
+from .tables import summaries_by_table
+
+__all__ = ["split_cold", "cold_rows_per_gpu", "slow_memory_report"]
+
+_EMPTY_F = np.zeros(0, np.float64)
+
+
+def _strip(plan: Plan) -> Plan:
+    """The plan without any host tier (the same object when it has none)."""
+    if not plan.has_host_tier:
+        return plan
+    tps = [tp if not tp.has_host_tier else TablePlan(
+        tp.table, tp.cold, tp.global_ids, tp.node_ids, tp.node_local, tp.placed_ids,
+        tp.placed_gpus) for tp in plan.tables.values()]
+    return Plan(plan.strategy, plan.topology, tps, plan.meta)
+
+
+def cold_rows_per_gpu(plan: Plan) -> np.ndarray:
+    """Rows of each table routed by its cold function (not replicas, not placed) on each GPU:
+    float64[G, T] (GPU-major), tables in plan order (hash-sharded tables above 2**24 rows: expected
+    values)."""
+    topo = plan.topology
+    G = topo.num_gpus
+    f = plan.flat
+    out = np.zeros((G, len(plan.tables)))
+    todo = cold_rows_by_table(G, f["layout"], f["num_rows"], f["lay_kind"], f["lay_off"],
+                              f["lay_gpus"], f["lay_boff"], f["lay_bounds"], f["sp_off"],
+                              f["sp_ids"], out)
+    if todo.size:
+        tps = list(plan.tables.values())
+        for t in todo:
+            tp = tps[int(t)]
+            out[:, t] = tp.rows_per_gpu(topo) - Plan._non_cold_rows(tp, topo)
+    return out
+
+
+def _budget(hbm_budget: Any, G: int) -> np.ndarray:
+    try:
+        b = np.asarray(hbm_budget, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"hbm_budget must be bytes per GPU (a number or {G} numbers), "
+                          f"got {hbm_budget!r}") from None
+    if b.ndim == 0:
+        b = np.full(G, float(b))
+    b = b.ravel()
+    if b.size != G:
+        raise ConfigError(f"hbm_budget has {b.size} values; one per GPU expected ({G})")
+    if not np.all(np.isfinite(b)) or np.any(b < 0):
+        raise ConfigError("hbm_budget must be finite bytes >= 0 per GPU")
+    return b
+
+
+def _summary(summaries: Mapping[str, FrequencySummary], tp: TablePlan) -> FrequencySummary:
+    return summaries_by_table([tp.table], summaries)[tp.table.name]
+
+
+def split_cold(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size: int,
+               hbm_budget: Any, model: CostModel | None = None, *, frequency_aware: bool = True,
+               mean_lengths: Mapping[str, float] | None = None,
+               cost: Cost | None = None) -> Plan:
+    """A new plan whose cold rows overflow to host memory so that every GPU's peak HBM fits.
+
+    Parameters
+    ----------
+    plan : Plan
+        The placement to split (left untouched; any host tier it has is replaced).
+    summaries, batch_size, model, mean_lengths
+        As for :func:`~flexshard_stream.placement.cost.evaluate_analytic`: they give the communication buffers
+        and reservation (peak memory) and, frequency-aware, the expected lookups of each row.
+    hbm_budget : float or float64[G]
+        HBM bytes per GPU for rows + buffers + reservation.
+    frequency_aware : bool
+        RecShard's frequency-aware split (hot cold rows kept in HBM as placed rows, then a fraction
+        per table and GPU) when True; one fraction per GPU for all its cold rows when False.
+    cost : Cost, optional
+        ``evaluate_analytic(plan, ...)`` of the plan without host tier, when the caller has it
+        already (saves that evaluation; the split does not change routing or buffers).
+
+    Returns
+    -------
+    Plan
+        Same strategy, topology, routing and replicas; extra placed rows (frequency-aware) and
+        ``hbm_fraction`` on the tables with rows in host memory; ``meta["recshard"]`` summarizes the
+        split. When everything fits in HBM, a plan without host tier.
+
+    Raises
+    ------
+    ConfigError
+        A GPU's replicas + placed rows + buffers + reservation already exceed its budget (naming the
+        GPU and the bytes); the rows sent to host memory overflow a node's ``host_memory_bytes``;
+        a missing summary; a malformed budget.
+    """
+    model = model or CostModel()
+    topo = plan.topology
+    G = topo.num_gpus
+    M = topo.gpus_per_node
+    budget = _budget(hbm_budget, G)
+    base = _strip(plan)
+    if cost is None:
+        cost = evaluate_analytic(base, summaries, batch_size, model, mean_lengths=mean_lengths,
+                                 want_matrices=False)
+    tps = list(base.tables.values())
+    T = len(tps)
+    rb = np.array([float(tp.table.row_bytes) for tp in tps]) if T else np.zeros(0)
+    cold = cold_rows_per_gpu(base)                                   # [G, T] rows
+    cold_bytes = cold @ rb if T else np.zeros(G)
+    # the plan's HBM with every row in HBM, less what the split can move
+    peak = base.row_bytes_per_gpu + cost.buffer_bytes + cost.reservation_bytes
+    fixed = peak - cold_bytes
+    cap = budget - fixed
+    tol = 1e-9 * np.maximum(budget, 1.0)
+    short = np.flatnonzero(cap < -tol)
+    if short.size:
+        g = int(short[np.argmin(cap[short])])
+        raise ConfigError(
+            f"HBM budget too small on GPU {g}: replicas + placed rows + communication buffers + "
+            f"reservation already take {fixed[g]:.6g} bytes, over its budget of {budget[g]:.6g} "
+            f"bytes ({short.size} of {G} GPUs short; the host memory tier can only move cold rows)")
+    cap = np.maximum(cap, 0.0)
+    over = cap < cold_bytes * (1 - 1e-12)
+    # what the split fills: a margin of 1e-12 of the budget absorbs the rounding of the sums, so that
+    # the evaluator's peak never exceeds the budget
+    cap = np.maximum(cap - 1e-12 * budget, 0.0)
+    meta = dict(plan.meta)
+    info: dict[str, Any] = {"frequency_aware": bool(frequency_aware),
+                            "hbm_budget_min": float(budget.min()),
+                            "gpus_overflowing": int(over.sum())}
+    if not over.any():
+        meta["recshard"] = {**info, "host_tier": False, "placed_rows_added": 0,
+                            "host_bytes_max": 0.0}
+        return Plan(base.strategy, topo, tps, meta)
+
+    pl_ids = np.zeros(0, np.int64)
+    pl_gpus = np.zeros(0, np.int32)
+    pl_off = np.zeros(T + 1, np.int64)
+    if not frequency_aware:
+        fg = np.ones(G)
+        fg[over] = np.clip(cap[over] / cold_bytes[over] * (1 - 1e-12), 0.0, 1.0)
+        host = (1.0 - fg) * cold_bytes
+        tier = over.astype(np.float64) @ cold > 0           # cold rows on an overflowing GPU
+        frac_of = lambda t: fg  # noqa: E731
+    else:
+        f = base.flat
+        ids_l, p_l, off = [], [], [0]
+        L = np.zeros(T)
+        tail_p = np.zeros(T)
+        tail_rows = np.zeros(T)
+        for i, tp in enumerate(tps):
+            s = _summary(summaries, tp)
+            ids_l.append(np.asarray(s.top_ids, np.int64))
+            p_l.append(np.asarray(s.top_est, np.float64) / s.total if s.total
+                       else np.zeros(s.top_ids.size))
+            off.append(off[-1] + s.top_ids.size)
+            L[i] = (mean_lengths or {}).get(tp.name, s.mean_length) or 1.0
+            tail_p[i] = s.tail_probability()
+            tail_rows[i] = s.tail_rows if s.total else 0.0
+        top_off = np.asarray(off, np.int64)
+        top_ids = np.concatenate(ids_l) if ids_l else np.zeros(0, np.int64)
+        top_p = np.concatenate(p_l) if p_l else np.zeros(0)
+        owner = np.empty(top_ids.size, np.int64)
+        top_cold_owners(f["sp_off"], f["sp_ids"], f["layout"], f["num_rows"], f["lay_kind"],
+                        f["lay_off"], f["lay_gpus"], f["lay_bounds"], f["lay_boff"],
+                        f["lay_seed"], top_off, top_ids, owner)
+        tab = np.repeat(np.arange(T, dtype=np.int64), np.diff(top_off))
+        per_byte = f["uvm_lookup_bytes"] / np.where(rb > 0, rb, 1.0)  # UVM bytes per HBM byte
+        lam_scale = G * float(batch_size) * L
+
+        def host_lookups(lam):
+            return G * -np.expm1(-lam / G) if model.dedup else lam
+
+        # explicit rows: the cost model's host lookups per HBM byte, in UVM bytes
+        dens = host_lookups(lam_scale[tab] * top_p) * per_byte[tab]
+        # each table's tail: its lookups spread uniformly over its cold rows outside the top
+        n_top_cold = np.bincount(tab[owner >= 0], minlength=T).astype(np.float64)
+        rest = cold.sum(axis=0) - n_top_cold
+        tail_h = tail_rows * host_lookups(lam_scale * tail_p)
+        tail_dens = np.where(rest > 0, tail_h / np.where(rest > 0, rest, 1.0), 0.0) * per_byte
+        tail_order = np.argsort(-tail_dens, kind="stable").astype(np.int64)
+        frac = np.empty((G, T))
+        placed = np.zeros(top_ids.size, np.bool_)
+        host = np.zeros(G)
+        tier = np.zeros(T, np.bool_)
+        cand = np.flatnonzero(owner >= 0)
+        cand = cand[over[owner[cand]]]
+        ex_order = cand[np.argsort(-dens[cand])]
+        fill_hbm(cap, over, owner, tab, dens, ex_order, tail_order, tail_dens, cold, rb, frac,
+                 placed, host, tier)
+        k = np.flatnonzero(placed)                       # table after table
+        if k.size:
+            pl_ids = top_ids[k]
+            pl_gpus = owner[k].astype(np.int32)
+            pl_off = np.searchsorted(tab[k], np.arange(T + 1)).astype(np.int64)
+        frac_of = lambda t: frac[:, t]  # noqa: E731
+    # host memory: per node, its GPUs' expected host rows
+    per_node = host.reshape(topo.nodes, M).sum(axis=1)
+    bad = np.flatnonzero(per_node > topo.host_memory_bytes * (1 + 1e-12))
+    if bad.size:
+        n = int(bad[np.argmax(per_node[bad] - topo.host_memory_bytes[bad])])
+        raise ConfigError(
+            f"host memory overflow on node {n}: its GPUs {n * M}..{n * M + M - 1} need "
+            f"{per_node[n]:.6g} bytes of cold rows in host memory, over its host_memory_bytes of "
+            f"{float(topo.host_memory_bytes[n]):.6g} bytes (raise the HBM budget or host memory)")
+    out = []
+    for t, tp in enumerate(tps):
+        a, b = pl_off[t], pl_off[t + 1]
+        if not tier[t] and a == b:
+            out.append(tp)
+            continue
+        hf = np.ascontiguousarray(frac_of(t)) if tier[t] else _EMPTY_F
+        if b > a:
+            pid, pg = pl_ids[a:b], pl_gpus[a:b]
+            if tp.placed_ids.size:
+                pid = np.concatenate([tp.placed_ids, pid])
+                pg = np.concatenate([tp.placed_gpus, pg])
+            o = np.argsort(pid)                          # IDs are distinct
+            pid, pg = pid[o], pg[o]
+        else:
+            pid, pg = tp.placed_ids, tp.placed_gpus
+        out.append(TablePlan(tp.table, tp.cold, tp.global_ids, tp.node_ids, tp.node_local, pid,
+                             pg, hf))
+    meta["recshard"] = {**info, "host_tier": True, "placed_rows_added": int(pl_ids.size),
+                        "host_bytes_max": float(host.max())}
+    return Plan(base.strategy, topo, out, meta)
+
+
+def slow_memory_report(cost_aware: Cost, cost_blind: Cost) -> dict[str, float]:
+    """Host-memory (slow memory) accesses of a frequency-aware split against a frequency-blind one
+    with the same budget: lookups per iteration, UVM time, and the reduction / speedup of aware."""
+    ha, hb = cost_aware.host_lookups_total, cost_blind.host_lookups_total
+    ua, ub = cost_aware.uvm_time_s, cost_blind.uvm_time_s
+
+    def ratio(num: float, den: float) -> float:
+        if den > 0:
+            return num / den
+        return 1.0 if num == 0 else math.inf
+
+    return {"host_lookups_aware": ha, "host_lookups_blind": hb,
+            "slow_memory_access_reduction_vs_blind": (1.0 - ha / hb) if hb > 0 else 0.0,
+            "uvm_time_s_aware": ua, "uvm_time_s_blind": ub,
+            "uvm_time_speedup_vs_blind": ratio(ub, ua),
+            "iteration_time_s_aware": cost_aware.iteration_time_s,
+            "iteration_time_s_blind": cost_blind.iteration_time_s,
+            "iteration_time_speedup_vs_blind": ratio(cost_blind.iteration_time_s,
+                                                     cost_aware.iteration_time_s)}

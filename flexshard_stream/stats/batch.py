@@ -1,0 +1,321 @@
+"""The one batch type: TorchRec's KeyedJaggedTensor layout as plain numpy arrays.
+
+Layout (key-major, as in ``torchrec.sparse.jagged_tensor.KeyedJaggedTensor``)::
+
+    keys     = ("f0", "f1")                 # one feature = one embedding table
+    lengths  = [l(f0,s0), l(f0,s1), ..., l(f1,s0), l(f1,s1), ...]    # len(keys) * batch_size
+    values   = [ids of f0 for s0, s1, ..., ids of f1 for s0, s1, ...]  # sum(lengths) int64 IDs
+    weights  = optional, one float per value (pooling weights; statistics count lookups, not weights)
+    timestamp= optional: one float (seconds) for the batch, or one per sample
+
+:class:`Batch` only checks the *shape* of the layout on construction (cheap, O(keys)). Checks against
+a table configuration (IDs in range, configured keys) are done by :func:`validate_batch` in
+:mod:`flexshard_stream.stats.stream`, before any state changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import BatchError
+
+__all__ = ["Batch", "slice_batch", "concat_batches", "rebatch"]
+
+
+def _as_id_array(values: Any, field: str = "values") -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype == object or arr.dtype.kind not in "iu":
+        if arr.size == 0 and arr.dtype.kind == "f":
+            return np.zeros(0, dtype=np.int64)
+        raise BatchError(f"IDs must be integers (int64, or int32 widened); got dtype {arr.dtype}",
+                         field=field)
+    if arr.ndim != 1:
+        raise BatchError(f"expected a 1-D array, got shape {arr.shape}", field=field)
+    if arr.dtype == np.uint64:
+        if arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            pos = int(np.argmax(arr > np.iinfo(np.int64).max))
+            raise BatchError("ID does not fit in int64", field=field, position=pos)
+    if arr.dtype != np.int64:
+        arr = arr.astype(np.int64)
+    return np.ascontiguousarray(arr)
+
+
+def _as_lengths(lengths: Any) -> np.ndarray:
+    arr = np.asarray(lengths)
+    if arr.dtype == object or arr.dtype.kind not in "iu":
+        raise BatchError(f"lengths must be integers; got dtype {arr.dtype}", field="lengths")
+    if arr.ndim != 1:
+        raise BatchError(f"expected a 1-D array, got shape {arr.shape}", field="lengths")
+    if arr.dtype != np.int64:
+        arr = arr.astype(np.int64)
+    return np.ascontiguousarray(arr)
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """A batch of embedding-ID lookups in KeyedJaggedTensor layout.
+
+    Attributes
+    ----------
+    keys : tuple of str
+        Feature names, one embedding table each.
+    values : ndarray of int64, shape (sum(lengths),)
+        Row IDs, key-major.
+    lengths : ndarray of int64, shape (len(keys) * batch_size,)
+        IDs per (key, sample), key-major.
+    weights : ndarray of float32 or None, shape like ``values``
+    timestamp : ndarray of float64 or None, shape (1,) or (batch_size,), seconds.
+    """
+
+    keys: tuple[str, ...]
+    values: np.ndarray
+    lengths: np.ndarray
+    weights: np.ndarray | None = None
+    timestamp: np.ndarray | None = None
+
+    def __init__(self, keys: Sequence[str], values: Any, lengths: Any, weights: Any = None,
+                 timestamp: Any = None):
+        keys = tuple(keys)
+        for k in keys:
+            if not isinstance(k, str) or not k:
+                raise BatchError(f"keys must be non-empty strings, got {k!r}", field="keys")
+        if len(set(keys)) != len(keys):
+            dup = next(k for k in keys if keys.count(k) > 1)
+            raise BatchError("duplicate key", feature=dup, field="keys")
+        vals = _as_id_array(values)
+        lens = _as_lengths(lengths)
+        if len(keys) == 0:
+            if vals.size or lens.size:
+                raise BatchError("values or lengths given without keys", field="keys")
+        elif lens.size % len(keys):
+            raise BatchError(f"{lens.size} lengths is not a multiple of {len(keys)} keys",
+                             field="lengths")
+        if lens.size:
+            neg = np.flatnonzero(lens < 0)
+            if neg.size:
+                p = int(neg[0])
+                bs = lens.size // len(keys)
+                raise BatchError(f"negative length {int(lens[p])} (sample {p % bs}); expected >= 0",
+                                 feature=keys[p // bs], field="lengths", position=p)
+        total = int(lens.sum()) if lens.size else 0
+        if total != vals.size:
+            raise BatchError(f"lengths sum to {total} but there are {vals.size} values",
+                             field="lengths")
+        w = None
+        if weights is not None:
+            w = np.asarray(weights)
+            if w.dtype.kind not in "fiu":
+                raise BatchError(f"weights must be numeric, got dtype {w.dtype}", field="weights")
+            w = np.ascontiguousarray(w, dtype=np.float32)
+            if w.shape != vals.shape:
+                raise BatchError(f"{w.size} weights for {vals.size} values", field="weights")
+            bad = np.flatnonzero(~(w >= 0))  # catches NaN and negatives
+            if bad.size:
+                p = int(bad[0])
+                feat = keys[self._feature_of(lens, len(keys), p)]
+                raise BatchError(f"weight {w[p]} is NaN or negative; expected >= 0",
+                                 feature=feat, field="weights", position=p)
+        ts = None
+        if timestamp is not None:
+            ts = np.atleast_1d(np.asarray(timestamp, dtype=np.float64))
+            bs = lens.size // len(keys) if keys else 0
+            if ts.ndim != 1 or (ts.size != 1 and ts.size != bs):
+                raise BatchError(f"timestamp must be one value or one per sample ({bs}); "
+                                 f"got {ts.size}", field="timestamp")
+            if np.isnan(ts).any():
+                raise BatchError("timestamp is NaN", field="timestamp",
+                                 position=int(np.flatnonzero(np.isnan(ts))[0]))
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "values", vals)
+        object.__setattr__(self, "lengths", lens)
+        object.__setattr__(self, "weights", w)
+        object.__setattr__(self, "timestamp", ts)
+
+    @staticmethod
+    def _feature_of(lengths: np.ndarray, nkeys: int, value_pos: int) -> int:
+        bs = lengths.size // nkeys
+        per_key = lengths.reshape(nkeys, bs).sum(axis=1)
+        return int(np.searchsorted(np.cumsum(per_key), value_pos, side="right"))
+
+    # ----------------------------------------------------------------- views
+    @property
+    def batch_size(self) -> int:
+        """Samples in the batch."""
+        return self.lengths.size // len(self.keys) if self.keys else 0
+
+    @property
+    def num_values(self) -> int:
+        """IDs in the batch, all features."""
+        return int(self.values.size)
+
+    def key_offsets(self) -> np.ndarray:
+        """Offsets into ``values`` where each key's IDs start; length ``len(keys) + 1``."""
+        if not self.keys:
+            return np.zeros(1, dtype=np.int64)
+        per_key = self.lengths.reshape(len(self.keys), -1).sum(axis=1)
+        return np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
+
+    def feature_values(self, key: str) -> np.ndarray:
+        """The IDs of one feature (a view, no copy)."""
+        i = self.keys.index(key)
+        off = self.key_offsets()
+        return self.values[off[i]:off[i + 1]]
+
+    def feature_lengths(self, key: str) -> np.ndarray:
+        """Per-sample lengths of one feature (a view)."""
+        i = self.keys.index(key)
+        bs = self.batch_size
+        return self.lengths[i * bs:(i + 1) * bs]
+
+    def __len__(self) -> int:
+        return self.batch_size
+
+    def __repr__(self) -> str:
+        return (f"Batch(keys={list(self.keys)}, batch_size={self.batch_size}, "
+                f"values={self.num_values}, weights={'yes' if self.weights is not None else 'no'})")
+
+    # ----------------------------------------------------------- constructors
+    @classmethod
+    def from_features(cls, features: Mapping[str, Any], lengths: Mapping[str, Any] | None = None,
+                      timestamp: Any = None) -> "Batch":
+        """Build from ``{name: ids}`` (one ID per sample) or ``{name: list of id arrays}``.
+
+        With ``lengths`` given, ``features[name]`` is the flat ID array and ``lengths[name]`` its
+        per-sample lengths.
+        """
+        keys = list(features)
+        vals, lens = [], []
+        for k in keys:
+            if lengths is not None:
+                v = _as_id_array(features[k], field=f"values[{k}]")
+                l = _as_lengths(lengths[k])
+            else:
+                f = features[k]
+                if isinstance(f, np.ndarray) and f.ndim == 1 and f.dtype != object:
+                    v = _as_id_array(f, field=f"values[{k}]")
+                    l = np.ones(v.size, dtype=np.int64)
+                else:
+                    parts = [_as_id_array(np.atleast_1d(np.asarray(x)), field=f"values[{k}]")
+                             for x in f]
+                    l = np.array([p.size for p in parts], dtype=np.int64)
+                    v = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            vals.append(v)
+            lens.append(l)
+        sizes = {l.size for l in lens}
+        if len(sizes) > 1:
+            raise BatchError(f"features have different sample counts {sorted(sizes)}",
+                             field="lengths")
+        return cls(keys, np.concatenate(vals) if vals else np.zeros(0, np.int64),
+                   np.concatenate(lens) if lens else np.zeros(0, np.int64), timestamp=timestamp)
+
+    @classmethod
+    def from_dlpack(cls, keys: Sequence[str], values: Any, lengths: Any, weights: Any = None,
+                    timestamp: Any = None) -> "Batch":
+        """Build from DLPack-capable arrays (torch tensors, cupy on host, numpy ...), zero-copy.
+
+        int64 CPU tensors are viewed, not copied; int32 IDs are widened (one copy).
+        """
+        def view(x: Any) -> Any:
+            if x is None or isinstance(x, np.ndarray):
+                return x
+            if hasattr(x, "__dlpack__"):
+                return np.from_dlpack(x)
+            return x
+        return cls(keys, view(values), view(lengths), view(weights), timestamp)
+
+    @classmethod
+    def from_kjt(cls, kjt: Any, timestamp: Any = None) -> "Batch":
+        """Build from a ``torchrec.KeyedJaggedTensor`` (or anything with ``keys()``, ``values()``,
+        ``lengths()`` and ``weights_or_none()``) through DLPack, zero-copy for int64 values."""
+        weights = kjt.weights_or_none() if hasattr(kjt, "weights_or_none") else None
+        return cls.from_dlpack(list(kjt.keys()), kjt.values(), kjt.lengths(), weights, timestamp)
+
+    @classmethod
+    def empty(cls, keys: Iterable[str] = ()) -> "Batch":
+        """A batch with no samples."""
+        return cls(tuple(keys), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def slice_batch(batch: Batch, start: int, stop: int) -> Batch:
+    """Samples ``[start, stop)`` of ``batch`` as a new Batch (values copied, vectorized)."""
+    bs = batch.batch_size
+    start, stop = max(0, start), min(bs, stop)
+    nk = len(batch.keys)
+    if nk == 0:
+        return batch
+    lens = batch.lengths.reshape(nk, bs)
+    offs = batch.key_offsets()
+    cum = np.concatenate([np.zeros((nk, 1), np.int64), np.cumsum(lens, axis=1)], axis=1)
+    vals, wts = [], []
+    for i in range(nk):
+        a, b = offs[i] + cum[i, start], offs[i] + cum[i, stop]
+        vals.append(batch.values[a:b])
+        if batch.weights is not None:
+            wts.append(batch.weights[a:b])
+    ts = batch.timestamp
+    if ts is not None and ts.size > 1:
+        ts = ts[start:stop]
+    return Batch(batch.keys, np.concatenate(vals), lens[:, start:stop].ravel(),
+                 np.concatenate(wts) if wts else None, ts)
+
+
+def concat_batches(batches: Sequence[Batch]) -> Batch:
+    """Samples of several batches with the same keys, in order, as one Batch."""
+    batches = [b for b in batches if b.batch_size]
+    if not batches:
+        raise BatchError("nothing to concatenate")
+    keys = batches[0].keys
+    for b in batches[1:]:
+        if b.keys != keys:
+            raise BatchError(f"cannot concatenate batches with keys {list(b.keys)} and "
+                             f"{list(keys)}", field="keys")
+    if len(batches) == 1:
+        return batches[0]
+    nk = len(keys)
+    vals, lens, wts, tss = [], [], [], []
+    for i in range(nk):
+        for b in batches:
+            o = b.key_offsets()
+            vals.append(b.values[o[i]:o[i + 1]])
+            lens.append(b.lengths[i * b.batch_size:(i + 1) * b.batch_size])
+            if b.weights is not None:
+                wts.append(b.weights[o[i]:o[i + 1]])
+    has_w = all(b.weights is not None for b in batches)
+    has_ts = all(b.timestamp is not None for b in batches)
+    if has_ts:
+        tss = [np.broadcast_to(b.timestamp, (b.batch_size,)) if b.timestamp.size == 1
+               else b.timestamp for b in batches]
+    return Batch(keys, np.concatenate(vals), np.concatenate(lens),
+                 np.concatenate(wts) if has_w else None,
+                 np.concatenate(tss) if has_ts else None)
+
+
+def rebatch(batches: Iterable[Batch], size: int, *, drop_last: bool = False) -> Iterator[Batch]:
+    """Re-cut a stream of batches into batches of exactly ``size`` samples (the last may be
+    shorter unless ``drop_last``)."""
+    if size <= 0:
+        raise BatchError(f"batch size must be > 0, got {size}")
+    pending: list[Batch] = []
+    have = 0
+    for b in batches:
+        if b.batch_size == 0:
+            continue
+        if not pending and b.batch_size == size:
+            yield b  # already the right size: no copy
+            continue
+        pending.append(b)
+        have += b.batch_size
+        if have < size:
+            continue
+        whole = concat_batches(pending)
+        start = 0
+        while whole.batch_size - start >= size:
+            yield slice_batch(whole, start, start + size)
+            start += size
+        pending = [slice_batch(whole, start, whole.batch_size)] if start < whole.batch_size else []
+        have = whole.batch_size - start
+    if pending and not drop_last:
+        yield concat_batches(pending)

@@ -1,0 +1,278 @@
+"""Statistics of a whole ID stream: one :class:`TableStats` per feature, fed batch by batch.
+
+``StreamStats.update(batch)`` validates the whole batch against the table configuration first (one
+Numba pass for per-feature min/max) and only then updates; a rejected batch changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import BatchError, FormatError, IncompatibleError
+from ..formats.container import pack, unpack, write_atomic
+from ..kernels.pipeline import segment_min_max
+from .batch import Batch
+from .config import SketchConfig, TableConfig, normalize_tables
+from .summary import FrequencySummary
+from .table_stats import TableStats
+
+__all__ = ["StreamStats", "validate_batch"]
+
+_KIND = "StreamStats"
+
+
+def validate_batch(batch: Batch, tables: Mapping[str, TableConfig], *, allow_new: bool = False
+                   ) -> list[tuple[str, np.ndarray, np.ndarray, int]]:
+    """Check ``batch`` against ``tables``; return ``[(feature, ids, lengths, max_id)]`` views.
+
+    Raises :class:`BatchError` naming the feature, field and position of the first problem: a key
+    not configured (unless ``allow_new``), negative IDs, IDs at or above ``num_rows``. Shape problems
+    (lengths not adding up, bad dtypes, NaN or negative weights) were already rejected when the
+    :class:`Batch` was built.
+    """
+    if not isinstance(batch, Batch):
+        raise BatchError(f"expected a flexshard_stream.Batch, got {type(batch).__name__}; "
+                         "build one with Batch(keys, values, lengths) or Batch.from_kjt(kjt)")
+    if not allow_new:
+        for k in batch.keys:
+            if k not in tables:
+                raise BatchError(f"key not configured; configured: {sorted(tables)}",
+                                 feature=k, field="keys")
+    nk = len(batch.keys)
+    if nk == 0 or batch.num_values == 0 and batch.batch_size == 0:
+        return []
+    offsets = batch.key_offsets()
+    mins = np.empty(nk, dtype=np.int64)
+    maxs = np.empty(nk, dtype=np.int64)
+    segment_min_max(batch.values, offsets, mins, maxs)
+    bs = batch.batch_size
+    out = []
+    for i, k in enumerate(batch.keys):
+        ids = batch.values[offsets[i]:offsets[i + 1]]
+        lens = batch.lengths[i * bs:(i + 1) * bs]
+        if ids.size:
+            if mins[i] < 0:
+                p = int(np.flatnonzero(ids < 0)[0])
+                raise BatchError(f"negative ID {int(ids[p])} (sample {_sample_of(lens, p)}); "
+                                 "expected >= 0", feature=k, field="values", position=p)
+            t = tables.get(k)
+            if t is not None and t.num_rows is not None and maxs[i] >= t.num_rows:
+                p = int(np.flatnonzero(ids >= t.num_rows)[0])
+                raise BatchError(f"ID {int(ids[p])} (sample {_sample_of(lens, p)}) out of range; "
+                                 f"expected < num_rows {t.num_rows}", feature=k, field="values",
+                                 position=p)
+        out.append((k, ids, lens, int(maxs[i])))
+    return out
+
+
+def _sample_of(lengths: np.ndarray, pos: int) -> int:
+    return int(np.searchsorted(np.cumsum(lengths), pos, side="right"))
+
+
+class StreamStats:
+    """Per-table streaming statistics of an embedding-ID stream.
+
+    Parameters
+    ----------
+    tables : mapping ``{feature: num_rows or None}``, list of names or :class:`TableConfig`
+        The configured features. A batch with another key is rejected unless ``auto_tables``.
+    config : SketchConfig
+        Sketch sizes and policy, shared by every table (tables merge only with equal configs).
+    auto_tables : bool
+        Add unknown features on first sight (row count unknown: sketched), as ``stats`` does.
+    threads : int
+        Update up to this many tables of a batch in parallel (the kernels release the GIL).
+
+    Attributes (read-only)
+    ----------------------
+    tables : dict[str, TableStats]; batches, samples, ids : counters; first_ts, last_ts : seconds.
+    """
+
+    def __init__(self, tables: Mapping[str, int | None] | Sequence[TableConfig | str] | None = None,
+                 config: SketchConfig | None = None, *, auto_tables: bool = False,
+                 threads: int = 1):
+        self.config = config or SketchConfig()
+        self._configs = normalize_tables(tables)
+        self.auto_tables = auto_tables or not self._configs
+        self._tables: dict[str, TableStats] = {
+            f: TableStats(t.name, t.num_rows, self.config) for f, t in self._configs.items()}
+        self.threads = max(1, int(threads))
+        self._pool: ThreadPoolExecutor | None = None
+        self.batches = 0
+        self.samples = 0
+        self.ids = 0
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+
+    # -------------------------------------------------------------- access
+    @property
+    def tables(self) -> dict[str, TableStats]:
+        """Statistics per feature (a copy of the mapping; the TableStats are live)."""
+        return dict(self._tables)
+
+    def __getitem__(self, feature: str) -> TableStats:
+        try:
+            return self._tables[feature]
+        except KeyError:
+            raise KeyError(f"no statistics for feature {feature!r}; have {sorted(self._tables)}"
+                           ) from None
+
+    def __contains__(self, feature: str) -> bool:
+        return feature in self._tables
+
+    @property
+    def table_configs(self) -> dict[str, TableConfig]:
+        return dict(self._configs)
+
+    # ------------------------------------------------------------ updating
+    def update(self, batch: Batch) -> "StreamStats":
+        """Validate ``batch`` whole, then count it. Empty batches are accepted and change nothing."""
+        parts = validate_batch(batch, self._configs, allow_new=self.auto_tables)
+        if batch.batch_size == 0:
+            return self
+        for k, *_ in parts:
+            if k not in self._tables:
+                self._configs[k] = TableConfig(k, None)
+                self._tables[k] = TableStats(k, None, self.config)
+        work = [(self._tables[k], ids, lens, mx) for k, ids, lens, mx in parts]
+        if self.threads > 1 and len(work) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fss-update")
+            list(self._pool.map(lambda w: w[0]._update_validated(w[1], w[2], w[3]), work))
+        else:
+            for t, ids, lens, mx in work:
+                t._update_validated(ids, lens, mx)
+        self.batches += 1
+        self.samples += batch.batch_size
+        self.ids += batch.num_values
+        if batch.timestamp is not None:
+            lo, hi = float(batch.timestamp.min()), float(batch.timestamp.max())
+            self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
+            self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
+        return self
+
+    def update_many(self, batches: Iterable[Batch]) -> "StreamStats":
+        for b in batches:
+            self.update(b)
+        return self
+
+    def close(self) -> None:
+        """Release the update thread pool (if any)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    # ------------------------------------------------------------- queries
+    def summary(self, k: int = 1000) -> dict[str, FrequencySummary]:
+        """Frequency summary per feature for the planner."""
+        return {f: t.summary(k) for f, t in self._tables.items()}
+
+    def to_json(self, topk: int = 10) -> dict[str, Any]:
+        """``{"tables": {name: {...}}}`` as printed by ``flexshard-stream stats --json``."""
+        out = {}
+        for f, t in self._tables.items():
+            d = t.summary(topk).to_dict(topk)
+            d["state_bytes"] = t.state_bytes
+            out[f] = d
+        return {"tables": out, "batches": self.batches, "samples": self.samples, "ids": self.ids,
+                "first_ts": self.first_ts, "last_ts": self.last_ts}
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(t.state_bytes for t in self._tables.values())
+
+    # -------------------------------------------------------------- merging
+    def merge(self, other: "StreamStats") -> "StreamStats":
+        """Add ``other`` (another host's or window's statistics) into this one.
+
+        Checks every table first, so an incompatible ``other`` changes nothing.
+        """
+        if not isinstance(other, StreamStats):
+            raise IncompatibleError(f"cannot merge StreamStats with {type(other).__name__}")
+        if other.config != self.config:
+            raise IncompatibleError("sketch configs differ: "
+                                    f"{self.config.to_dict()} vs {other.config.to_dict()}")
+        for f, t in other._tables.items():
+            if f in self._tables:
+                self._tables[f]._check_compatible(t)
+        for f, t in other._tables.items():
+            if f in self._tables:
+                self._tables[f].merge(t)
+            else:
+                self._configs[f] = other._configs[f]
+                self._tables[f] = t.copy()
+        self.batches += other.batches
+        self.samples += other.samples
+        self.ids += other.ids
+        for attr, fn in (("first_ts", min), ("last_ts", max)):
+            a, b = getattr(self, attr), getattr(other, attr)
+            setattr(self, attr, b if a is None else a if b is None else fn(a, b))
+        return self
+
+    def scale(self, factor: float) -> "StreamStats":
+        """Decay every table's counts by ``factor`` (see :meth:`TableStats.scale`)."""
+        for t in self._tables.values():
+            t.scale(factor)
+        return self
+
+    def copy(self) -> "StreamStats":
+        return StreamStats.from_bytes(self.to_bytes())
+
+    # -------------------------------------------------------- serialization
+    def to_bytes(self) -> bytes:
+        """One container holding every table (magic, version, CRC-32)."""
+        meta: dict[str, Any] = {"config": self.config.to_dict(), "auto_tables": self.auto_tables,
+                                "batches": self.batches, "samples": self.samples, "ids": self.ids,
+                                "first_ts": self.first_ts, "last_ts": self.last_ts, "tables": []}
+        arrays: dict[str, np.ndarray] = {}
+        for i, (f, t) in enumerate(self._tables.items()):
+            tm = t._meta()
+            tm["feature"] = f
+            meta["tables"].append(tm)
+            for name, a in t._arrays().items():
+                arrays[f"{i}.{name}"] = a
+        return pack(_KIND, meta, arrays)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = "<bytes>") -> "StreamStats":
+        meta, arrays = unpack(data, _KIND, source)
+        try:
+            cfg = SketchConfig.from_dict(meta["config"])
+            tabs = [TableConfig(tm["name"], tm["num_rows"], tm["feature"]) for tm in meta["tables"]]
+            s = cls(tabs, cfg, auto_tables=bool(meta["auto_tables"]))
+            for i, tm in enumerate(meta["tables"]):
+                parts = {k.split(".", 1)[1]: v for k, v in arrays.items()
+                         if k.split(".", 1)[0] == str(i)}
+                s._tables[tm["feature"]] = TableStats._from_parts(tm, parts, source)
+            s.batches, s.samples, s.ids = (int(meta[k]) for k in ("batches", "samples", "ids"))
+            s.first_ts, s.last_ts = meta["first_ts"], meta["last_ts"]
+        except FormatError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise FormatError(f"{source}: statistics header is inconsistent "
+                              f"({type(e).__name__}: {e})") from None
+        return s
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically and verify (a crash leaves the previous file intact)."""
+        return write_atomic(path, self.to_bytes(), verify_kind=_KIND)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "StreamStats":
+        try:
+            data = Path(path).read_bytes()
+        except FileNotFoundError:
+            raise FormatError(f"{path}: no such statistics file") from None
+        return cls.from_bytes(data, str(path))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tables)
+
+    def __repr__(self) -> str:
+        return (f"StreamStats(tables={list(self._tables)}, batches={self.batches}, "
+                f"ids={self.ids}, state_bytes={self.state_bytes})")
