@@ -32,6 +32,7 @@ MAGIC = b"FSSTREAM"
 END = b"FSEND\0\0\0"
 VERSION = 1
 _DTYPES = {"int64", "uint64", "uint32", "uint8", "int32", "float64", "float32"}
+_MAX_BYTES = 1 << 48          # no array of a state file is this large; larger numbers are damage
 
 __all__ = ["pack", "unpack", "write_atomic", "read_file", "replace_directory"]
 
@@ -75,27 +76,82 @@ def unpack(data: bytes, kind: str, source: str = "<bytes>") -> tuple[dict, dict[
         raise FormatError(f"{source}: checksum mismatch: the file is damaged")
     if 20 + hlen > body_len:
         raise FormatError(f"{source}: header length {hlen} exceeds the file")
-    try:
-        header = json.loads(bytes(mv[20:20 + hlen]).decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(f"{source}: header is not valid JSON ({e})") from None
-    if header.get("kind") != kind:
-        raise FormatError(f"{source}: holds {header.get('kind')!r}, expected {kind!r}")
+    header = _parse_header(bytes(mv[20:20 + hlen]), kind, source)
     base = 20 + hlen
     arrays: dict[str, np.ndarray] = {}
-    for e in header.get("arrays", []):
-        dt = e.get("dtype")
-        if dt not in _DTYPES:
-            raise FormatError(f"{source}: array {e.get('name')!r} has unsupported dtype {dt!r}")
-        shape = tuple(int(s) for s in e["shape"])
-        start = base + int(e["offset"])
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
-        if n != int(e["nbytes"]) or start + n > body_len or start < base:
-            raise FormatError(f"{source}: array {e['name']!r} does not fit the file")
-        arrays[e["name"]] = np.frombuffer(data, dtype=np.dtype(dt).newbyteorder("<"),
-                                          count=n // np.dtype(dt).itemsize,
-                                          offset=start).astype(dt).reshape(shape)
+    for i, e in enumerate(header["arrays"]):
+        name, dt, shape, start, n = _array_entry(e, i, base, body_len, source)
+        if name in arrays:
+            raise FormatError(f"{source}: array {name!r} appears twice in the header")
+        arrays[name] = np.frombuffer(data, dtype=np.dtype(dt).newbyteorder("<"),
+                                     count=n // np.dtype(dt).itemsize,
+                                     offset=start).astype(dt).reshape(shape)
     return header["meta"], arrays
+
+
+def _parse_header(raw: bytes, kind: str, source: str) -> dict:
+    """The JSON header, checked for shape: an object with ``kind`` (the expected one), ``meta`` (an
+    object) and ``arrays`` (a list). Anything else is a FormatError naming the field."""
+    try:
+        header = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise FormatError(f"{source}: header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise FormatError(f"{source}: header must be a JSON object, got "
+                          f"{type(header).__name__}")
+    if header.get("kind") != kind:
+        raise FormatError(f"{source}: holds {header.get('kind')!r}, expected {kind!r}")
+    if not isinstance(header.get("meta"), dict):
+        raise FormatError(f"{source}: header field 'meta' must be an object, got "
+                          f"{type(header.get('meta')).__name__}")
+    if not isinstance(header.get("arrays", []), list):
+        raise FormatError(f"{source}: header field 'arrays' must be a list")
+    header.setdefault("arrays", [])
+    return header
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _header_int(e: Mapping[str, Any], key: str, i: int, source: str) -> int:
+    v = e.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > _MAX_BYTES:
+        raise FormatError(f"{source}: array entry {i} field {key!r} must be an integer in "
+                          f"[0, {_MAX_BYTES}], got {v!r}")
+    return v
+
+
+def _array_entry(e: Any, i: int, base: int, body_len: int,
+                 source: str) -> tuple[str, str, tuple[int, ...], int, int]:
+    """Validate one array entry of the header against the bytes present: (name, dtype, shape,
+    start offset, byte count)."""
+    if not isinstance(e, dict):
+        raise FormatError(f"{source}: array entry {i} must be an object")
+    name, dt = e.get("name"), e.get("dtype")
+    if not isinstance(name, str):
+        raise FormatError(f"{source}: array entry {i} has no string 'name'")
+    if dt not in _DTYPES:
+        raise FormatError(f"{source}: array {name!r} has unsupported dtype {dt!r}")
+    shape = e.get("shape")
+    if (not isinstance(shape, list) or len(shape) > 8
+            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in shape)):
+        raise FormatError(f"{source}: array {name!r} has an invalid shape {shape!r} (a list of at "
+                          f"most 8 non-negative integers)")
+    offset = _header_int(e, "offset", i, source)
+    nbytes = _header_int(e, "nbytes", i, source)
+    count = 1
+    for x in shape:
+        count *= x
+        if count * np.dtype(dt).itemsize > body_len:
+            raise FormatError(f"{source}: array {name!r} of shape {shape} does not fit the file "
+                              f"({body_len} bytes)")
+    n = count * np.dtype(dt).itemsize
+    start = base + offset
+    if n != nbytes or start + n > body_len:
+        raise FormatError(f"{source}: array {name!r} does not fit the file (offset {offset}, "
+                          f"{nbytes} bytes declared, {n} by its shape, {body_len - base} present)")
+    return name, dt, tuple(shape), start, n
 
 
 def write_atomic(path: str | os.PathLike, data: bytes, verify_kind: str | None = None, *,

@@ -42,10 +42,17 @@ TABLE_KINDS: tuple[str, ...] = ("sequence", "pooled")
 _KEYS = ("name", "feature", "num_rows", "dim", "dtype", "kind", "optimizer_state_bytes")
 _REQUIRED = ("name", "num_rows", "dim")
 _LOG_KIND = {"sequence": "sequence", "single": "pooled"}
+#: Largest table: IDs are int64, so at most 2**63 rows (IDs 0 .. 2**63 - 1).
+MAX_ROWS = 2**63
+#: Largest embedding dimension accepted (elements per row); real models use up to a few thousand.
+MAX_DIM = 1 << 20
+#: Largest optimizer state per row accepted (bytes).
+MAX_STATE_BYTES = 1 << 32
 
 
-def _as_int(value: Any, where: str, minimum: int) -> int:
-    """``value`` as an int >= ``minimum``; integral floats (``1e8`` in TOML) are accepted."""
+def _as_int(value: Any, where: str, minimum: int, maximum: int) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; integral floats (``1e8`` in TOML) are
+    accepted."""
     if isinstance(value, bool):
         raise ConfigError(f"{where} = {value!r}: must be an integer, got bool")
     if isinstance(value, (int, np.integer)):
@@ -58,6 +65,8 @@ def _as_int(value: Any, where: str, minimum: int) -> int:
     if v < minimum:
         cond = "> 0" if minimum == 1 else f">= {minimum}"
         raise ConfigError(f"{where} = {value!r}: must be {cond}")
+    if v > maximum:
+        raise ConfigError(f"{where} = {value!r}: must be at most {maximum:,}")
     return v
 
 
@@ -101,10 +110,12 @@ class EmbeddingTable:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"table name = {self.name!r}: must be a non-empty string")
         where = f"table {self.name!r}:"
-        object.__setattr__(self, "num_rows", _as_int(self.num_rows, f"{where} num_rows", 1))
-        object.__setattr__(self, "dim", _as_int(self.dim, f"{where} dim", 1))
+        object.__setattr__(self, "num_rows",
+                           _as_int(self.num_rows, f"{where} num_rows", 1, MAX_ROWS))
+        object.__setattr__(self, "dim", _as_int(self.dim, f"{where} dim", 1, MAX_DIM))
         object.__setattr__(self, "optimizer_state_bytes",
-                           _as_int(self.optimizer_state_bytes, f"{where} optimizer_state_bytes", 0))
+                           _as_int(self.optimizer_state_bytes, f"{where} optimizer_state_bytes", 0,
+                                   MAX_STATE_BYTES))
         if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"{where} dtype = {self.dtype!r}: unknown; valid dtypes: "
                               f"{list(DTYPE_BYTES)}")
@@ -266,8 +277,9 @@ def infer_tables(log_paths: Paths, features: FeatureSpec = None, dim: int = 128,
     ConfigError
         A feature holds no ID at all (no row count to infer), or invalid dim / dtype.
     """
-    dim = _as_int(dim, "infer_tables: dim", 1)
-    optimizer_state_bytes = _as_int(optimizer_state_bytes, "infer_tables: optimizer_state_bytes", 0)
+    dim = _as_int(dim, "infer_tables: dim", 1, MAX_DIM)
+    optimizer_state_bytes = _as_int(optimizer_state_bytes, "infer_tables: optimizer_state_bytes", 0,
+                                    MAX_STATE_BYTES)
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ConfigError(f"infer_tables: dtype = {dtype!r}: unknown; valid dtypes: "
                           f"{list(DTYPE_BYTES)}")

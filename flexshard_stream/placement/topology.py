@@ -40,13 +40,15 @@ from ..errors import ConfigError
 from ..formats.toml import read_toml, toml_value, write_text_atomic
 
 __all__ = ["Topology", "LINK_LOCAL", "LINK_INTRA", "LINK_INTER", "LINK_CLASSES", "PRESET_DIR",
-           "available_presets"]
+           "available_presets", "MAX_GPUS"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 #: Link classes, as stored in :meth:`Topology.link_class_matrix`.
 LINK_LOCAL, LINK_INTRA, LINK_INTER = 0, 1, 2
 LINK_CLASSES: tuple[str, ...] = ("local", "intra-node", "inter-node")
+#: Largest cluster a topology may describe (GPUs): 4x the largest planned for in the benchmarks.
+MAX_GPUS = 16384
 
 #: Folder of the preset topologies: ``<repo>/data/topologies``.
 from ..data import TOPOLOGY_DIR as PRESET_DIR  # noqa: E402  (installed as package data)
@@ -94,6 +96,18 @@ def _positive_int(value: Any, where: str) -> int:
     if value <= 0:
         raise ConfigError(f"{where} = {value!r}: must be a positive integer (> 0)")
     return int(value)
+
+
+def _checked_size(nodes: Any, gpus_per_node: Any, where: str) -> tuple[int, int]:
+    """(N, M) as positive integers with N * M <= :data:`MAX_GPUS`, checked before anything is
+    allocated per GPU."""
+    n = _positive_int(nodes, f"{where}nodes")
+    m = _positive_int(gpus_per_node, f"{where}gpus_per_node")
+    if n * m > MAX_GPUS:
+        raise ConfigError(f"{where}nodes x gpus_per_node = {n} x {m} = {n * m:,} GPUs: at most "
+                          f"{MAX_GPUS:,} GPUs are supported (per-GPU arrays and G x G traffic "
+                          f"matrices grow with it)")
+    return n, m
 
 
 def _check_keys(table: Mapping[str, Any], known: tuple[str, ...], where: str) -> None:
@@ -173,8 +187,7 @@ class Topology:
     name: str = ""
 
     def __post_init__(self) -> None:
-        n = _positive_int(self.nodes, "Topology.nodes")
-        m = _positive_int(self.gpus_per_node, "Topology.gpus_per_node")
+        n, m = _checked_size(self.nodes, self.gpus_per_node, "Topology.")
         object.__setattr__(self, "nodes", n)
         object.__setattr__(self, "gpus_per_node", m)
         if not isinstance(self.name, str):
@@ -255,8 +268,7 @@ class Topology:
                 host_memory_bytes_per_node: float = 1e12, uvm_bandwidth: float = 25e9,
                 name: str = "") -> "Topology":
         """A homogeneous cluster: every GPU and node alike (bytes, bytes/s per GPU per direction)."""
-        n = _positive_int(nodes, "nodes")
-        m = _positive_int(gpus_per_node, "gpus_per_node")
+        n, m = _checked_size(nodes, gpus_per_node, "")
         vals = {k: _positive_number(v, k) for k, v in (
             ("hbm_bytes_per_gpu", hbm_bytes_per_gpu), ("intra_node_bandwidth", intra_node_bandwidth),
             ("inter_node_bandwidth", inter_node_bandwidth),
@@ -300,8 +312,7 @@ class Topology:
         for key in ("nodes", "gpus_per_node"):
             if key not in top:
                 raise ConfigError(f"{src}: [topology] is missing the required key {key!r}")
-        n = _positive_int(top["nodes"], f"{src}: [topology] nodes")
-        m = _positive_int(top["gpus_per_node"], f"{src}: [topology] gpus_per_node")
+        n, m = _checked_size(top["nodes"], top["gpus_per_node"], f"{src}: [topology] ")
         name = top.get("name", "")
         if not isinstance(name, str):
             raise ConfigError(f"{src}: [topology] name = {name!r}: must be a string")

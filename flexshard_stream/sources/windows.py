@@ -14,7 +14,10 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["WindowSpec", "parse_window"]
+__all__ = ["MAX_WINDOW_SAMPLES", "WindowSpec", "parse_window"]
+
+#: Largest window in samples (sample counters are int64).
+MAX_WINDOW_SAMPLES = 1 << 62
 
 _UNITS = {"ms": 1e-3, "s": 1.0, "sec": 1.0, "secs": 1.0, "m": 60.0, "min": 60.0, "mins": 60.0,
           "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "d": 86400.0, "day": 86400.0,
@@ -60,8 +63,9 @@ def parse_window(spec: str | int | WindowSpec) -> WindowSpec:
         raise ConfigError(f"window {spec!r}: expected a duration such as '30m' or a number of "
                           f"samples such as '100000'")
     if isinstance(spec, (int, np.integer)):
-        if spec <= 0:
-            raise ConfigError(f"window {spec}: a number of samples must be > 0")
+        if not 0 < spec <= MAX_WINDOW_SAMPLES:
+            raise ConfigError(f"window {spec}: a number of samples must be in "
+                              f"[1, {MAX_WINDOW_SAMPLES:,}]")
         return WindowSpec("samples", int(spec), str(int(spec)))
     if not isinstance(spec, str):
         raise ConfigError(f"window {spec!r}: expected a string such as '30m' (a duration) or "
@@ -76,8 +80,9 @@ def parse_window(spec: str | int | WindowSpec) -> WindowSpec:
             raise ConfigError(f"window {spec!r}: a number of samples must be a whole number; for "
                               f"a duration add a unit (ms, s, m, h, d)")
         n = int(num)
-        if n <= 0:
-            raise ConfigError(f"window {spec!r}: a number of samples must be > 0")
+        if not 0 < n <= MAX_WINDOW_SAMPLES:
+            raise ConfigError(f"window {spec!r}: a number of samples must be in "
+                              f"[1, {MAX_WINDOW_SAMPLES:,}]")
         return WindowSpec("samples", n, spec.strip())
     if unit not in _UNITS:
         raise ConfigError(f"window {spec!r}: unknown unit {m.group(2)!r}; use ms, s, m (min), "

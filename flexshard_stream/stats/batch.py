@@ -46,9 +46,15 @@ def _as_id_array(values: Any, field: str = "values") -> np.ndarray:
 def _as_lengths(lengths: Any) -> np.ndarray:
     arr = np.asarray(lengths)
     if arr.dtype == object or arr.dtype.kind not in "iu":
+        if arr.size == 0 and arr.dtype.kind == "f":   # np.asarray([]) of an empty batch
+            return np.zeros(0, dtype=np.int64)
         raise BatchError(f"lengths must be integers; got dtype {arr.dtype}", field="lengths")
     if arr.ndim != 1:
         raise BatchError(f"expected a 1-D array, got shape {arr.shape}", field="lengths")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        pos = int(np.argmax(arr > np.iinfo(np.int64).max))
+        raise BatchError(f"length {int(arr[pos])} does not fit in int64", field="lengths",
+                         position=pos)
     if arr.dtype != np.int64:
         arr = arr.astype(np.int64)
     return np.ascontiguousarray(arr)
@@ -100,6 +106,12 @@ class Batch:
                 bs = lens.size // len(keys)
                 raise BatchError(f"negative length {int(lens[p])} (sample {p % bs}); expected >= 0",
                                  feature=keys[p // bs], field="lengths", position=p)
+        if lens.size and int(lens.max()) > vals.size:   # before summing: the sum could overflow
+            p = int(np.argmax(lens))
+            bs = lens.size // len(keys)
+            raise BatchError(f"length {int(lens[p])} (sample {p % bs}) exceeds the {vals.size} "
+                             f"values of the whole batch", feature=keys[p // bs], field="lengths",
+                             position=p)
         total = int(lens.sum()) if lens.size else 0
         if total != vals.size:
             raise BatchError(f"lengths sum to {total} but there are {vals.size} values",
@@ -125,9 +137,10 @@ class Batch:
             if ts.ndim != 1 or (ts.size != 1 and ts.size != bs):
                 raise BatchError(f"timestamp must be one value or one per sample ({bs}); "
                                  f"got {ts.size}", field="timestamp")
-            if np.isnan(ts).any():
-                raise BatchError("timestamp is NaN", field="timestamp",
-                                 position=int(np.flatnonzero(np.isnan(ts))[0]))
+            bad = np.flatnonzero(~np.isfinite(ts))
+            if bad.size:
+                raise BatchError(f"timestamp {float(ts[bad[0]])!r} is not a finite number of "
+                                 f"seconds", field="timestamp", position=int(bad[0]))
         object.__setattr__(self, "keys", keys)
         object.__setattr__(self, "values", vals)
         object.__setattr__(self, "lengths", lens)
