@@ -17,16 +17,17 @@ Stages, in the order :func:`~flexshard_stream.placement.planner.plan_flexshard` 
 5. :func:`refinement_states`: scaled variants around the prefixes (few tables only);
 6. :func:`placement_states`: which candidates are also tried with their hottest cold rows placed by
    load;
-7. :class:`PlanBuilder` / :func:`build_plan`: the :class:`~flexshard_stream.placement.plan.Plan` of a
-   candidate: replicas, node replicas spread by load (:func:`node_local_gpus`), cold ranges (equal
-   or weighted by bandwidth, :func:`cold_layouts`) and optionally the hottest cold rows placed by
-   load (:func:`place_by_load_per_bandwidth`).
+7. :class:`PlanBuilder` / :func:`build_plan`: the
+   :class:`~flexshard_stream.placement.plan.Plan` of a candidate: replicas, node replicas spread
+   by load (:func:`node_local_gpus`), cold ranges (equal or weighted by bandwidth,
+   :func:`cold_layouts`) and optionally the hottest cold rows placed by load
+   (:func:`place_by_load_per_bandwidth`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -107,9 +108,9 @@ class BenefitCurve:
         self.rb = float(t.row_bytes)
 
 
-def benefit_curves(tables: Sequence[EmbeddingTable], summaries: dict[str, FrequencySummary],
+def benefit_curves(tables: Sequence[EmbeddingTable], summaries: Mapping[str, FrequencySummary],
                    topology: Topology, batch_size: int, model: CostModel,
-                   mean_lengths: dict[str, float]) -> list[BenefitCurve]:
+                   mean_lengths: Mapping[str, float]) -> list[BenefitCurve]:
     """One :class:`BenefitCurve` per table, in table order.
 
     ``summaries`` and ``mean_lengths`` (IDs per sample) are keyed by table name, as
@@ -125,11 +126,11 @@ class LoadAwareProxy:
     """Constants of the load-aware approximation of the evaluator (the planner's proxy, computed in
     ``kernels/greedy.py``).
 
-    Per GPU and phase, the bytes sent are the balanced average; the bytes received at the busiest GPU
-    are the larger of the average and the load of the single hottest row it must serve (rows are
-    indivisible: a hot cold row's owner, or a hot node replica's local GPU, takes all requests for
-    it). Time of a phase: ``max(intra / min intra_bw, inter / min inter_bw)`` over sends and receives
-    (bytes over bytes per second); the replica all-reduce as in the evaluator, its bytes per
+    Per GPU and phase, the bytes sent are the balanced average; the bytes received at the busiest
+    GPU are the larger of the average and the load of the single hottest row it must serve (rows
+    are indivisible: a hot cold row's owner, or a hot node replica's local GPU, takes all requests
+    for it). Time of a phase: ``max(intra / min intra_bw, inter / min inter_bw)`` over sends and
+    receives (bytes over bytes per second); the replica all-reduce as in the evaluator, its bytes per
     replicated byte ``s0_i``, ``s0_e`` (global replicas, intra / inter-node) and ``s1_e`` (node
     replicas, inter-node).
     """

@@ -211,7 +211,8 @@ class HbmRoom:
 class _Split:
     """Where cold rows go: expected host bytes per GPU, the tables with a host tier, the HBM
     fraction per GPU (float64[G], every table) or per GPU and table (float64[G, T]), and the rows
-    newly placed at their owner (table after table: table t's at ``placed_off[t]:placed_off[t+1]``)."""
+    newly placed at their owner (table after table: table t's at
+    ``placed_off[t]:placed_off[t + 1]``)."""
 
     host: np.ndarray
     tier: np.ndarray
