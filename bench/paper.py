@@ -21,7 +21,7 @@ What is measured, each plan and baseline evaluated by the one evaluator with the
    Two settings, each applied to plan and baselines alike: no in-batch de-duplication (TorchRec's
    estimator) and per-GPU de-duplication.
 3. The model's optimum on the same summaries and budget (16x8): a search over per-table tier sizes
-   (k0 global, k1 node replicas), every candidate built by the planner's ``_build_plan`` and scored by
+   (k0 global, k1 node replicas), every candidate built by the planner's ``build_plan`` and scored by
    ``evaluate_analytic``; see :func:`search_optimum` for exactly what it covers.
 4. Real traces from ../shared/data (MovieLens movies in time order, single-ID and user-history
    chunks; Amazon review histories; Criteo's 26 categorical fields as 26 pooled tables), first half
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import inspect
 import io
 import json
 import math
@@ -52,14 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flexshard_stream import synth  # noqa: E402
 from flexshard_stream.placement.baselines import row_wise, table_row_wise  # noqa: E402
-from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
-from flexshard_stream.placement.planner import (  # noqa: E402
-    PlannerConfig,
-    _build_plan,
-    _Curve,
-    _threshold_states,
-    plan_flexshard,
+from flexshard_stream.placement.candidates import (  # noqa: E402
+    benefit_curves,
+    build_plan,
+    threshold_states,
 )
+from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
+from flexshard_stream.placement.planner import PlannerConfig, plan_flexshard  # noqa: E402
 from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
 from flexshard_stream.placement.topology import Topology  # noqa: E402
 from flexshard_stream.sources.synth import IdPermutation, zipf_pmf_head  # noqa: E402
@@ -132,23 +130,17 @@ def fmt_cmp(d: dict) -> str:
 
 
 # ============================================================================ optimum search
-_BUILD_KW = set(inspect.signature(_build_plan).parameters)
-
-
-def _build(curves, state, topo, cfg, model, place=None, weights=None):
-    kw = {}
-    if place is not None and "place" in _BUILD_KW:
-        kw["place"] = place
-    if weights is not None and "weights" in _BUILD_KW:
-        kw["weights"] = weights
-    return _build_plan(curves, [tuple(map(int, s)) for s in state], topo, cfg, model, **kw)
+def _build(curves, state, topo, cfg, place=False, weights=None):
+    """The planner's plan (``candidates.build_plan``) for tier sizes ``state``."""
+    return build_plan(curves, [tuple(map(int, s)) for s in state], topo,
+                      max_placed=cfg.max_placed, place=place, weights=weights)
 
 
 def search_optimum(tables, topo, sums, B, model, budget, *, starts=(), n_thresholds=24,
                    n_grid=16, passes=3, cfg=None, label=""):
     """The model's best tier sizes on these summaries and this budget, by search.
 
-    Covers (each candidate = per-table ``(k0, k1)`` built by the planner's ``_build_plan``, scored by
+    Covers (each candidate = per-table ``(k0, k1)`` built by the planner's ``build_plan``, scored by
     ``evaluate_analytic``, feasible when its analytic peak per-GPU memory fits ``budget``):
 
     1. a shared two-threshold grid: a row is global when its expected requests per GPU per
@@ -163,23 +155,22 @@ def search_optimum(tables, topo, sums, B, model, budget, *, starts=(), n_thresho
        cold rows placed by load and, on skewed networks, with bandwidth-weighted cold ranges.
 
     Not covered: per-row choices other than prefixes of the summary's order, placements of node
-    replicas and cold rows other than ``_build_plan``'s.
+    replicas and cold rows other than ``build_plan``'s.
     """
     cfg = cfg or PlannerConfig()
     ml = {t.name: float(sums[t.name].mean_length or 1.0) for t in tables}
-    curves = [_Curve(t, sums[t.name], topo, B, model, ml[t.name]) for t in tables]
+    curves = benefit_curves(tables, sums, topo, B, model, ml)
     ks = [c.k for c in curves]
     cache: dict = {}
     t0 = time.perf_counter()
     evals = [0]
-    place_opt = False if "place" in _BUILD_KW else None
 
-    def ev(state, place=place_opt, weights=None, keep=False):
+    def ev(state, place=False, weights=None, keep=False):
         """(time, feasible, plan, cost); plan and cost only with ``keep`` (the cache holds only
         the two numbers: a thousand candidate plans would hold gigabytes)."""
         key = (tuple(map(tuple, state)), place, None if weights is None else weights.tobytes())
         if key not in cache or keep:
-            plan = _build(curves, state, topo, cfg, model, place, weights)
+            plan = _build(curves, state, topo, cfg, place, weights)
             c = evaluate_analytic(plan, sums, B, model, mean_lengths=ml, want_matrices=False)
             evals[0] += key not in cache
             cache[key] = (c.comm_time_s, c.peak_memory_bytes <= budget * (1 + 1e-12))
@@ -194,7 +185,7 @@ def search_optimum(tables, topo, sums, B, model, budget, *, starts=(), n_thresho
         best_t = rwc.comm_time_s
     # 1. shared thresholds (the planner's own candidates, plus "none")
     grid_best = (math.inf, None)
-    for st in [[(0, 0)] * len(curves)] + _threshold_states(curves, n_thresholds):
+    for st in [[(0, 0)] * len(curves)] + threshold_states(curves, n_thresholds):
         t, ok, _, _ = ev(st)
         if ok and t < grid_best[0]:
             grid_best = (t, st)
@@ -237,15 +228,13 @@ def search_optimum(tables, topo, sums, B, model, budget, *, starts=(), n_thresho
             if not improved:
                 break
         descent.append((t_cur, st))
-    # 3. the best few states, with placement / weighted ranges when the planner supports them
+    # 3. the best few states, with placement and (skewed networks) weighted ranges
     finals = sorted({(t, tuple(map(tuple, s))) for t, s in descent + [grid_best]
                      if s is not None and t < math.inf})[:3]
-    opts = [(place_opt, None)]
-    if "place" in _BUILD_KW:
-        opts.append((True, None))
-    if "weights" in _BUILD_KW and topo.nodes > 1 and np.ptp(topo.inter_bw) > 0:
+    opts = [(False, None), (True, None)]
+    if topo.nodes > 1 and np.ptp(topo.inter_bw) > 0:
         w = np.asarray(topo.inter_bw, np.float64)
-        opts += [(place_opt, w)] + ([(True, w)] if "place" in _BUILD_KW else [])
+        opts += [(False, w), (True, w)]
     best_plan, best_cost = (rw, rwc) if best_t < math.inf else (None, None)
     for _, s in finals:
         for place, w in opts:
@@ -636,14 +625,14 @@ def many_tables(T, N, M, k=1000, seed=0):
     return topo, tables, sums
 
 
-_GROUPS = (("_moves (move generation)", (("planner", "_moves"),)),
-           ("_build_plan (candidate plans)", (("planner", "_build_plan"),)),
+_GROUPS = (("move_sequence (move generation)", (("candidates", "move_sequence"),)),
+           ("PlanBuilder.build (candidate plans)", (("candidates", "build"),)),
            ("evaluate_analytic (candidates + RW)", (("cost", "evaluate_analytic"),)),
            ("  analytic Numba kernel", (("analytic", "analytic_traffic"),)),
            ("  Plan.flat", (("plan", "flat"),)),
            ("  Plan.row_bytes_per_gpu", (("plan", "row_bytes_per_gpu"),)),
            ("Plan / TablePlan construction", (("plan", "__init__"), ("plan", "__post_init__"))),
-           ("_Curve construction", (("planner", "__init__"),)),
+           ("benefit_curves (per-table curves)", (("candidates", "benefit_curves"),)),
            ("baselines", (("baselines", "build_baseline"),)))
 
 

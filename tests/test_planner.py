@@ -12,9 +12,26 @@ from hypothesis import strategies as st
 from flexshard_stream import ConfigError
 from flexshard_stream import testing as fst
 from flexshard_stream.placement.baselines import build_baseline, hugectr_hybrid, row_wise
+from flexshard_stream.placement.candidates import (
+    PlanBuilder,
+    benefit_curves,
+    build_plan,
+    cold_layouts,
+    move_sequence,
+    prefix_grid,
+    prefix_states,
+    scaled_variants,
+    threshold_states,
+)
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace
 from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
 from flexshard_stream.placement.planner import MemoryPolicy, PlannerConfig, plan_flexshard
+from flexshard_stream.placement.pricing import (
+    AnalyticPricing,
+    Candidate,
+    CandidatePricer,
+    select_within_budget,
+)
 from flexshard_stream.placement.tables import EmbeddingTable
 from flexshard_stream.placement.topology import Topology
 from flexshard_stream.stats.summary import FrequencySummary
@@ -544,3 +561,186 @@ def test_host_memory_tier_impossible_budget_names_the_buffers():
     topo, tables, sums = _host_workload()
     with pytest.raises(ConfigError, match="buffers"):
         plan_flexshard(tables, topo, sums, 32, MemoryPolicy(bytes_per_gpu=10.0, host_memory=True))
+
+
+# ----------------------------------------------------------------------------- the stages
+def _stage_workload():
+    """Two tables (a skewed sequence table, a milder pooled one) on 2 nodes x 2 GPUs, the second
+    node behind 2x slower inter-node links."""
+    topo = _topo_with_inter_bw([25e9, 25e9, 12.5e9, 12.5e9])
+    tables = [EmbeddingTable("seq", 20_000, 32, "fp32", "sequence", optimizer_state_bytes=4),
+              EmbeddingTable("pool", 5_000, 16, "fp32", "pooled")]
+    sums = {"seq": zipf_summary(tables[0], 1.2, top_k=800, seed=1, mean_length=20.0),
+            "pool": zipf_summary(tables[1], 0.9, top_k=300, seed=2, mean_length=3.0)}
+    return topo, tables, sums
+
+
+def _stage_inputs(tables, topo, sums, B, model):
+    ml = {t.name: float(sums[t.name].mean_length or 1.0) for t in tables}
+    return (benefit_curves(tables, sums, topo, B, model, ml),
+            AnalyticPricing(sums, B, model, ml))
+
+
+def _tiers(plan):
+    return [(v["global"], v["node"]) for v in plan.tier_sizes().values()]
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+@pytest.mark.parametrize("factor", [1.0, 2.0])
+def test_plan_is_the_pinned_recipe_of_its_stages(dedup, factor):
+    """With the refinements off (no thresholds, variants, placement or weighted ranges), the
+    planner is exactly: price row-wise and every grid prefix of the move sequence, take the
+    fastest that fits. The same recipe run here through the public stages must give the same plan,
+    tiers, cost and move counts, bit for bit."""
+    topo, tables, sums = _stage_workload()
+    B, model = 64, CostModel(dedup=dedup)
+    cfg = PlannerConfig(max_placed=0, thresholds=0, variant_tables=0, bandwidth_aware=False)
+    r = plan_flexshard(tables, topo, sums, B, MemoryPolicy(factor=factor), model, config=cfg)
+
+    curves, pricing = _stage_inputs(tables, topo, sums, B, model)
+    moves = move_sequence(curves, topo, model, cfg.blocks)
+    rw = row_wise(tables, topo)
+    cands = [Candidate(rw, pricing.cost(rw), 0, None, None)]
+    grid = prefix_grid(len(moves), cfg.prefix_candidates, coarse=False)
+    for g, state in prefix_states(moves, grid, len(tables)):
+        p = build_plan(curves, state, topo, max_placed=0, place=False)
+        cands.append(Candidate(p, pricing.cost(p), g, state, None))
+    rw_peak = cands[0].cost.peak_memory_bytes
+    best = select_within_budget(cands, factor * rw_peak, need_bytes=rw_peak, host_memory=False)
+
+    assert len(moves) > 0 and r.moves_generated == len(moves)
+    assert r.moves_applied == best.moves_applied
+    assert r.plan.strategy == ("rw" if best is cands[0] else "flexshard")
+    assert all(r.plan[n] == best.plan[n] for n in r.plan.tables)
+    assert r.cost.comm_time_s == best.cost.comm_time_s
+    assert r.cost.peak_memory_bytes == best.cost.peak_memory_bytes
+    if factor > 1:  # room for replicas: the recipe must have chosen some
+        assert r.plan.strategy == "flexshard" and any(k0 + k1 for k0, k1 in _tiers(r.plan))
+
+
+@pytest.mark.parametrize("case", ["two_tables", "hot_in_range"])
+def test_default_plan_is_rebuilt_from_its_tiers(case):
+    """With every refinement on, the chosen plan is what ``build_plan`` gives for its tier sizes,
+    cold layout and placement, and the evaluator gives it exactly the planner's cost."""
+    if case == "two_tables":
+        topo, tables, sums = _stage_workload()
+    else:
+        topo, t, s = _hot_in_range_case()
+        tables, sums = [t], {"items": s}
+    B, model = 64, CostModel()
+    r = plan_flexshard(tables, topo, sums, B, MemoryPolicy(factor=2.0), model)
+    assert r.plan.strategy == "flexshard"
+    curves, pricing = _stage_inputs(tables, topo, sums, B, model)
+    weighted = r.plan.meta["cold_ranges"] == "bandwidth-weighted"
+    placed = any(tp.placed_ids.size for tp in r.plan.tables.values())
+    again = build_plan(curves, _tiers(r.plan), topo, max_placed=PlannerConfig().max_placed,
+                       place=placed, weights=np.asarray(topo.inter_bw) if weighted else None)
+    assert all(r.plan[n] == again[n] for n in r.plan.tables)
+    cost = pricing.cost(again)
+    assert cost.comm_time_s == r.cost.comm_time_s
+    assert cost.peak_memory_bytes == r.cost.peak_memory_bytes
+
+
+def test_prefix_grid_and_states():
+    for n in (0, 1, 5, 100, 1000):
+        grid = prefix_grid(n, 16, coarse=False)
+        assert grid == sorted(set(grid)) and grid[0] == 0 and grid[-1] == n
+        assert len(grid) <= 16 + 2
+    coarse = prefix_grid(1000, 16, coarse=True)
+    assert coarse == [16, 250, 500, 750, 1000]
+    moves = [(0, 1, 0), (1, 0, 2), (0, 1, 3), (0, 2, 2)]
+    states = prefix_states(moves, [0, 2, 4], 2)
+    assert states == [(0, [(0, 0), (0, 0)]), (2, [(1, 0), (0, 2)]), (4, [(2, 2), (0, 2)])]
+    states[1][1][0] = (9, 9)  # every state is a list of its own
+    assert states[2][1][0] == (2, 2)
+
+
+def test_move_sequence_moves_are_tier_prefixes_of_the_curves():
+    topo, tables, sums = _stage_workload()
+    curves, _ = _stage_inputs(tables, topo, sums, 64, CostModel())
+    moves = move_sequence(curves, topo, CostModel(), blocks=64)
+    assert moves
+    for t, k0, k1 in moves:
+        assert 0 <= t < len(tables) and k0 >= 0 and k1 >= 0 and k0 + k1 <= curves[t].k
+    assert move_sequence([], topo, CostModel(), blocks=64) == []
+
+
+def test_threshold_states_cut_every_table_at_the_same_value():
+    """Rows promoted to a tier (global, or at least node) in one state are at least as valuable
+    per byte as every row left below it, in every table."""
+    topo, tables, sums = _stage_workload()
+    curves, _ = _stage_inputs(tables, topo, sums, 64, CostModel())
+    score = [c.req * (c.eb / c.rb) for c in curves]
+    states = threshold_states(curves, 6)
+    assert len(states) == 7 * 8 // 2 - 1  # pairs over 6 levels + "none", all-cold excluded
+    for st in states:
+        for cut in ([k0 for k0, _ in st], [k0 + k1 for k0, k1 in st]):
+            inside = [s[k - 1] for s, k in zip(score, cut) if k > 0]
+            outside = [s[k] for s, k in zip(score, cut) if k < s.size]
+            if inside and outside:
+                assert min(inside) >= max(outside)
+    assert threshold_states(curves, 0) == []
+
+
+def test_scaled_variants_stay_within_the_summaries():
+    topo, tables, sums = _stage_workload()
+    curves, _ = _stage_inputs(tables, topo, sums, 64, CostModel())
+    st = [(10, 30), (0, 5)]
+    vs = scaled_variants(st, curves, (0, 1, 64), (0.5, 1, 100))
+    assert len(vs) == 9
+    for v in vs:
+        for (k0, k1), c in zip(v, curves):
+            assert 0 <= k0 and 0 <= k1 and k0 + k1 <= c.k
+    assert vs[0] == [(0, 20), (0, 2)]           # global x 0, prefix x 0.5
+    assert vs[4] == [(10, 30), (1, 4)]          # x 1, x 1: a table's boundary is at least one row
+    # global x 64, prefix x 100: the whole summary replicated, 64x the global boundary
+    assert vs[-1] == [(640, curves[0].k - 640), (64, curves[1].k - 64)]
+
+
+def test_pricer_prices_each_candidate_once_under_every_layout():
+    topo, tables, sums = _stage_workload()
+    curves, pricing = _stage_inputs(tables, topo, sums, 64, CostModel())
+    layouts = cold_layouts(topo, bandwidth_aware=True)
+    assert len(layouts) == 2 and layouts[0] is None
+    assert len(cold_layouts(topo, bandwidth_aware=False)) == 1
+    builder = PlanBuilder(curves, topo, max_placed=0)
+    pricer = CandidatePricer(builder, layouts, pricing, budget_bytes=1e18, host_memory=False)
+    st = [(3, 20), (0, 10)]
+    best = pricer.price(st, 7)
+    assert len(pricer.candidates) == 2
+    assert best.iteration_time_s == min(c.cost.iteration_time_s for c in pricer.candidates)
+    assert pricer.price(st, 7) is best and len(pricer.candidates) == 2   # cached
+    pricer.price(st, 7, place=True)
+    assert len(pricer.candidates) == 4
+    c = pricer.candidates[1]
+    assert c.state == st and c.moves_applied == 7 and np.array_equal(c.weights, topo.inter_bw)
+    assert c.cost.comm_time_s == pricing.cost(c.plan).comm_time_s
+    assert [x.cost.iteration_time_s for x in pricer.fastest(4)] == sorted(
+        x.cost.iteration_time_s for x in pricer.candidates)
+
+
+def test_select_within_budget_fastest_that_fits_and_the_error():
+    topo, tables, sums = _stage_workload()
+    curves, pricing = _stage_inputs(tables, topo, sums, 64, CostModel())
+    rw = row_wise(tables, topo)
+    cands = [Candidate(rw, pricing.cost(rw), 0, None, None)]
+    for st in ([(50, 200), (0, 50)], [(0, 0), (0, 0)], [(1, 0), (0, 0)]):
+        p = build_plan(curves, st, topo, max_placed=0, place=False)
+        cands.append(Candidate(p, pricing.cost(p), 1, st, None))
+    quick = min(cands, key=lambda c: c.cost.iteration_time_s)
+    cands.append(Candidate(quick.plan, quick.cost, 2, quick.state, None))  # a tie, priced later
+    peaks = [c.cost.peak_memory_bytes for c in cands]
+    assert len(set(peaks)) > 2
+    for budget in sorted(peaks):
+        best = select_within_budget(cands, budget, need_bytes=peaks[0], host_memory=False)
+        fit = [c for c in cands if c.cost.peak_memory_bytes <= budget * (1 + 1e-12)]
+        fastest = min(c.cost.iteration_time_s for c in fit)
+        assert best is next(c for c in fit if c.cost.iteration_time_s == fastest)  # first of ties
+    assert select_within_budget(cands, max(peaks), need_bytes=0, host_memory=False) is quick
+    too_small = 0.5 * min(peaks)
+    with pytest.raises(ConfigError, match=re.escape(f"{too_small:.4g} bytes per GPU is impossible"
+                                                    f": even the row-wise plan needs "
+                                                    f"{peaks[0]:.4g} bytes")):
+        select_within_budget(cands, too_small, need_bytes=peaks[0], host_memory=False)
+    with pytest.raises(ConfigError, match="buffers and reservation alone"):
+        select_within_budget(cands, too_small, need_bytes=peaks[0], host_memory=True)

@@ -14,7 +14,12 @@ from flexshard_stream import testing as fst
 from flexshard_stream.placement.baselines import row_wise, table_wise
 from flexshard_stream.placement.cost import Cost, CostModel, evaluate_analytic, evaluate_trace
 from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
-from flexshard_stream.placement.recshard import cold_rows_per_gpu, slow_memory_report, split_cold
+from flexshard_stream.placement.recshard import (
+    HbmRoom,
+    cold_rows_per_gpu,
+    slow_memory_report,
+    split_cold,
+)
 from flexshard_stream.placement.tables import EmbeddingTable
 from flexshard_stream.placement.topology import Topology
 from flexshard_stream.stats.batch import Batch, slice_batch
@@ -303,6 +308,44 @@ def budget_for(plan, sums, B, keep, model=None):
                                               float)
     fixed = c.peak_memory_per_gpu - cold
     return float(fixed.max() + keep * cold.max()), c
+
+
+@pytest.mark.parametrize("hash_cold", [False, True])
+def test_non_cold_rows_and_cold_rows_add_up_to_the_table(hash_cold):
+    """``Plan.non_cold_rows_per_gpu`` (replicas and placed rows) plus ``cold_rows_per_gpu`` is
+    every row each GPU stores, and the non-cold rows are counted by hand here."""
+    topo, tabs, sums, plan = skewed_workload(hash_cold=hash_cold)
+    G, M = topo.num_gpus, topo.gpus_per_node
+    order = fst.summary_order(tabs[0], sums["a"], 40)
+    tps = list(plan.tables.values())
+    tps[0] = TablePlan(tabs[0], tps[0].cold, global_ids=np.sort(order[:5]),
+                       node_ids=np.sort(order[5:15]), node_local=np.arange(10) % M,
+                       placed_ids=np.sort(order[15:40]), placed_gpus=np.arange(25) % G)
+    plan = Plan(plan.strategy, topo, tps)
+    cold = cold_rows_per_gpu(plan)
+    for t, tp in enumerate(plan.tables.values()):
+        extra = Plan.non_cold_rows_per_gpu(tp, topo)
+        assert np.array_equal(extra + cold[:, t], tp.rows_per_gpu(topo))
+    by_hand = 5 + np.tile(np.bincount(np.arange(10) % M, minlength=M), topo.nodes) \
+        + np.bincount(np.arange(25) % G, minlength=G)
+    assert np.array_equal(Plan.non_cold_rows_per_gpu(tps[0], topo), by_hand)
+    assert not Plan.non_cold_rows_per_gpu(tps[1], topo).any()
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 1.5])
+def test_hbm_room_is_the_budget_less_what_stays_in_hbm(keep):
+    """Capacity per GPU = budget - (peak - cold bytes), less a 1e-12 margin; the overflowing GPUs
+    are those whose cold bytes exceed it, and only they get rows in host memory."""
+    topo, tabs, sums, plan = skewed_workload()
+    budget, c = budget_for(plan, sums, 16, keep)
+    b = np.full(topo.num_gpus, budget)
+    room = HbmRoom.measure(plan, c, b)
+    fixed = c.peak_memory_per_gpu - room.cold_bytes
+    assert np.allclose(room.capacity, np.maximum(b - fixed, 0), rtol=1e-9)
+    assert np.array_equal(room.over, room.cold_bytes > room.capacity * (1 + 1e-9))
+    assert room.over.any() == (keep < 1)
+    host = split_cold(plan, sums, 16, b, cost=c).host_bytes_per_gpu
+    assert np.array_equal(host > 0, room.over)
 
 
 @pytest.mark.parametrize("aware", [True, False])

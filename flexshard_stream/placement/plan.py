@@ -305,7 +305,7 @@ class TablePlan:
         G = topo.num_gpus
         if not self.has_host_tier:
             return np.zeros(G)
-        cold = (self.rows_per_gpu(topo) - Plan._non_cold_rows(self, topo)).astype(np.float64)
+        cold = (self.rows_per_gpu(topo) - Plan.non_cold_rows_per_gpu(self, topo)).astype(np.float64)
         return (1.0 - self.hbm_fraction) * cold
 
     def to_dict(self) -> dict[str, Any]:
@@ -447,7 +447,7 @@ class Plan:
             if tp.placed_ids.size:
                 out += np.bincount(tp.placed_gpus, minlength=G) * rb
             if tp.cold.kind == "hash":
-                cold = (tp.rows_per_gpu(topo) - self._non_cold_rows(tp, topo)) * rb
+                cold = (tp.rows_per_gpu(topo) - self.non_cold_rows_per_gpu(tp, topo)) * rb
                 if tp.has_host_tier:
                     out += tp.hbm_fraction * cold
                     host += (1.0 - tp.hbm_fraction) * cold
@@ -462,8 +462,10 @@ class Plan:
         return out, host
 
     @staticmethod
-    def _non_cold_rows(tp: TablePlan, topo: Topology) -> np.ndarray:
-        """Rows per GPU from tiers and placements only (what rows_per_gpu adds besides cold)."""
+    def non_cold_rows_per_gpu(tp: TablePlan, topo: Topology) -> np.ndarray:
+        """Rows of table plan ``tp`` each GPU of ``topo`` stores outside its cold function
+        (int64[G]): global replicas, node replicas and placed rows, i.e. what
+        ``tp.rows_per_gpu(topo)`` counts besides the cold rows."""
         G, M = topo.num_gpus, topo.gpus_per_node
         rows = np.full(G, tp.global_ids.size, dtype=np.int64)
         rows += np.tile(np.bincount(tp.node_local, minlength=M).astype(np.int64), topo.nodes)

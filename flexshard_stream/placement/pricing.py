@@ -1,0 +1,177 @@
+"""The planner's price and select stages: candidates priced by the one evaluator, the fastest that
+fits the memory budget chosen.
+
+- :class:`AnalyticPricing`: the workload every candidate is priced on, and
+  :meth:`AnalyticPricing.cost`, the one evaluator
+  (:func:`~flexshard_stream.placement.cost.evaluate_analytic`) on it;
+- :class:`CandidatePricer`: builds each proposed candidate under every cold layout
+  (``placement.candidates``), fits it to the HBM budget with the host memory tier when asked
+  (:func:`~flexshard_stream.placement.recshard.split_cold`), prices it, and keeps every priced
+  :class:`Candidate` (each priced once);
+- :func:`select_within_budget`: the fastest candidate whose peak per-GPU memory fits the budget, or
+  the error with the numbers.
+
+docs/PLANNER.md, "Steps" 3 and 6, gives the reasoning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..stats.summary import FrequencySummary
+from .candidates import PlanBuilder, State
+from .cost import Cost, CostModel, evaluate_analytic
+from .plan import Plan
+from .recshard import split_cold
+
+__all__ = ["AnalyticPricing", "Candidate", "CandidatePricer", "fits_budget",
+           "select_within_budget"]
+
+# relative slack on the budget and on "faster": absorbs the rounding of the evaluator's sums
+_REL = 1e-12
+
+
+def fits_budget(cost: Cost, budget_bytes: float) -> bool:
+    """Whether the plan's peak per-GPU memory (bytes) fits ``budget_bytes`` per GPU (relative
+    slack 1e-12)."""
+    return cost.peak_memory_bytes <= budget_bytes * (1 + _REL)
+
+
+@dataclass(frozen=True)
+class AnalyticPricing:
+    """The workload candidates are priced on.
+
+    summaries : {table name: FrequencySummary}, one per table
+    batch_size : samples per GPU per iteration
+    model : the cost model options
+    mean_lengths : {table name: IDs per sample}
+    """
+
+    summaries: Mapping[str, FrequencySummary]
+    batch_size: int
+    model: CostModel
+    mean_lengths: Mapping[str, float]
+
+    def cost(self, plan: Plan) -> Cost:
+        """The analytic evaluator's cost of ``plan`` (no per-GPU traffic matrices)."""
+        return evaluate_analytic(plan, self.summaries, self.batch_size, self.model,
+                                 mean_lengths=self.mean_lengths, want_matrices=False)
+
+
+@dataclass
+class Candidate:
+    """A priced candidate.
+
+    plan, cost : the plan (host tier included when it was fitted) and its modelled cost
+    moves_applied : the prefix of the move sequence it comes from (0: none; -1: a shared-threshold
+                    candidate)
+    state : per-table tier sizes ``(k0, k1)`` (None for a baseline)
+    weights : the cold ranges' weights per GPU (None: equal ranges)
+    """
+
+    plan: Plan
+    cost: Cost
+    moves_applied: int
+    state: list[tuple[int, int]] | None
+    weights: np.ndarray | None
+
+
+class CandidatePricer:
+    """Prices candidate tier sizes under every cold layout; each (state, layout, placement) once.
+
+    Parameters
+    ----------
+    builder : turns tier sizes into plans (owns the plan caches)
+    layouts : the cold range weights to try (``candidates.cold_layouts``; None: equal ranges)
+    pricing : the workload and the evaluator
+    budget_bytes : the per-GPU memory budget (HBM bytes with the host tier)
+    host_memory : fit a candidate over the budget by moving cold rows to host memory
+    """
+
+    def __init__(self, builder: PlanBuilder, layouts: Sequence[np.ndarray | None],
+                 pricing: AnalyticPricing, budget_bytes: float, host_memory: bool):
+        self.builder = builder
+        self.layouts = list(layouts)
+        self.pricing = pricing
+        self.budget_bytes = budget_bytes
+        self.host_memory = host_memory
+        self._priced: dict[tuple, Candidate] = {}
+
+    def fit(self, plan: Plan, cost: Cost) -> tuple[Plan, Cost]:
+        """With the host tier: a plan over the budget keeps its hottest cold rows in HBM and the
+        rest in host memory, then is priced again; unchanged when it fits, without the host tier,
+        or when even its replicas and buffers exceed the budget (then infeasible)."""
+        if not self.host_memory or fits_budget(cost, self.budget_bytes):
+            return plan, cost
+        p = self.pricing
+        try:
+            split = split_cold(plan, p.summaries, p.batch_size, self.budget_bytes, p.model,
+                               mean_lengths=p.mean_lengths, cost=cost)
+        except ConfigError:
+            return plan, cost
+        return split, p.cost(split)
+
+    def baseline(self, plan: Plan, cost: Cost) -> Candidate:
+        """A baseline plan with its cost, fitted (:meth:`fit`) as every candidate is."""
+        plan, cost = self.fit(plan, cost)
+        return Candidate(plan, cost, 0, None, None)
+
+    def price(self, state: State, moves_applied: int, *, place: bool = False) -> Cost:
+        """Price tier sizes ``state`` under every cold layout (``place``: with the hottest cold
+        rows placed by load); returns the fastest cost (least ``iteration_time_s``)."""
+        best = None
+        for li, weights in enumerate(self.layouts):
+            key = (tuple(state), li, place)
+            cand = self._priced.get(key)
+            if cand is None:
+                plan = self.builder.build(state, place=place, weights=weights)
+                plan, cost = self.fit(plan, self.pricing.cost(plan))
+                cand = self._priced[key] = Candidate(plan, cost, moves_applied, list(state),
+                                                     weights)
+            if best is None or cand.cost.iteration_time_s < best.iteration_time_s:
+                best = cand.cost
+        return best
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        """Every priced candidate, in the order first priced."""
+        return list(self._priced.values())
+
+    def fastest(self, n: int) -> list[Candidate]:
+        """The ``n`` fastest priced candidates (least ``iteration_time_s``, then first priced),
+        feasible or not."""
+        cands = self.candidates
+        order = sorted((c.cost.iteration_time_s, i) for i, c in enumerate(cands))
+        return [cands[i] for _, i in order[:n]]
+
+
+def select_within_budget(candidates: Sequence[Candidate], budget_bytes: float, *,
+                         need_bytes: float, host_memory: bool) -> Candidate:
+    """The fastest candidate (least ``iteration_time_s``: communication plus host-memory lookups)
+    whose peak per-GPU memory fits ``budget_bytes``; the first of equally fast ones (relative
+    1e-12).
+
+    Raises
+    ------
+    ConfigError
+        No candidate fits: names the budget and ``need_bytes`` (what the row-wise plan needs per
+        GPU at its peak), or, with the host tier, says the buffers alone do not fit.
+    """
+    best = None
+    for c in candidates:
+        faster = best is None or c.cost.iteration_time_s < best.cost.iteration_time_s * (1 - _REL)
+        if faster and fits_budget(c.cost, budget_bytes):
+            best = c
+    if best is not None:
+        return best
+    if host_memory:
+        raise ConfigError(f"memory budget {budget_bytes:.4g} bytes per GPU is impossible even with "
+                          "cold rows in host memory: the row-wise plan's communication "
+                          "buffers and reservation alone do not fit")
+    raise ConfigError(f"memory budget {budget_bytes:.4g} bytes per GPU is impossible: even the "
+                      f"row-wise plan needs {need_bytes:.4g} bytes per GPU at its peak (the host "
+                      "memory tier, MemoryPolicy(host_memory=True), can hold cold rows)")
