@@ -1,4 +1,6 @@
-"""The planner's greedy move sequence in one Numba call (see flexshard_stream/placement/candidates.py, ``move_sequence``).
+"""The planner's greedy move sequence in one Numba call.
+
+Called by ``flexshard_stream/placement/candidates.py: move_sequence``.
 
 Per table ``t`` the cumulative curves over its top rows in decreasing probability are concatenated:
 ``R`` (expected requests per source GPU), ``U`` (expected distinct rows touched, all-reduce) and ``P``
