@@ -30,17 +30,21 @@ def _resharder(**kw):
     return Resharder(TABLES, TOPO, B, stats=stats, model=MODEL, config=cfg, **kw)
 
 
-def _feed(rs, scen, windows, seed=3):
+def _feed(rs, scen, windows, seed=3, changes=None):
+    """Feed ``windows`` windows of ``scen``; every decision that moved the plan is appended to
+    ``changes`` as ``(decision, plan after it)``."""
     for batches in drift.generate_windows(SPECS, scen, windows, SPW, TOPO.num_gpus * B // 2,
                                           seed=seed):
         for b in batches:
-            rs.update(b)
+            d = rs.update(b)
+            if changes is not None and d is not None and d.delta is not None:
+                changes.append((d, rs.plan))
 
 
 def test_stationary_converges_then_stays_still():
     seen = []
-    rs = _resharder(on_change=lambda d, p: seen.append((d, p)))
-    _feed(rs, drift.scenario("stationary"), 8)
+    rs = _resharder()
+    _feed(rs, drift.scenario("stationary"), 8, changes=seen)
     checks = rs.history
     assert len(checks) >= 12
     assert any(d.delta is not None for d in checks[:4]), "the first checks move off row-wise"
@@ -54,8 +58,8 @@ def test_stationary_converges_then_stays_still():
 
 def test_every_intermediate_plan_is_valid_and_fits():
     plans = []
-    rs = _resharder(on_change=lambda d, p: plans.append((d, p)))
-    _feed(rs, drift.scenario("rotating", k=300, rate=0.3), 5)
+    rs = _resharder()
+    _feed(rs, drift.scenario("rotating", k=300, rate=0.3), 5, changes=plans)
     assert len(plans) >= 3
     view = rs.stats.view().summary(2048)
     for d, p in plans:
@@ -105,9 +109,9 @@ def test_migration_budget_is_respected_and_partial_steps_apply_exactly():
     out = []
     cfg = ReshardConfig(check_every=4, horizon_iterations=1000, top_k=2048,
                         migration_budget_bytes=budget)
-    rs = _resharder(config=cfg, on_change=lambda d, p: out.append((d, p)))
+    rs = _resharder(config=cfg)
     start = rs.plan
-    _feed(rs, drift.scenario("stationary"), 3)
+    _feed(rs, drift.scenario("stationary"), 3, changes=out)
     assert out, "some step fits 20 kB"
     prev = start
     for d, p in out:
