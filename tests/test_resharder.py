@@ -142,3 +142,60 @@ def test_initial_plan_must_match_tables():
     from flexshard_stream.placement.baselines import build_baseline
     with pytest.raises(ConfigError, match="tables"):
         Resharder(TABLES, TOPO, B, plan=build_baseline("rw", other, TOPO))
+
+
+# ----------------------------------------------------------------------- the state protocol
+
+
+def test_state_round_trip_makes_the_same_next_decisions():
+    scen = drift.scenario("rotating", k=200, rate=0.5)
+    windows = list(drift.generate_windows(SPECS, scen, 3, SPW, TOPO.num_gpus * B // 2, seed=7))
+    rs = _resharder()
+    for b in windows[0] + windows[1]:
+        rs.update(b)
+    assert rs.history and rs.budget_bytes is not None
+    twin = _resharder()
+    assert twin.stats.restore(rs.stats.state()) == []
+    assert twin.restore(rs.state()) == []
+    assert (twin.plan, twin.checks, twin.budget_bytes, twin.migrated_bytes) == \
+        (rs.plan, rs.checks, rs.budget_bytes, rs.migrated_bytes)
+    assert twin.history == []
+    made = []
+    for b in windows[2]:
+        d, d2 = rs.update(b), twin.update(b)
+        assert (d is None) == (d2 is None)
+        if d is not None:
+            made.append(d.check)
+            assert d2.to_json() == d.to_json()
+            assert twin.plan == rs.plan
+    assert made and made[0] == len(rs.history) - len(made)   # numbered on, not from 0
+
+
+def test_restore_refuses_a_foreign_state_and_changes_nothing():
+    rs = _resharder()
+    _feed(rs, drift.scenario("stationary"), 1)
+    good = rs.state()
+    from flexshard_stream.errors import FormatError
+    from flexshard_stream.placement.baselines import build_baseline
+    other = [EmbeddingTable("x", 10, 4)]
+    fresh = _resharder()
+    before = fresh.state()
+    for bad, error, match in [
+            ({**good, "version": 9}, FormatError, "version 9"),
+            ({**good, "kind": "decayed"}, ConfigError, "cannot be restored"),
+            ({**good, "plan": build_baseline("rw", other, TOPO)}, ConfigError, "other tables"),
+            ({**good, "plan": build_baseline("rw", TABLES, Topology.uniform(1, 4))},
+             ConfigError, "topology"),
+            ({**good, "migrated_bytes": -1.0}, FormatError, "migrated"),
+            ({**good, "checks": "3"}, FormatError, "'checks'")]:
+        with pytest.raises(error, match=match):
+            fresh.restore(bad)
+        assert fresh.state() == before
+
+
+def test_restore_keeps_an_explicit_memory_budget():
+    rs = _resharder()
+    _feed(rs, drift.scenario("stationary"), 1)
+    fixed = _resharder(memory=MemoryPolicy(bytes_per_gpu=5e6))
+    notes = fixed.restore(rs.state())
+    assert fixed.budget_bytes == 5e6 and len(notes) == 1 and "budget_bytes" in notes[0]

@@ -125,7 +125,7 @@ class WindowedStats:
         check_state(state, "windowed", _STATE_VERSION,
                     {"window": NUMBER, "slots": int, "unit": str, "seen": int, "starts": list})
         if state["unit"] != self.clock.unit:
-            raise ConfigError(f"the windowed state counts in {state['unit']!r}, this object in "
+            raise ConfigError(f"the windowed state's unit is {state['unit']!r}, this object's "
                               f"{self.clock.unit!r}: its sub-window starts cannot be carried over")
         starts = state["starts"]
         if not all(isinstance(x, NUMBER) and not isinstance(x, bool) and math.isfinite(x)

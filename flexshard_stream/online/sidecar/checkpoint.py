@@ -38,7 +38,7 @@ from .ingest import IngestWorker
 from .publisher import Publisher
 
 __all__ = ["Checkpoint", "ResumeReport", "Resumed", "checkpoint_number", "count_loss",
-           "find_checkpoint", "list_checkpoints", "read_checkpoint", "read_counters",
+           "find_checkpoint", "holds_previous_run", "list_checkpoints", "read_checkpoint", "read_counters",
            "resharder_state", "resume", "stats_state", "write_checkpoint"]
 
 _PLANS = ("plan", "prev_target")
@@ -54,6 +54,11 @@ def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
         if p.is_dir() and p.name.startswith("ckpt-") and p.name[5:].isdigit():
             found.append((int(p.name[5:]), p))
     return [p for _, p in sorted(found, reverse=True)]
+
+
+def holds_previous_run(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds a sidecar run's state (a published plan or a checkpoint)."""
+    return (Path(out_dir) / "state.json").exists() or bool(list_checkpoints(out_dir))
 
 
 def checkpoint_number(path: Path) -> int:
@@ -307,6 +312,13 @@ class ResumeReport:
         if self.dropped_after_checkpoint:
             loss += f"; {self.dropped_after_checkpoint} were dropped by the queue policy"
         return loss
+
+    def count_exactly(self, batches: int, ids: int, source: str) -> None:
+        """Replace the loss counted from the counters file by an exact count from ``source`` (the
+        ring's read counter in shared memory), and :meth:`finish` again."""
+        self.lost_batches, self.lost_ids = int(batches), int(ids)
+        self.exact, self.source, self.counted_at = True, source, time.time()
+        self.finish()
 
     def finish(self) -> None:
         """Set :attr:`message` and log it (a warning when batches were lost or checkpoints

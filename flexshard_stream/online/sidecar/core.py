@@ -6,15 +6,13 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError, FormatError
-from ...placement.delta import plan_fingerprint
+from ...errors import ConfigError
 from ...placement.plan import Plan
 from ...placement.tables import EmbeddingTable, load_tables
 from ...placement.topology import Topology
@@ -23,10 +21,10 @@ from ...stats.config import TableConfig
 from ...stats.stream import StreamStats
 from ...stats.window import DecayedStats, WindowedStats
 from ..resharder import CheckSchedule, Decision, ReshardConfig, Resharder, made_for
-from .checkpoint import ResumeReport, list_checkpoints, resume, write_checkpoint
-from .common import (COUNTER_KEYS, COUNTERS_FORMAT, FORMAT_VERSION, Coordination, SidecarError,
-                     deadline_after, log, remove_temp_entries, warn)
+from .checkpoint import ResumeReport, holds_previous_run, resume
+from .common import Coordination, SidecarError, deadline_after, log, remove_temp_entries
 from .ingest import BoundedQueue, IngestWorker, SidecarStats
+from .ledger import Ledger
 from .loader import AttachedLoader, copy_batch, to_batch
 from .planning import PlanningWorker
 from .publisher import Publisher, lock_directory
@@ -47,8 +45,9 @@ class Sidecar:
     out_dir : where plans, deltas, counters and checkpoints are written (created)
     stats : StreamStats | DecayedStats | WindowedStats (default: DecayedStats with a half-life of
         4 checks, keyed by the tables' features). Owned by the sidecar's ingest thread from now on.
-    config, memory, model, planner, plan : as for :class:`~flexshard_stream.online.resharder.Resharder`
-        (``plan``: the initial plan, default row-wise; ignored when resuming)
+    config, memory, model, planner, plan : as for
+        :class:`~flexshard_stream.online.resharder.Resharder` (``plan``: the initial plan, default
+        row-wise; ignored when resuming)
     queue_batches : most batches waiting in the queue (>= 1)
     queue_ids, queue_bytes : most IDs / bytes (values, lengths, weights, timestamps) waiting;
         None: no bound. A single batch larger than a bound is accepted only into an empty queue.
@@ -104,18 +103,25 @@ class Sidecar:
         self.batch_size, self.config = int(batch_size), config or ReshardConfig()
         self.out_dir = Path(out_dir)
         self.policy, self.block_timeout, self.copy = policy, block_timeout, bool(copy)
-        self.keep_checkpoints = int(keep_checkpoints)
-        self.source = dict(source or {})
-        self._source_before = (int(source_batches), int(source_ids))
+        self.keep_checkpoints, self.source = int(keep_checkpoints), dict(source or {})
         self._stats = self._statistics(stats)
-        self._base = dict.fromkeys(COUNTER_KEYS, 0)   # cumulative counters of earlier runs
-        self._lost_before = self._lost_total = 0      # batches lost in earlier crashes
-        self._ckpt_seq, self._ckpt_marker = 0, None
         self._closed = False
         self._publisher = Publisher(self.out_dir, keep_plans=int(keep_plans),
                                     keep_deltas=keep_deltas)
-        self._build(memory, model, planner, plan, callback, int(nice), checkpoint_every_s,
-                    counters_every_s)
+        self._build(memory, model, planner, plan, callback, int(nice))
+        self._ledger = Ledger(self._sync, self.out_dir, queue=self._queue,
+                              planning=self._planning, publisher=self._publisher,
+                              stats=self._stats, keep_checkpoints=self.keep_checkpoints,
+                              source=self.source,
+                              source_before=(int(source_batches), int(source_ids)))
+        self._ingest = IngestWorker(
+            self._sync, self._queue, self._stats, top_k=self.config.top_k,
+            schedule=CheckSchedule(self.config.check_every, self.config.unit),
+            hand_over=self._planning.offer, checkpoint=self._ledger.checkpoint,
+            write_counters=self._ledger.write_counters, checkpoint_every_s=checkpoint_every_s,
+            counters_every_s=counters_every_s, nice=int(nice))
+        self.checkpoint_every_s = self._ingest.checkpoint_every_s
+        self.counters_every_s = self._ingest.counters_every_s
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_directory(self.out_dir)
         try:
@@ -134,32 +140,27 @@ class Sidecar:
         return stats
 
     def _build(self, memory: Any, model: Any, planner: Any, plan: Plan | None, callback: Any,
-               nice: int, checkpoint_every_s: float | None, counters_every_s: float) -> None:
-        cfg = self.config
+               nice: int) -> None:
         self.resharder = Resharder(self.tables, self.topology, self.batch_size, stats=self._stats,
-                                   memory=memory, model=model, planner=planner, config=cfg,
-                                   plan=plan)
+                                   memory=memory, model=model, planner=planner,
+                                   config=self.config, plan=plan)
         self._planning = PlanningWorker(self._sync, self.resharder, self._publisher,
                                         callback=callback, nice=nice,
                                         batches_in_stats=lambda: self._ingest.batches_in_stats)
-        self._ingest = IngestWorker(
-            self._sync, self._queue, self._stats, top_k=cfg.top_k,
-            schedule=CheckSchedule(cfg.check_every, cfg.unit), hand_over=self._planning.offer,
-            checkpoint=self._write_checkpoint, write_counters=self._write_counters,
-            checkpoint_every_s=checkpoint_every_s, counters_every_s=counters_every_s, nice=nice)
-        self.checkpoint_every_s = self._ingest.checkpoint_every_s
-        self.counters_every_s = self._ingest.counters_every_s
 
     def _start(self, resume: bool) -> None:
         self._publisher.remove_temp_files()
         remove_temp_entries(self.out_dir / "checkpoints")
         self.resume_report = ResumeReport()
-        taken_up = self._resume() if resume else self._refuse_previous_run()
+        if not resume and holds_previous_run(self.out_dir):
+            raise ConfigError(f"{self.out_dir} holds the state of a previous sidecar run; pass "
+                              "resume=True to continue it, or use an empty directory")
+        taken_up = resume and self._resume()
         if self._publisher.plan is None:
             self._publisher.publish_full(self.resharder.plan, reset=taken_up,
                                          batches_in_stats=self._ingest.batches_in_stats)
         self._planning.take_snapshot()
-        self._write_counters(False)
+        self._ledger.write_counters(False, self._ingest.ingested())
         self._ingest.start()
         self._planning.start()
         # a safety net: drain and checkpoint at interpreter exit if the caller never closed
@@ -326,57 +327,12 @@ class Sidecar:
                 f"accepted={s.accepted}, dropped={s.dropped}, queued={s.queued_batches}, "
                 f"plan_seq={s.plan_seq}{', closed' if self._closed else ''})")
 
-    # ================================================================== counters / checkpoints
-    def _cumulative(self) -> dict[str, int]:
-        """Counters of this run plus those of earlier runs."""
-        with self._sync.lock:
-            now = {**self._queue.counters(), "processed": self._ingest.processed,
-                   "processed_ids": self._ingest.processed_ids}
-            return {k: self._base[k] + now[k] for k in COUNTER_KEYS}
-
-    def _write_counters(self, closed: bool) -> None:
-        with self._sync.lock:
-            doc = {**self._cumulative(), "format": COUNTERS_FORMAT, "version": FORMAT_VERSION,
-                   "queued": len(self._queue), "batches_in_stats": self._ingest.batches_in_stats,
-                   "checkpoint_seq": self._ckpt_seq, "lost": self._lost_total, "closed": closed,
-                   "source": dict(self.source),
-                   "source_batches": self._source_before[0] + self._ingest.processed}
-        self._publisher.write_counters(doc, force=closed)
-
-    def _write_checkpoint(self, force: bool) -> Path | None:
-        """Checkpoint (ingest thread, between two batches); None when nothing changed since the
-        last one, unless ``force``."""
-        with self._sync.lock:
-            snap = self._planning.snapshot()
-            processed = (self._ingest.processed, self._ingest.processed_ids)
-            marker = (processed[0], snap["plan_seq"], self._planning.checks)
-            counters = self._cumulative()
-        if not force and marker == self._ckpt_marker:
-            return None
-        fields = {**self._ingest.progress(), "counters": counters, "lost": self._lost_total,
-                  "source": dict(self.source),
-                  "source_batches": self._source_before[0] + processed[0],
-                  "source_ids": self._source_before[1] + processed[1],
-                  "plan_seq": snap["plan_seq"], "plan_fingerprint": snap["plan_fingerprint"]}
-        path = write_checkpoint(self.out_dir, self._ckpt_seq + 1, fields, self._stats.state(),
-                                snap["resharder"], keep=self.keep_checkpoints)
-        self._ckpt_seq, self._ckpt_marker = self._ckpt_seq + 1, marker
-        log.info("sidecar checkpoint %s: %d batches", path, fields["batches"])
-        return path
-
     # ================================================================== start / resume
-    def _refuse_previous_run(self) -> bool:
-        if (self.out_dir / "state.json").exists() or list_checkpoints(self.out_dir):
-            raise ConfigError(f"{self.out_dir} holds the state of a previous sidecar run; pass "
-                              "resume=True to continue it, or use an empty directory")
-        return False
-
     def _resume(self) -> bool:
         """Take up the newest good checkpoint and the published plan (``resume_report``)."""
         r = resume(self.out_dir, self.resume_report, stats=self._stats, resharder=self.resharder,
                    ingest=self._ingest, publisher=self._publisher, check_plan=self._check_plan)
-        self._base, self._ckpt_seq = r.counters, r.checkpoint_seq
-        self._lost_before, self._lost_total = r.lost_before, r.lost_total
+        self._ledger.go_on(r)
         return r.taken_up
 
     def _check_plan(self, plan: Plan, where: Path) -> None:
@@ -387,12 +343,8 @@ class Sidecar:
     def record_exact_loss(self, batches: int, ids: int, source: str) -> None:
         """Replace the counters-based count of the batches lost since the checkpoint by an exact
         one (``source``: where it comes from, e.g. the ring's read counter in shared memory)."""
-        rep = self.resume_report
-        rep.lost_batches, rep.lost_ids = int(batches), int(ids)
-        rep.exact, rep.source, rep.counted_at = True, source, time.time()
-        with self._sync.lock:
-            self._lost_total = self._lost_before + rep.lost_batches
-        rep.finish()
+        self._ledger.set_lost_since_checkpoint(int(batches))
+        self.resume_report.count_exactly(batches, ids, source)
 
 
 def _left(deadline: float | None) -> float | None:

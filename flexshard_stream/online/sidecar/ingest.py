@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...errors import BatchError, ConfigError
 from ...stats.batch import Batch
@@ -26,7 +26,7 @@ from ..resharder import CheckSchedule
 from .common import CheckJob, Coordination, SidecarError, deadline_after, renice
 from .loader import batch_bytes
 
-__all__ = ["BoundedQueue", "IngestWorker", "SidecarStats"]
+__all__ = ["BoundedQueue", "IngestWorker", "Ingested", "SidecarStats"]
 
 _QUEUE_COUNTS = ("submitted", "accepted", "dropped", "submitted_ids", "accepted_ids",
                  "dropped_ids", "max_queued_batches", "max_queued_ids", "max_queued_bytes")
@@ -185,22 +185,32 @@ class BoundedQueue:
                     "queued_bytes": self._bytes, "lag_s": lag, "blocked_s": self._blocked_s}
 
 
+class Ingested(NamedTuple):
+    """Where the ingest thread stands (it hands this to the ledger when it writes)."""
+
+    processed: int               # batches taken off the queue by this process
+    processed_ids: int
+    batches_in_stats: int        # batches in the statistics (cumulative)
+    progress: dict[str, Any]     # IngestWorker.progress(): batches, ids, check schedule
+
+
 class IngestWorker:
     """The ingest thread: batches off ``queue`` into ``stats``; every ``schedule`` step the
     summaries (``top_k`` rows per table) go to ``hand_over`` (the planner thread); every
     ``checkpoint_every_s`` seconds (None or 0: only at the stop) and on request
-    ``checkpoint(force)`` runs, every
-    ``counters_every_s`` seconds ``write_counters(closed)``.
+    ``checkpoint(force, at)`` runs, every ``counters_every_s`` seconds
+    ``write_counters(closed, at)`` (``at``: :meth:`ingested`).
 
-    ``checkpoint(force)`` returns the checkpoint written, or None when there was nothing new
-    (unless ``force``). Counters: ``processed``/``processed_ids`` (batches taken off the queue),
+    ``checkpoint`` returns the checkpoint written, or None when there was nothing new (unless
+    ``force``). Counters: ``processed``/``processed_ids`` (batches taken off the queue),
     ``rejected`` (refused by the statistics), ``ingest_s`` (seconds updating), ``checkpoints``.
     """
 
     def __init__(self, sync: Coordination, queue: BoundedQueue, stats: Any, *, top_k: int,
                  schedule: CheckSchedule, hand_over: Callable[[CheckJob], None],
-                 checkpoint: Callable[[bool], Path | None],
-                 write_counters: Callable[[bool], None], checkpoint_every_s: float | None,
+                 checkpoint: Callable[[bool, Ingested], Path | None],
+                 write_counters: Callable[[bool, Ingested], None],
+                 checkpoint_every_s: float | None,
                  counters_every_s: float, nice: int):
         if not counters_every_s > 0:
             raise ConfigError(f"counters_every_s must be > 0 seconds, got {counters_every_s}")
@@ -233,6 +243,11 @@ class IngestWorker:
         return {"batches": self.batches_in_stats, "ids": self.ids_in_stats,
                 "schedule": {"position": self.position, "next_check": self._schedule.next,
                              "unit": self._schedule.unit}}
+
+    def ingested(self) -> Ingested:
+        """Where ingestion stands (stable on this thread, between two batches)."""
+        return Ingested(self.processed, self.processed_ids, self.batches_in_stats,
+                        self.progress())
 
     def restore_progress(self, progress: dict[str, Any]) -> None:
         """Go on from a checkpoint's :meth:`progress` (its schedule only if in the same unit)."""
@@ -307,7 +322,7 @@ class IngestWorker:
                     next_ckpt = now + every
             if stop or now >= next_counters:
                 try:
-                    self._write_counters(stop)
+                    self._write_counters(stop, self.ingested())
                 except Exception as e:  # noqa: BLE001
                     self._sync.record_error(e, "writing counters.json")
                 next_counters = now + self.counters_every_s
@@ -366,7 +381,7 @@ class IngestWorker:
     def _run_checkpoint(self, force: bool) -> None:
         path = None
         try:
-            path = self._checkpoint(force)
+            path = self._checkpoint(force, self.ingested())
         except Exception as e:  # noqa: BLE001
             self._sync.record_error(e, "checkpoint")
         with self._sync.lock:
