@@ -91,6 +91,8 @@ def write_checkpoint(out_dir: Path, seq: int, fields: Mapping[str, Any],
     final = Path(out_dir) / "checkpoints" / f"ckpt-{seq:08d}"
     with staging_directory(final) as tmp:
         for name, blob in stats["blobs"].items():
+            if Path(name).name != name or name.startswith("."):
+                raise FormatError(f"statistics state blob {name!r} is not a plain file name")
             write_atomic(tmp / "stats" / name, blob)
         for key in _PLANS:
             if resharder[key] is not None:

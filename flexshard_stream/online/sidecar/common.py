@@ -1,5 +1,6 @@
-"""What every part of the sidecar shares: its errors, the file-format names, and the lock, the
-conditions and the error slot of its threads (:class:`Coordination`).
+"""What every part of the sidecar shares: its errors and warning, the file-format names, the
+lock, conditions and error slot of its threads (:class:`Coordination`), the base of its two
+threads (:class:`BackgroundThread`) and small helpers (deadlines, temp-file clean-up, nice values).
 
 Imports nothing else of the sidecar, so every part can import it without a cycle.
 """
@@ -19,9 +20,9 @@ from typing import Any, NamedTuple
 
 from ...errors import FlexShardError
 
-__all__ = ["CHECKPOINT_FORMAT", "COUNTERS_FORMAT", "COUNTER_KEYS", "CheckJob", "Coordination",
-           "FORMAT_VERSION", "STATE_FORMAT", "SidecarError", "SidecarWarning", "deadline_after",
-           "remove_temp_entries", "renice", "warn"]
+__all__ = ["BackgroundThread", "CHECKPOINT_FORMAT", "COUNTERS_FORMAT", "COUNTER_KEYS", "CheckJob",
+           "Coordination", "FORMAT_VERSION", "STATE_FORMAT", "SidecarError", "SidecarWarning",
+           "deadline_after", "remove_temp_entries", "renice", "warn"]
 
 log = logging.getLogger("flexshard_stream.online.sidecar")
 
@@ -159,7 +160,7 @@ class Coordination:
 
     def die(self, error: BaseException, thread: str) -> None:
         """A background thread's last act: record ``error`` as fatal and wake every waiter."""
-        log.critical("sidecar %s thread died", thread, exc_info=error)
+        log.critical("sidecar thread %s died", thread, exc_info=error)
         with self.lock:
             self.fatal = error
             for cv in (self.work, self.room, self.idle, self.planning):
@@ -176,3 +177,36 @@ class Coordination:
                 return False
             cv.wait(left)
         return True
+
+
+class BackgroundThread:
+    """One of the sidecar's two threads (daemon, named ``fss-sidecar-<name>``): it runs
+    :meth:`_loop` at ``nice`` (see :func:`renice`); an exception escaping it is a bug, made fatal
+    for every waiter (:meth:`Coordination.die`)."""
+
+    def __init__(self, sync: Coordination, name: str, nice: int):
+        self._sync, self._nice = sync, nice
+        self._thread = threading.Thread(target=self._main, name=f"fss-sidecar-{name}",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_current(self) -> bool:
+        """Whether the caller runs on this thread."""
+        return threading.current_thread() is self._thread
+
+    def join(self, timeout: float | None) -> bool:
+        """Wait for the thread to end (seconds; None: forever); True when it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _main(self) -> None:
+        renice(self._nice)
+        try:
+            self._loop()
+        except BaseException as e:  # a bug: make every waiter see it
+            self._sync.die(e, self._thread.name)
+
+    def _loop(self) -> None:
+        raise NotImplementedError

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from ...errors import BatchError, ConfigError
 from ...stats.batch import Batch
 from ...stats.window import Clock
 from ..resharder import CheckSchedule
-from .common import CheckJob, Coordination, SidecarError, deadline_after, renice
+from .common import BackgroundThread, CheckJob, Coordination, SidecarError, deadline_after
 from .loader import batch_bytes
 
 __all__ = ["BoundedQueue", "IngestWorker", "Ingested", "SidecarStats"]
@@ -194,7 +193,7 @@ class Ingested(NamedTuple):
     progress: dict[str, Any]     # IngestWorker.progress(): batches, ids, check schedule
 
 
-class IngestWorker:
+class IngestWorker(BackgroundThread):
     """The ingest thread: batches off ``queue`` into ``stats``; every ``schedule`` step the
     summaries (``top_k`` rows per table) go to ``hand_over`` (the planner thread); every
     ``checkpoint_every_s`` seconds (None or 0: only at the stop) and on request
@@ -219,11 +218,11 @@ class IngestWorker:
                               f"{checkpoint_every_s}")
         self.checkpoint_every_s = checkpoint_every_s or None   # 0: only at the stop
         self.counters_every_s = float(counters_every_s)
-        self._sync, self._queue, self._stats = sync, queue, stats
+        super().__init__(sync, "ingest", nice)
+        self._queue, self._stats = queue, stats
         self._top_k, self._schedule, self._clock = top_k, schedule, Clock(schedule.unit)
         self._hand_over, self._checkpoint, self._write_counters = \
             hand_over, checkpoint, write_counters
-        self._nice = nice
         self.processed = self.processed_ids = self.rejected = self.checkpoints = 0
         self.ingest_s = 0.0
         self.batches_in_stats = self.ids_in_stats = 0   # cumulative: restored ones included
@@ -233,8 +232,6 @@ class IngestWorker:
         self._requested = self._done = 0
         self._stop = False
         self._final_checkpoint = True
-        self._thread = threading.Thread(target=self._main, name="fss-sidecar-ingest",
-                                        daemon=True)
 
     # ------------------------------------------------------------------ progress
     def progress(self) -> dict[str, Any]:
@@ -262,13 +259,6 @@ class IngestWorker:
         return not self._busy
 
     # ------------------------------------------------------------------ control
-    def start(self) -> None:
-        self._thread.start()
-
-    def is_current(self) -> bool:
-        """Whether the caller runs on this thread."""
-        return threading.current_thread() is self._thread
-
     def request_checkpoint(self, timeout: float | None) -> Path:
         """Ask for a checkpoint between two batches and wait for it (seconds; None: forever).
         Raises TimeoutError, or the pending background error."""
@@ -290,19 +280,7 @@ class IngestWorker:
             self._stop = True
             self._sync.work.notify_all()
 
-    def join(self, timeout: float | None) -> bool:
-        """Wait for the thread to end; True when it has."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
     # ------------------------------------------------------------------ the thread
-    def _main(self) -> None:
-        renice(self._nice)
-        try:
-            self._loop()
-        except BaseException as e:  # a bug: make every waiter see it
-            self._sync.die(e, "ingest")
-
     def _loop(self) -> None:
         now = time.monotonic()
         next_counters = now + self.counters_every_s

@@ -7,13 +7,12 @@ a newer one replaces it (counted in ``coalesced``).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ...placement.plan import Plan
 from ..resharder import Decision, Resharder
-from .common import CheckJob, Coordination, renice
+from .common import BackgroundThread, CheckJob, Coordination
 from .publisher import Publisher
 
 __all__ = ["PlanningWorker"]
@@ -21,7 +20,7 @@ __all__ = ["PlanningWorker"]
 _DELTAS_KEPT = 8  # decisions in the history that keep their delta (bounded memory on long runs)
 
 
-class PlanningWorker:
+class PlanningWorker(BackgroundThread):
     """The planner thread of a sidecar.
 
     ``callback(decision, plan)`` runs after each published change (on this thread);
@@ -34,16 +33,15 @@ class PlanningWorker:
     def __init__(self, sync: Coordination, resharder: Resharder, publisher: Publisher, *,
                  callback: Callable[[Decision, Plan], None] | None,
                  batches_in_stats: Callable[[], int], nice: int):
-        self._sync, self._rs, self._publisher = sync, resharder, publisher
+        super().__init__(sync, "plan", nice)
+        self._rs, self._publisher = resharder, publisher
         self._batches_in_stats = batches_in_stats
         self.callback = callback
-        self._nice = nice
         self.checks = self.coalesced = 0
         self._pending: CheckJob | None = None
         self._running = False
         self._stop = False
         self._snapshot: dict[str, Any] = {}
-        self._thread = threading.Thread(target=self._main, name="fss-sidecar-plan", daemon=True)
 
     # ------------------------------------------------------------------ from other threads
     def offer(self, job: CheckJob) -> None:
@@ -70,32 +68,13 @@ class PlanningWorker:
         with self._sync.lock:
             self._snapshot = snap
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def is_current(self) -> bool:
-        """Whether the caller runs on this thread."""
-        return threading.current_thread() is self._thread
-
     def stop(self) -> None:
         """Run the check waiting (if any), retry a failed publication, then end."""
         with self._sync.lock:
             self._stop = True
             self._sync.planning.notify_all()
 
-    def join(self, timeout: float | None) -> bool:
-        """Wait for the thread to end; True when it has."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
     # ------------------------------------------------------------------ the thread
-    def _main(self) -> None:
-        renice(self._nice)
-        try:
-            self._loop()
-        except BaseException as e:
-            self._sync.die(e, "planner")
-
     def _loop(self) -> None:
         sync = self._sync
         while True:
