@@ -157,9 +157,8 @@ def test_state_round_trip_makes_the_same_next_decisions():
     twin = _resharder()
     assert twin.stats.restore(rs.stats.state()) == []
     assert twin.restore(rs.state()) == []
-    assert (twin.plan, twin.checks, twin.budget_bytes, twin.migrated_bytes) == \
-        (rs.plan, rs.checks, rs.budget_bytes, rs.migrated_bytes)
-    assert twin.history == []
+    assert twin.state() == rs.state()           # plans, previous target, budget, schedule
+    assert twin.history == [] and twin.checks == rs.checks > 0
     made = []
     for b in windows[2]:
         d, d2 = rs.update(b), twin.update(b)
