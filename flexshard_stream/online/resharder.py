@@ -494,9 +494,33 @@ class Resharder:
                             f"{cfg.urgent_gain:.0%}): waiting for the next check to confirm it")
                 return self._record(d, sums)
             tgt = _confirmed(self.plan, tgt, prev)
-        steps = []   # feasible steps: (migration bytes, fraction, plan, delta, cost)
-        variants = [(f, True) for f in _FRACTIONS] + [(1.0, False)]
-        for frac, sticky in variants:
+        steps = self._feasible_steps(tgt, sums, res, cur_s, budget, over)
+        if over:
+            # the current plan no longer fits (the workload's buffers grew): the step that fits
+            # with the least migration, regardless of the hysteresis and the migration budget
+            if not steps:
+                return self._apply(d, res.plan, sums, 1.0, budget, forced=True)
+            mb, frac, step, delta, sc = min(steps, key=lambda x: (x[0], x[4].iteration_time_s))
+            return self._apply(d, step, sums, frac, budget, delta=delta, cost=sc, forced=True)
+        if steps:
+            applied = self._apply_if_worth_it(d, steps, sums, budget)
+            if applied is not None:
+                return applied
+        if not d.reason:
+            mig = ("" if cfg.migration_budget_bytes is None
+                   else f"the migration budget ({cfg.migration_budget_bytes:.4g} bytes) and ")
+            d.reason = f"no step towards the target fits {mig}the memory budget ({budget:.4g} bytes)"
+        return self._record(d, sums)
+
+    def _feasible_steps(self, tgt: Plan, sums: Mapping[str, FrequencySummary], res: Any,
+                        cur_s: float, budget: float, over: bool) -> list[tuple]:
+        """The steps towards ``tgt`` that fit, as ``(migration bytes, fraction, plan, delta,
+        cost)``: ranked fractions of its row changes (sticky) and the full target. A step must fit
+        the memory budget (bytes per GPU) and, unless the current plan is ``over`` it, the
+        per-check migration budget and lower the modelled iteration time below ``cur_s``."""
+        cfg = self.config
+        steps = []
+        for frac, sticky in [(f, True) for f in _FRACTIONS] + [(1.0, False)]:
             step = _partial(self.plan, tgt, sums, frac, sticky)
             delta = PlanDelta.between(self.plan, step)
             if not delta:
@@ -511,31 +535,25 @@ class Resharder:
                     or not (over or sc.iteration_time_s < cur_s)):
                 continue
             steps.append((mb, frac, step, delta, sc))
-        if over:
-            # the current plan no longer fits (the workload's buffers grew): the step that fits
-            # with the least migration, regardless of the hysteresis and the migration budget
-            if not steps:
-                return self._apply(d, res.plan, sums, 1.0, budget, forced=True)
-            mb, frac, step, delta, sc = min(steps, key=lambda x: (x[0], x[4].iteration_time_s))
-            return self._apply(d, step, sums, frac, budget, delta=delta, cost=sc, forced=True)
-        if steps:
-            # largest gains first: of the steps that capture enough of the best saving, the one
-            # that moves the fewest bytes
-            best = max(cur_s - x[4].iteration_time_s for x in steps)
-            mb, frac, step, delta, sc = min((x for x in steps if cur_s - x[4].iteration_time_s
-                                             >= cfg.capture * best), key=lambda x: (x[0], -x[1]))
-            saving = (cur_s - sc.iteration_time_s) * cfg.horizon_iterations
-            ms = float(delta.migration_time_s(self.topology))
-            if saving > (1 + cfg.hysteresis) * ms:
-                return self._apply(d, step, sums, frac, budget, delta=delta, cost=sc)
-            d.reason = (f"saving {saving * 1e3:.4g} ms over {cfg.horizon_iterations:g} iterations "
-                        f"does not beat (1 + {cfg.hysteresis:g}) x migration {ms * 1e3:.4g} ms "
-                        f"({float(delta.migration_bytes):.4g} bytes)")
-        if not d.reason:
-            mig = ("" if cfg.migration_budget_bytes is None
-                   else f"the migration budget ({cfg.migration_budget_bytes:.4g} bytes) and ")
-            d.reason = f"no step towards the target fits {mig}the memory budget ({budget:.4g} bytes)"
-        return self._record(d, sums)
+        return steps
+
+    def _apply_if_worth_it(self, d: Decision, steps: list[tuple],
+                           sums: Mapping[str, FrequencySummary], budget: float) -> Decision | None:
+        """Largest gains first: of the ``steps`` that capture enough of the best saving, the one
+        that moves the fewest bytes, applied if its saving over the horizon beats the hysteresis
+        times its migration time; else None, with the reason in ``d``."""
+        cfg, cur_s = self.config, d.current_s
+        best = max(cur_s - x[4].iteration_time_s for x in steps)
+        mb, frac, step, delta, sc = min((x for x in steps if cur_s - x[4].iteration_time_s
+                                         >= cfg.capture * best), key=lambda x: (x[0], -x[1]))
+        saving = (cur_s - sc.iteration_time_s) * cfg.horizon_iterations
+        ms = float(delta.migration_time_s(self.topology))
+        if saving > (1 + cfg.hysteresis) * ms:
+            return self._apply(d, step, sums, frac, budget, delta=delta, cost=sc)
+        d.reason = (f"saving {saving * 1e3:.4g} ms over {cfg.horizon_iterations:g} iterations "
+                    f"does not beat (1 + {cfg.hysteresis:g}) x migration {ms * 1e3:.4g} ms "
+                    f"({float(delta.migration_bytes):.4g} bytes)")
+        return None
 
     def _apply(self, d: Decision, new: Plan, sums, frac: float, budget: float, *,
                delta: PlanDelta | None = None, cost: Cost | None = None,
