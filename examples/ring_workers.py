@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
         tables = Path(tempfile.mkdtemp()) / "tables.toml"
         save_tables(TABLES, tables)
         sidecar = subprocess.Popen(
-            [sys.executable, "-m", "flexshard_stream.online.sidecar", "--ring", args.ring,
+            [sys.executable, "-m", "flexshard_stream.cli", "sidecar", "--ring", args.ring,
              "--tables", str(tables), "--topology", "2x8", "--out", args.out,
              "--batch-size", str(args.batch_size), "--slots", str(max(8, args.workers))],
             stdout=subprocess.PIPE, text=True)

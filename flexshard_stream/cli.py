@@ -3,7 +3,8 @@
 Commands: ``demo`` (replay the embedded default trace through four placement strategies and write
 the HTML report), ``stats`` (sketch parquet/CSV logs and print per-table statistics, ``--json`` for
 machines), ``plan``, ``evaluate``, ``replay`` (windows of a log through rw, twrw, static FlexShard
-and the re-sharder; docs/REPLAY.md) and ``report`` (HTML and PNGs of a replay directory).
+and the re-sharder; docs/REPLAY.md), ``report`` (HTML and PNGs of a replay directory) and
+``sidecar`` (statistics and re-sharding fed by a shared-memory ring; docs/SIDECAR.md).
 """
 
 from __future__ import annotations
@@ -534,12 +535,72 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
     Console().print(t)
 
 
+@app.command("sidecar")
+def sidecar_command(
+        ring: str = typer.Option(..., "--ring", help="Shared-memory ring name (created if "
+                                 "missing; DataLoader workers write into it)."),
+        tables: Path = typer.Option(..., "--tables", help="Table TOML file."),
+        topology: str = typer.Option(..., "--topology", help="Topology TOML file or preset."),
+        out: Path = typer.Option(..., "--out", help="Directory for plans, deltas, counters and "
+                                 "checkpoints."),
+        batch_size: int = typer.Option(512, help="Samples per GPU per iteration (B)."),
+        ring_dir: Optional[Path] = typer.Option(None, help="Directory of the ring file "
+                                                "(default /dev/shm)."),
+        slots: int = typer.Option(8, help="Producer slots when creating the ring (>= number of "
+                                  "writer processes)."),
+        capacity_mb: float = typer.Option(64.0, help="Ring capacity when creating it (MiB, "
+                                          "shared by the slots)."),
+        checksum: bool = typer.Option(False, help="CRC-32 on every ring record."),
+        check_every: float = typer.Option(64.0, help="Batches (or seconds, --unit seconds) "
+                                          "between re-sharder checks."),
+        unit: str = typer.Option("batches", help="batches | seconds"),
+        half_life: Optional[float] = typer.Option(None, help="Half-life of the decayed "
+                                                  "statistics (default 4 checks)."),
+        top_k: int = typer.Option(4096, help="Rows per table summarized for the planner."),
+        horizon: float = typer.Option(1000.0, help="Iterations over which a saving must beat "
+                                      "the migration."),
+        memory_bytes: Optional[float] = typer.Option(None, help="Per-GPU memory budget (bytes; "
+                                                     "default: row-wise peak)."),
+        dedup: bool = typer.Option(True, help="Plan for in-batch de-duplication."),
+        checkpoint_every: float = typer.Option(60.0, help="Seconds between checkpoints (0: only "
+                                               "at shutdown)."),
+        queue_batches: int = typer.Option(64, help="In-process queue between the ring and the "
+                                          "statistics (batches)."),
+        resume: bool = typer.Option(True, help="Resume from the last good checkpoint in --out."),
+        status_every: float = typer.Option(0.0, help="Print a status line every this many "
+                                           "seconds (0: never)."),
+        unlink: bool = typer.Option(False, help="At shutdown, drain the ring and remove it."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress to stderr.")):
+    """Consume a shared-memory ring of batches: statistics, re-sharding, published plans and
+    deltas, checkpoints; clean shutdown (final checkpoint) on SIGTERM/SIGINT. Prints JSON lines
+    (events resume, ready, status, stopped) on stdout (docs/SIDECAR.md)."""
+    import logging
+    import warnings
+
+    from .online.resharder import ReshardConfig
+    from .online.sidecar import SidecarWarning, run_ring
+    from .placement.cost import CostModel
+    from .placement.planner import MemoryPolicy
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                            format="%(asctime)s %(name)s %(levelname)s: %(message)s",
+                            stream=sys.stderr)
+    cfg = ReshardConfig(check_every=check_every, unit=unit, horizon_iterations=horizon,
+                        top_k=top_k)
+    warnings.simplefilter("default", SidecarWarning)
+    return run_ring(ring, tables, topology, out, batch_size=batch_size, ring_dir=ring_dir,
+                    slots=slots, capacity_bytes=int(capacity_mb * (1 << 20)), checksum=checksum,
+                    config=cfg, half_life=half_life,
+                    memory=MemoryPolicy(bytes_per_gpu=memory_bytes), model=CostModel(dedup=dedup),
+                    checkpoint_every_s=checkpoint_every or None, queue_batches=queue_batches,
+                    resume=resume, status_every_s=status_every, unlink=unlink)
+
+
 # commands defined beside what they drive (imports inside them are lazy)
 from .online.distributed import merge_command  # noqa: E402
-from .online.sidecar import sidecar_command  # noqa: E402
 
 app.command("merge")(merge_command)
-app.command("sidecar")(sidecar_command)
 
 
 def main() -> None:
@@ -548,3 +609,7 @@ def main() -> None:
     except FlexShardError as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(2)
+
+
+if __name__ == "__main__":  # python -m flexshard_stream.cli ...
+    main()

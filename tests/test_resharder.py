@@ -30,17 +30,21 @@ def _resharder(**kw):
     return Resharder(TABLES, TOPO, B, stats=stats, model=MODEL, config=cfg, **kw)
 
 
-def _feed(rs, scen, windows, seed=3):
+def _feed(rs, scen, windows, seed=3, changes=None):
+    """Feed ``windows`` windows of ``scen``; every decision that moved the plan is appended to
+    ``changes`` as ``(decision, plan after it)``."""
     for batches in drift.generate_windows(SPECS, scen, windows, SPW, TOPO.num_gpus * B // 2,
                                           seed=seed):
         for b in batches:
-            rs.update(b)
+            d = rs.update(b)
+            if changes is not None and d is not None and d.delta is not None:
+                changes.append((d, rs.plan))
 
 
 def test_stationary_converges_then_stays_still():
     seen = []
-    rs = _resharder(on_change=lambda d, p: seen.append((d, p)))
-    _feed(rs, drift.scenario("stationary"), 8)
+    rs = _resharder()
+    _feed(rs, drift.scenario("stationary"), 8, changes=seen)
     checks = rs.history
     assert len(checks) >= 12
     assert any(d.delta is not None for d in checks[:4]), "the first checks move off row-wise"
@@ -54,8 +58,8 @@ def test_stationary_converges_then_stays_still():
 
 def test_every_intermediate_plan_is_valid_and_fits():
     plans = []
-    rs = _resharder(on_change=lambda d, p: plans.append((d, p)))
-    _feed(rs, drift.scenario("rotating", k=300, rate=0.3), 5)
+    rs = _resharder()
+    _feed(rs, drift.scenario("rotating", k=300, rate=0.3), 5, changes=plans)
     assert len(plans) >= 3
     view = rs.stats.view().summary(2048)
     for d, p in plans:
@@ -105,9 +109,9 @@ def test_migration_budget_is_respected_and_partial_steps_apply_exactly():
     out = []
     cfg = ReshardConfig(check_every=4, horizon_iterations=1000, top_k=2048,
                         migration_budget_bytes=budget)
-    rs = _resharder(config=cfg, on_change=lambda d, p: out.append((d, p)))
+    rs = _resharder(config=cfg)
     start = rs.plan
-    _feed(rs, drift.scenario("stationary"), 3)
+    _feed(rs, drift.scenario("stationary"), 3, changes=out)
     assert out, "some step fits 20 kB"
     prev = start
     for d, p in out:
@@ -138,3 +142,59 @@ def test_initial_plan_must_match_tables():
     from flexshard_stream.placement.baselines import build_baseline
     with pytest.raises(ConfigError, match="tables"):
         Resharder(TABLES, TOPO, B, plan=build_baseline("rw", other, TOPO))
+
+
+# ----------------------------------------------------------------------- the state protocol
+
+
+def test_state_round_trip_makes_the_same_next_decisions():
+    scen = drift.scenario("rotating", k=200, rate=0.5)
+    windows = list(drift.generate_windows(SPECS, scen, 3, SPW, TOPO.num_gpus * B // 2, seed=7))
+    rs = _resharder()
+    for b in windows[0] + windows[1]:
+        rs.update(b)
+    assert rs.history and rs.budget_bytes is not None
+    twin = _resharder()
+    assert twin.stats.restore(rs.stats.state()) == []
+    assert twin.restore(rs.state()) == []
+    assert twin.state() == rs.state()           # plans, previous target, budget, schedule
+    assert twin.history == [] and twin.checks == rs.checks > 0
+    made = []
+    for b in windows[2]:
+        d, d2 = rs.update(b), twin.update(b)
+        assert (d is None) == (d2 is None)
+        if d is not None:
+            made.append(d.check)
+            assert d2.to_json() == d.to_json()
+            assert twin.plan == rs.plan
+    assert made and made[0] == len(rs.history) - len(made)   # numbered on, not from 0
+
+
+def test_restore_refuses_a_foreign_state_and_changes_nothing():
+    rs = _resharder()
+    _feed(rs, drift.scenario("stationary"), 1)
+    good = rs.state()
+    from flexshard_stream.errors import FormatError
+    from flexshard_stream.placement.baselines import build_baseline
+    other = [EmbeddingTable("x", 10, 4)]
+    fresh = _resharder()
+    before = fresh.state()
+    for bad, error, match in [
+            ({**good, "version": 9}, FormatError, "version 9"),
+            ({**good, "kind": "decayed"}, ConfigError, "cannot be restored"),
+            ({**good, "plan": build_baseline("rw", other, TOPO)}, ConfigError, "other tables"),
+            ({**good, "plan": build_baseline("rw", TABLES, Topology.uniform(1, 4))},
+             ConfigError, "topology"),
+            ({**good, "migrated_bytes": -1.0}, FormatError, "migrated"),
+            ({**good, "checks": "3"}, FormatError, "'checks'")]:
+        with pytest.raises(error, match=match):
+            fresh.restore(bad)
+        assert fresh.state() == before
+
+
+def test_restore_keeps_an_explicit_memory_budget():
+    rs = _resharder()
+    _feed(rs, drift.scenario("stationary"), 1)
+    fixed = _resharder(memory=MemoryPolicy(bytes_per_gpu=5e6))
+    notes = fixed.restore(rs.state())
+    assert fixed.budget_bytes == 5e6 and len(notes) == 1 and "budget_bytes" in notes[0]

@@ -364,6 +364,55 @@ def test_crash_before_close_counts_the_loss_from_the_counters_file(tmp_path):
         sc.close()
 
 
+def _legacy_layout(ckpt):
+    """Rewrite a checkpoint's manifest as the sidecar wrote it before the state protocol: no
+    version in the statistics' section, only the budget, migrated bytes and checks in the
+    re-sharder's; the manifest checksum recomputed."""
+    import hashlib
+    path = ckpt / "manifest.json"
+    m = json.loads(path.read_text())
+    m["stats"].pop("version")
+    m["resharder"] = {k: m["resharder"][k] for k in ("budget_bytes", "migrated_bytes", "checks")}
+    body = {k: v for k, v in m.items() if k != "checksum"}
+    m["checksum"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
+                                   .encode()).hexdigest()
+    path.write_text(json.dumps(m, indent=1) + "\n")
+
+
+@pytest.mark.parametrize("kind", ["decayed", "windowed", "stream"])
+def test_checkpoints_of_the_earlier_layout_resume(tmp_path, kind):
+    from flexshard_stream.stats.window import DecayedStats, WindowedStats
+    sizes = {t.name: t.num_rows for t in TABLES}
+    make = {"decayed": lambda: DecayedStats(sizes, half_life=8),
+            "windowed": lambda: WindowedStats(sizes, window=12, slots=4),
+            "stream": lambda: StreamStats(sizes)}[kind]
+    rng = np.random.default_rng(11)
+    with sidecar(tmp_path, stats=make()) as sc:
+        for _ in range(30):
+            sc.submit(make_batch(rng, alpha=1.5))
+        sc.flush(WAIT)
+        ckpt = sc.checkpoint()
+        saved = sc.stats_object.state()
+        checks, budget = sc.resharder.checks, sc.resharder.budget_bytes
+    for old in list_checkpoints(tmp_path):
+        _legacy_layout(old)
+    sc2 = sidecar(tmp_path, stats=make(), resume=True)
+    try:
+        assert sc2.resume_report.checkpoint == str(ckpt)
+        assert sc2.stats_object.state() == saved                 # restored exactly
+        assert (sc2.resharder.checks, sc2.resharder.budget_bytes) == (checks, budget)
+        assert sc2.stats().batches_in_stats == 30
+    finally:
+        sc2.close()
+
+
+def test_the_former_module_entry_point_still_runs_the_command():
+    out = subprocess.run([sys.executable, "-m", "flexshard_stream.online.sidecar", "--help"],
+                         capture_output=True, text=True, timeout=WAIT, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "--ring" in out.stdout and "--checkpoint-every" in out.stdout
+
+
 # ----------------------------------------------------------------------- attach / convert
 
 
@@ -463,7 +512,7 @@ class Proc:
     """A sidecar process whose JSON-lines stdout is read by a thread."""
 
     def __init__(self, args):
-        self.p = subprocess.Popen([sys.executable, "-m", "flexshard_stream.online.sidecar", *args],
+        self.p = subprocess.Popen([sys.executable, "-m", "flexshard_stream.cli", "sidecar", *args],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   cwd=ROOT)
         self.events = queue.Queue()

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from flexshard_stream import (
     Batch,
+    BatchError,
     DecayedStats,
     FormatError,
     IncompatibleError,
@@ -246,3 +247,118 @@ def test_summary_probabilities_of_any_ids():
     assert p[0] == pytest.approx(0.75)
     assert p[1] == p[2] == pytest.approx(s.tail_probability()) and p[1] > 0
     assert StreamStats({"a": 100}).summary(1)["a"].probabilities(np.array([1])).tolist() == [0.0]
+
+
+# ----------------------------------------------------------------------- the state protocol
+
+SIZES = {"seq": None, "one": 50}
+SOURCES = {
+    "stream": lambda **kw: StreamStats(SIZES, CFG),
+    "windowed": lambda **kw: WindowedStats(SIZES, CFG, window=kw.get("window", 4), slots=4),
+    "decayed": lambda **kw: DecayedStats(SIZES, CFG, half_life=kw.get("half_life", 4), period=2),
+}
+
+
+def _summaries_equal(a, b):
+    sa, sb = a.view().summary(50), b.view().summary(50)
+    assert set(sa) == set(sb)
+    for f in sa:
+        x, y = sa[f], sb[f]
+        assert np.array_equal(x.top_ids, y.top_ids) and np.array_equal(x.top_est, y.top_est)
+        assert (x.total, x.distinct_estimate, x.tail_mass, x.samples) == \
+            (y.total, y.distinct_estimate, y.tail_mass, y.samples)
+    return True
+
+
+@pytest.mark.parametrize("kind", sorted(SOURCES))
+def test_state_round_trip_behaves_identically(kind):
+    a = SOURCES[kind]()
+    for b in batches(7, seed=3):
+        a.update(b)
+    twin = SOURCES[kind]()
+    assert twin.restore(a.state()) == []
+    assert _summaries_equal(a, twin) and same_counts(a.view(), twin.view())
+    for b in batches(6, seed=4, ts0=7.0, hot_offset=1200):  # decays and window turns ahead
+        a.update(b)
+        twin.update(b)
+    assert _summaries_equal(a, twin) and same_counts(a.view(), twin.view())
+    assert a.view().batches == twin.view().batches
+    if kind == "decayed":
+        assert a.decays == twin.decays > 0
+    if kind == "windowed":
+        assert a.live_slots == twin.live_slots
+
+
+def test_stream_state_is_json_scalars_and_bytes():
+    s = StreamStats(SIZES, CFG).update(next(batches(1)))
+    st = s.state()
+    assert (st["kind"], st["version"]) == ("stream", 1)
+    assert StreamStats.from_bytes(st["blobs"]["stats.fss"]).batches == 1
+    assert s.view() is s
+
+
+@pytest.mark.parametrize("kind", sorted(SOURCES))
+def test_restore_refuses_bad_states_and_changes_nothing(kind):
+    from flexshard_stream import ConfigError
+    obj = SOURCES[kind]()
+    for b in batches(5, seed=5):
+        obj.update(b)
+    good = obj.state()
+    other = WindowedStats(SIZES, CFG, window=2) if kind != "windowed" else StreamStats(SIZES, CFG)
+    foreign = {"stream": lambda: StreamStats({"seq": None}, CFG),
+               "windowed": lambda: WindowedStats({"seq": None}, CFG, window=4, slots=4),
+               "decayed": lambda: DecayedStats({"seq": None}, CFG, half_life=4, period=2)}[kind]()
+    foreign.update(Batch(["seq"], [1, 2], [1, 1]))
+    blob_name = next(iter(good["blobs"]))
+    damaged = bytearray(good["blobs"][blob_name])
+    damaged[len(damaged) // 2] ^= 0xFF
+    bad = [({**good, "version": 2}, FormatError, "version 2"),
+           (other.state(), ConfigError, "cannot be restored"),
+           ({k: v for k, v in good.items() if k != "blobs"}, FormatError, "blobs"),
+           ({**good, "blobs": {**good["blobs"], blob_name: bytes(damaged)}}, FormatError,
+            "damaged|checksum|CRC"),
+           (foreign.state(), ConfigError, "tables"),
+           ("not a state", FormatError, "mapping")]
+    if kind != "stream":
+        bad.append(({**good, "seen": "many"}, FormatError, "'seen'"))
+    for state, error, match in bad:
+        with pytest.raises(error, match=match):
+            obj.restore(state)
+        assert obj.state() == good
+
+
+def test_restore_keeps_own_settings_and_says_which_differ():
+    a = DecayedStats(SIZES, CFG, half_life=4, period=2)
+    for b in batches(5):
+        a.update(b)
+    b = DecayedStats(SIZES, CFG, half_life=8, period=2)
+    notes = b.restore(a.state())
+    assert len(notes) == 1 and "half_life" in notes[0] and b.half_life == 8.0
+    assert b.decays == a.decays and b.view().to_bytes() == a.view().to_bytes()
+    w = WindowedStats(SIZES, CFG, window=4, slots=4, unit="seconds")
+    from flexshard_stream import ConfigError
+    with pytest.raises(ConfigError, match="unit"):
+        w.restore(WindowedStats(SIZES, CFG, window=4, slots=4).state())
+
+
+def test_a_batch_is_validated_once(monkeypatch):
+    import flexshard_stream.stats.stream as stream_mod
+    import flexshard_stream.stats.window as window_mod
+    calls, original = [], stream_mod.validate_batch
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return original(*a, **kw)
+    monkeypatch.setattr(window_mod, "validate_batch", counting)
+    monkeypatch.setattr(stream_mod, "validate_batch", counting)
+    for make in (SOURCES["windowed"], SOURCES["decayed"]):
+        s = make()
+        calls.clear()
+        for b in batches(3):
+            s.update(b)
+        assert len(calls) == 3   # the outer edge only: the inner StreamStats does not re-check
+        assert s.view().batches == 3
+    d = SOURCES["decayed"]()
+    with pytest.raises(BatchError, match="out of range"):
+        d.update(Batch(["one"], [50], [1]))
+    assert d.view().batches == 0 and d.decays == 0

@@ -9,19 +9,21 @@ the horizon beats its migration time by the hysteresis margin; when the whole de
 the migration budget of one check, the largest gains go first: the rows the target promotes in
 decreasing access probability, the rows it demotes in increasing probability, a fraction of each
 (1, 1/2, 1/4, ...) chosen so the step fits both the migration budget and the memory budget. A
-re-plan that fails (bad statistics, infeasible budget) keeps the current plan and says why. The
-decision rule is documented in docs/RESHARDER.md.
+re-plan that fails (bad statistics, infeasible budget) keeps the current plan and says why. Every
+check returns its :class:`Decision`; the caller publishes one that carries a delta (the re-sharder
+calls nothing back). The decision rule is documented in docs/RESHARDER.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, FlexShardError
+from ..errors import ConfigError, FlexShardError, FormatError
 from ..placement.baselines import build_baseline
 from ..placement.cost import Cost, CostModel, evaluate_analytic
 from ..placement.delta import PlanDelta
@@ -30,11 +32,12 @@ from ..placement.planner import MemoryPolicy, PlannerConfig, plan_flexshard
 from ..placement.tables import EmbeddingTable, summaries_by_table
 from ..placement.topology import Topology
 from ..stats.batch import Batch
+from ..stats.state import NUMBER, OPTIONAL_NUMBER, check_state
 from ..stats.stream import StreamStats
 from ..stats.summary import FrequencySummary
 from ..stats.window import Clock, DecayedStats, WindowedStats
 
-__all__ = ["CheckSchedule", "ReshardConfig", "Decision", "Resharder", "thresholds"]
+__all__ = ["CheckSchedule", "ReshardConfig", "Decision", "Resharder", "made_for", "thresholds"]
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,15 @@ def thresholds(plan: Plan, summaries: Mapping[str, FrequencySummary]) -> dict[st
     return out
 
 
+def made_for(plan: Plan, tables: Sequence[EmbeddingTable], topology: Topology) -> bool:
+    """Whether ``plan`` places exactly ``tables`` (same names and specs) on ``topology``: a plan
+    saved by an earlier run can be taken up only then."""
+    have = {n: tp.table for n, tp in plan.tables.items()}
+    return plan.topology == topology and have == {t.name: t for t in tables}
+
+
 # ----------------------------------------------------------------------------- partial steps
+_STATE_VERSION = 1
 _FRACTIONS = (1.0, 0.75, 0.5, 0.375, 0.25, 0.1875, 0.125, 0.0625, 0.03125)
 
 def _codes(tp: TablePlan) -> tuple[np.ndarray, np.ndarray]:
@@ -313,18 +324,19 @@ class Resharder:
     memory, model, planner : planner options (memory policy, cost model, planner knobs)
     config : ReshardConfig
     plan : the plan in force at the start (default: the row-wise baseline)
-    on_change : called with ``(decision, plan)`` whenever a delta is applied
 
-    ``plan`` is the current plan; ``history`` the decisions so far; ``thresholds()`` the
-    replication threshold per table.
+    ``plan`` is the current plan; ``history`` the decisions of this object (``checks`` counts
+    restored ones too); ``thresholds()`` the replication threshold per table. :meth:`check` and
+    :meth:`update` return each :class:`Decision`; one with a ``delta`` moved ``plan``: the caller
+    publishes it (nothing is called back). ``state()`` / ``restore(state)`` carry the re-sharder
+    across a restart.
     """
 
     def __init__(self, tables: Sequence[EmbeddingTable], topology: Topology, batch_size: int, *,
                  stats: DecayedStats | WindowedStats | StreamStats | None = None,
                  memory: MemoryPolicy | None = None, model: CostModel | None = None,
                  planner: PlannerConfig | None = None, config: ReshardConfig | None = None,
-                 plan: Plan | None = None,
-                 on_change: Callable[[Decision, Plan], None] | None = None):
+                 plan: Plan | None = None):
         if batch_size <= 0:
             raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
         self.tables = list(tables)
@@ -334,7 +346,6 @@ class Resharder:
         self.memory = memory or MemoryPolicy()
         self.model = model or CostModel()
         self.planner = planner
-        self.on_change = on_change
         names = {t.name: t.num_rows for t in self.tables}
         if stats is None:
             # a sliding window forgets exactly (decayed statistics keep their distinct counts)
@@ -353,6 +364,7 @@ class Resharder:
         self.budget_bytes: float | None = (self.memory.bytes_per_gpu
                                            if self.memory.bytes_per_gpu is not None else None)
         self._prev_target: Plan | None = None
+        self._checks_before = 0       # checks run before a restore (decision numbers go on)
 
     # ------------------------------------------------------------------ feeding
     def update(self, batch: Batch) -> Decision | None:
@@ -362,29 +374,94 @@ class Resharder:
         pos = self._clock.position(batch, self._batches)
         return self.check(position=pos) if self._schedule.due(pos) else None
 
-    def _view(self) -> StreamStats:
-        s = self.stats
-        return s.view() if hasattr(s, "view") else s
+    @property
+    def checks(self) -> int:
+        """Checks run so far, those before a :meth:`restore` included."""
+        return self._checks_before + len(self.history)
 
     def thresholds(self, summaries: Mapping[str, FrequencySummary] | None = None
                    ) -> dict[str, dict[str, float]]:
         """The replication threshold per table (rows and access probability)."""
         return thresholds(self.plan, summaries if summaries is not None
-                          else self._view().summary(self.config.top_k))
+                          else self.stats.view().summary(self.config.top_k))
+
+    # ------------------------------------------------------------------ state protocol
+    def state(self) -> dict[str, Any]:
+        """What a restart needs, as a plain dict (torch: ``state_dict``)::
+
+            {"kind": "resharder", "version": 1,
+             "plan": Plan, "prev_target": Plan | None,  # the plan in force, the last target
+             "budget_bytes": float | None,              # memory budget per GPU (bytes), fixed
+                                                        # at the first check
+             "migrated_bytes": float, "checks": int,    # bytes moved, checks run so far
+             "batches": int, "next_check": float | None, "unit": str}   # :meth:`update`'s
+                                                                         # schedule
+        JSON-able scalars but for the two :class:`Plan` values (immutable; a checkpoint writes
+        them with ``Plan.save``). The statistics are not in it: they have their own ``state()``.
+        """
+        return {"kind": "resharder", "version": _STATE_VERSION, "plan": self.plan,
+                "prev_target": self._prev_target, "budget_bytes": self.budget_bytes,
+                "migrated_bytes": self.migrated_bytes, "checks": self.checks,
+                "batches": self._batches, "next_check": self._schedule.next,
+                "unit": self._schedule.unit}
+
+    def restore(self, state: Mapping[str, Any]) -> list[str]:
+        """Take up ``state`` (from :meth:`state`; torch: ``load_state_dict``): the next decision is
+        the one the saved re-sharder would have made on the same statistics. Decisions are numbered
+        on from ``checks``; :attr:`history` starts empty.
+
+        Both plans must place this re-sharder's tables on its topology (ConfigError); a malformed
+        state is a FormatError; either way nothing changes. Returns notes: an explicit memory
+        budget (``memory.bytes_per_gpu``) is kept over the saved one, and with another ``unit``
+        :meth:`update`'s schedule starts afresh.
+        """
+        check_state(state, "resharder", _STATE_VERSION,
+                    {"plan": Plan, "prev_target": (Plan, type(None)),
+                     "budget_bytes": OPTIONAL_NUMBER, "migrated_bytes": NUMBER, "checks": int,
+                     "batches": int, "next_check": OPTIONAL_NUMBER, "unit": str})
+        for key in ("plan", "prev_target"):
+            if state[key] is not None and not made_for(state[key], self.tables, self.topology):
+                raise ConfigError(f"re-sharder state: its {key} was made for other tables or "
+                                  "another topology than this re-sharder's")
+        budget, nxt = state["budget_bytes"], state["next_check"]
+        counts = (state["migrated_bytes"], state["checks"], state["batches"])
+        if not (all(math.isfinite(x) and x >= 0 for x in counts)
+                and (budget is None or (math.isfinite(budget) and budget > 0))
+                and (nxt is None or math.isfinite(nxt))):
+            raise FormatError(f"re-sharder state: migrated bytes, checks and batches must be "
+                              f"finite and >= 0 (got {counts}), the budget None or > 0 bytes "
+                              f"(got {budget!r}), the next check None or finite (got {nxt!r})")
+        notes = []
+        if self.memory.bytes_per_gpu is not None and budget != self.budget_bytes:
+            notes.append(f"budget_bytes: the state was made with {budget!r}, this re-sharder's "
+                         f"memory policy sets {self.budget_bytes!r} (kept)")
+            budget = self.budget_bytes
+        same_unit = state["unit"] == self._schedule.unit
+        if not same_unit:
+            notes.append(f"unit: the state counts in {state['unit']!r}, this re-sharder in "
+                         f"{self._schedule.unit!r}: update()'s check schedule starts afresh")
+        self.plan, self._prev_target = state["plan"], state["prev_target"]
+        self.budget_bytes = None if budget is None else float(budget)
+        self.migrated_bytes = float(state["migrated_bytes"])
+        self._checks_before, self.history = int(state["checks"]), []
+        self._batches = int(state["batches"]) if same_unit else 0
+        self._schedule.next = (None if nxt is None else float(nxt)) if same_unit else None
+        return notes
 
     # ------------------------------------------------------------------ one check
     def check(self, summaries: Mapping[str, FrequencySummary] | None = None, *,
               position: float | None = None) -> Decision:
         """Plan the target on the current statistics (or ``summaries``) and apply what pays.
 
-        Never raises for a failed re-plan: the decision says ``failed`` and why, and the current
-        plan stays in force.
+        Returns the :class:`Decision`; when it carries a ``delta``, :attr:`plan` moved by it (the
+        caller publishes the change). Never raises for a failed re-plan: the decision says
+        ``failed`` and why, and the current plan stays in force.
         """
         cfg = self.config
-        n = len(self.history)
+        n = self.checks
         pos = float(self._batches if position is None else position)
         try:
-            sums = summaries if summaries is not None else self._view().summary(cfg.top_k)
+            sums = summaries if summaries is not None else self.stats.view().summary(cfg.top_k)
             if not any(s.total for s in sums.values()):
                 return self._record(Decision(n, pos, "skipped", "no lookups seen yet"), sums)
             # the budget is fixed at the first check (the memory policy applied to the statistics
@@ -417,9 +494,33 @@ class Resharder:
                             f"{cfg.urgent_gain:.0%}): waiting for the next check to confirm it")
                 return self._record(d, sums)
             tgt = _confirmed(self.plan, tgt, prev)
-        steps = []   # feasible steps: (migration bytes, fraction, plan, delta, cost)
-        variants = [(f, True) for f in _FRACTIONS] + [(1.0, False)]
-        for frac, sticky in variants:
+        steps = self._feasible_steps(tgt, sums, res, cur_s, budget, over)
+        if over:
+            # the current plan no longer fits (the workload's buffers grew): the step that fits
+            # with the least migration, regardless of the hysteresis and the migration budget
+            if not steps:
+                return self._apply(d, res.plan, sums, 1.0, budget, forced=True)
+            mb, frac, step, delta, sc = min(steps, key=lambda x: (x[0], x[4].iteration_time_s))
+            return self._apply(d, step, sums, frac, budget, delta=delta, cost=sc, forced=True)
+        if steps:
+            applied = self._apply_if_worth_it(d, steps, sums, budget)
+            if applied is not None:
+                return applied
+        if not d.reason:
+            mig = ("" if cfg.migration_budget_bytes is None
+                   else f"the migration budget ({cfg.migration_budget_bytes:.4g} bytes) and ")
+            d.reason = f"no step towards the target fits {mig}the memory budget ({budget:.4g} bytes)"
+        return self._record(d, sums)
+
+    def _feasible_steps(self, tgt: Plan, sums: Mapping[str, FrequencySummary], res: Any,
+                        cur_s: float, budget: float, over: bool) -> list[tuple]:
+        """The steps towards ``tgt`` that fit, as ``(migration bytes, fraction, plan, delta,
+        cost)``: ranked fractions of its row changes (sticky) and the full target. A step must fit
+        the memory budget (bytes per GPU) and, unless the current plan is ``over`` it, the
+        per-check migration budget and lower the modelled iteration time below ``cur_s``."""
+        cfg = self.config
+        steps = []
+        for frac, sticky in [(f, True) for f in _FRACTIONS] + [(1.0, False)]:
             step = _partial(self.plan, tgt, sums, frac, sticky)
             delta = PlanDelta.between(self.plan, step)
             if not delta:
@@ -434,31 +535,25 @@ class Resharder:
                     or not (over or sc.iteration_time_s < cur_s)):
                 continue
             steps.append((mb, frac, step, delta, sc))
-        if over:
-            # the current plan no longer fits (the workload's buffers grew): the step that fits
-            # with the least migration, regardless of the hysteresis and the migration budget
-            if not steps:
-                return self._apply(d, res.plan, sums, 1.0, budget, forced=True)
-            mb, frac, step, delta, sc = min(steps, key=lambda x: (x[0], x[4].iteration_time_s))
-            return self._apply(d, step, sums, frac, budget, delta=delta, cost=sc, forced=True)
-        if steps:
-            # largest gains first: of the steps that capture enough of the best saving, the one
-            # that moves the fewest bytes
-            best = max(cur_s - x[4].iteration_time_s for x in steps)
-            mb, frac, step, delta, sc = min((x for x in steps if cur_s - x[4].iteration_time_s
-                                             >= cfg.capture * best), key=lambda x: (x[0], -x[1]))
-            saving = (cur_s - sc.iteration_time_s) * cfg.horizon_iterations
-            ms = float(delta.migration_time_s(self.topology))
-            if saving > (1 + cfg.hysteresis) * ms:
-                return self._apply(d, step, sums, frac, budget, delta=delta, cost=sc)
-            d.reason = (f"saving {saving * 1e3:.4g} ms over {cfg.horizon_iterations:g} iterations "
-                        f"does not beat (1 + {cfg.hysteresis:g}) x migration {ms * 1e3:.4g} ms "
-                        f"({float(delta.migration_bytes):.4g} bytes)")
-        if not d.reason:
-            mig = ("" if cfg.migration_budget_bytes is None
-                   else f"the migration budget ({cfg.migration_budget_bytes:.4g} bytes) and ")
-            d.reason = f"no step towards the target fits {mig}the memory budget ({budget:.4g} bytes)"
-        return self._record(d, sums)
+        return steps
+
+    def _apply_if_worth_it(self, d: Decision, steps: list[tuple],
+                           sums: Mapping[str, FrequencySummary], budget: float) -> Decision | None:
+        """Largest gains first: of the ``steps`` that capture enough of the best saving, the one
+        that moves the fewest bytes, applied if its saving over the horizon beats the hysteresis
+        times its migration time; else None, with the reason in ``d``."""
+        cfg, cur_s = self.config, d.current_s
+        best = max(cur_s - x[4].iteration_time_s for x in steps)
+        mb, frac, step, delta, sc = min((x for x in steps if cur_s - x[4].iteration_time_s
+                                         >= cfg.capture * best), key=lambda x: (x[0], -x[1]))
+        saving = (cur_s - sc.iteration_time_s) * cfg.horizon_iterations
+        ms = float(delta.migration_time_s(self.topology))
+        if saving > (1 + cfg.hysteresis) * ms:
+            return self._apply(d, step, sums, frac, budget, delta=delta, cost=sc)
+        d.reason = (f"saving {saving * 1e3:.4g} ms over {cfg.horizon_iterations:g} iterations "
+                    f"does not beat (1 + {cfg.hysteresis:g}) x migration {ms * 1e3:.4g} ms "
+                    f"({float(delta.migration_bytes):.4g} bytes)")
+        return None
 
     def _apply(self, d: Decision, new: Plan, sums, frac: float, budget: float, *,
                delta: PlanDelta | None = None, cost: Cost | None = None,
@@ -486,10 +581,7 @@ class Resharder:
                         f"{d.migration_bytes:.4g} bytes, {d.migration_s * 1e3:.4g} ms")
         self.plan = applied
         self.migrated_bytes += d.migration_bytes
-        self._record(d, sums)
-        if self.on_change is not None:
-            self.on_change(d, self.plan)
-        return d
+        return self._record(d, sums)
 
     def _record(self, d: Decision, sums) -> Decision:
         d.thresholds = thresholds(self.plan, sums) if sums is not None else \

@@ -13,17 +13,19 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import BatchError, FormatError, IncompatibleError
+from ..errors import BatchError, ConfigError, FormatError, IncompatibleError
 from ..formats.container import pack, unpack, write_atomic
 from ..kernels.pipeline import segment_min_max
 from .batch import Batch
 from .config import SketchConfig, TableConfig, normalize_tables
+from .state import check_state, state_blob
 from .summary import FrequencySummary
 from .table_stats import TableStats
 
-__all__ = ["StreamStats", "validate_batch"]
+__all__ = ["StreamStats", "stream_state", "validate_batch"]
 
 _KIND = "StreamStats"
+_STATE_KIND, _STATE_VERSION, _STATE_BLOB = "stream", 1, "stats.fss"
 
 
 def validate_batch(batch: Batch, tables: Mapping[str, TableConfig], *, allow_new: bool = False
@@ -68,6 +70,12 @@ def validate_batch(batch: Batch, tables: Mapping[str, TableConfig], *, allow_new
                                  position=p)
         out.append((k, ids, lens, int(maxs[i])))
     return out
+
+
+def stream_state(blob: bytes) -> dict[str, Any]:
+    """The :meth:`StreamStats.state` dict of the statistics whose container (``to_bytes``) is
+    ``blob``: for wrappers that keep StreamStats containers (windows, decayed statistics)."""
+    return {"kind": _STATE_KIND, "version": _STATE_VERSION, "blobs": {_STATE_BLOB: blob}}
 
 
 def _sample_of(lengths: np.ndarray, pos: int) -> int:
@@ -132,7 +140,15 @@ class StreamStats:
     # ------------------------------------------------------------ updating
     def update(self, batch: Batch) -> "StreamStats":
         """Validate ``batch`` whole, then count it. Empty batches are accepted and change nothing."""
-        parts = validate_batch(batch, self._configs, allow_new=self.auto_tables)
+        return self.update_validated(
+            batch, validate_batch(batch, self._configs, allow_new=self.auto_tables))
+
+    def update_validated(self, batch: Batch,
+                         parts: list[tuple[str, np.ndarray, np.ndarray, int]]) -> "StreamStats":
+        """Count ``batch``, already checked by :func:`validate_batch` against this object's tables
+        (``parts``: what it returned). For wrappers that validate once at their edge
+        (:class:`~flexshard_stream.stats.window.WindowedStats`, ``DecayedStats``); nothing is
+        checked again, so ``parts`` must come from this very batch."""
         if batch.batch_size == 0:
             return self
         for k, *_ in parts:
@@ -143,10 +159,10 @@ class StreamStats:
         if self.threads > 1 and len(work) > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fss-update")
-            list(self._pool.map(lambda w: w[0]._update_validated(w[1], w[2], w[3]), work))
+            list(self._pool.map(lambda w: w[0].update_validated(w[1], w[2], w[3]), work))
         else:
             for t, ids, lens, mx in work:
-                t._update_validated(ids, lens, mx)
+                t.update_validated(ids, lens, mx)
         self.batches += 1
         self.samples += batch.batch_size
         self.ids += batch.num_values
@@ -168,6 +184,11 @@ class StreamStats:
             self._pool = None
 
     # ------------------------------------------------------------- queries
+    def view(self) -> "StreamStats":
+        """The statistics the planner reads: this object itself (every statistics source has
+        ``view()``; windowed and decayed statistics return their merged or decayed view)."""
+        return self
+
     def summary(self, k: int = 1000) -> dict[str, FrequencySummary]:
         """Frequency summary per feature for the planner."""
         return {f: t.summary(k) for f, t in self._tables.items()}
@@ -222,6 +243,44 @@ class StreamStats:
 
     def copy(self) -> "StreamStats":
         return StreamStats.from_bytes(self.to_bytes())
+
+    # ------------------------------------------------------- state protocol
+    def state(self) -> dict[str, Any]:
+        """Everything this object counted, as a plain dict (torch: ``state_dict``)::
+
+            {"kind": "stream", "version": 1, "blobs": {"stats.fss": bytes}}
+
+        The blob is :meth:`to_bytes` (one container: magic, version, CRC-32). See
+        :mod:`flexshard_stream.stats.state` for the protocol."""
+        return stream_state(self.to_bytes())
+
+    def restore(self, state: Mapping[str, Any]) -> list[str]:
+        """Replace what this object counted by ``state`` (from :meth:`state`; torch:
+        ``load_state_dict``), in place: the update threads and the object's identity stay.
+
+        The state must hold the same sketch config and the same tables (with ``auto_tables``, the
+        tables both know must agree; the state's others are taken). Raises FormatError (malformed
+        state, damaged blob) or ConfigError (other tables or sketch sizes) and then changes
+        nothing. Returns the notes of the protocol: always empty here (nothing may differ).
+        """
+        check_state(state, _STATE_KIND, _STATE_VERSION, {})
+        loaded = StreamStats.from_bytes(state_blob(state, _STATE_KIND, _STATE_BLOB),
+                                        f"state blob {_STATE_BLOB!r}")
+        self._check_restorable(loaded)
+        self._configs, self._tables = dict(loaded._configs), dict(loaded._tables)
+        self.batches, self.samples, self.ids = loaded.batches, loaded.samples, loaded.ids
+        self.first_ts, self.last_ts = loaded.first_ts, loaded.last_ts
+        return []
+
+    def _check_restorable(self, loaded: "StreamStats") -> None:
+        mine, theirs = self._configs, loaded._configs
+        same_tables = (all(mine[f] == theirs[f] for f in mine.keys() & theirs.keys())
+                       if self.auto_tables else mine == theirs)
+        if not same_tables or loaded.config != self.config:
+            raise ConfigError(
+                f"the state holds statistics of tables {sorted(theirs)} with sketch config "
+                f"{loaded.config.to_dict()}; this object has tables {sorted(mine)} with "
+                f"{self.config.to_dict()}")
 
     # -------------------------------------------------------- serialization
     def to_bytes(self) -> bytes:

@@ -138,11 +138,14 @@ class TableStats:
             if lengths.size and (lengths.min() < 0 or lengths.sum() != ids.size):
                 raise BatchError(f"lengths must be >= 0 and sum to {ids.size}", feature=self.name,
                                  field="lengths")
-        self._update_validated(ids, lengths, hi)
+        self.update_validated(ids, lengths, hi)
         return self
 
-    def _update_validated(self, ids: np.ndarray, lengths: np.ndarray | None, max_id: int) -> None:
-        """Hot path: ``ids`` already checked. Releases the GIL inside the kernel."""
+    def update_validated(self, ids: np.ndarray, lengths: np.ndarray | None, max_id: int) -> None:
+        """Hot path: count ``ids`` (contiguous int64, already checked: none negative, none at or
+        above ``num_rows``) whose largest is ``max_id``; ``lengths`` (int64 IDs per sample, summing
+        to ``ids.size``) or None. :meth:`update` and ``StreamStats.update_validated`` call it after
+        validating; nothing is checked here. Releases the GIL inside the kernel."""
         if ids.size:
             self.saturated += int(update_table(ids, self.config.seed, self._cms,
                                                self.config.cms_mode == "conservative",
@@ -156,6 +159,8 @@ class TableStats:
                 lengths = lengths.copy()
             self._lengths.update(lengths)
             self.samples += int(lengths.size)
+
+    _update_validated = update_validated  # the former name, still used by bench/ingest.py
 
     # ------------------------------------------------------------- queries
     def bounds(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

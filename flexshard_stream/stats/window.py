@@ -1,22 +1,26 @@
 """Drift-aware views of the statistics: a sliding window (ring of sub-windows) or exponential decay.
 
-Both take batches through ``update(batch)`` like :class:`StreamStats` and expose ``view()``: a
-:class:`StreamStats` of what they currently remember, which the planner and re-sharder consume.
+Both take batches through ``update(batch)`` like :class:`StreamStats` (validated once, at this
+edge) and expose ``view()``: a :class:`StreamStats` of what they currently remember, which the
+planner and re-sharder consume. Both offer the state protocol (``state()`` / ``restore(state)``,
+:mod:`flexshard_stream.stats.state`).
 Progress is counted in batches, or in seconds of the batches' timestamps (wall-clock time when a
 batch carries none).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, FormatError
 from .batch import Batch
 from .config import SketchConfig, TableConfig
-from .stream import StreamStats, validate_batch
+from .state import NUMBER, OPTIONAL_NUMBER, check_state, state_blob
+from .stream import StreamStats, stream_state, validate_batch
 
 __all__ = ["Clock", "WindowedStats", "DecayedStats"]
 
@@ -69,8 +73,9 @@ class WindowedStats:
         return StreamStats(self._tables, self.config, auto_tables=self.auto_tables)
 
     def update(self, batch: Batch) -> "WindowedStats":
+        """Validate ``batch`` (once), then count it in the current sub-window."""
         probe = self._ring[-1][1] if self._ring else self._new()
-        validate_batch(batch, probe.table_configs, allow_new=probe.auto_tables)
+        parts = validate_batch(batch, probe.table_configs, allow_new=probe.auto_tables)
         if batch.batch_size == 0:
             return self
         pos = self.clock.position(batch, self._seen)
@@ -80,7 +85,7 @@ class WindowedStats:
             self._ring.append((start, self._new()))
         while self._ring and self._ring[0][0] + self.window <= pos:
             self._ring.popleft()
-        self._ring[-1][1].update(batch)
+        self._ring[-1][1].update_validated(batch, parts)
         self._seen += 1
         return self
 
@@ -94,6 +99,46 @@ class WindowedStats:
     @property
     def live_slots(self) -> int:
         return len(self._ring)
+
+    # ------------------------------------------------------- state protocol
+    def state(self) -> dict[str, Any]:
+        """The live sub-windows as a plain dict (torch: ``state_dict``)::
+
+            {"kind": "windowed", "version": 1, "window": float, "slots": int, "unit": str,
+             "seen": int (batches), "starts": [float, ...] (sub-window starts, in ``unit``),
+             "blobs": {"window-<i>.fss": bytes}}   # one StreamStats container per sub-window
+        """
+        return {"kind": "windowed", "version": _STATE_VERSION, "window": self.window,
+                "slots": self.slots, "unit": self.clock.unit, "seen": self._seen,
+                "starts": [float(start) for start, _ in self._ring],
+                "blobs": {f"window-{i}.fss": s.to_bytes() for i, (_, s) in enumerate(self._ring)}}
+
+    def restore(self, state: Mapping[str, Any]) -> list[str]:
+        """Replace the sub-windows by those of ``state`` (from :meth:`state`; torch:
+        ``load_state_dict``).
+
+        Tables and sketch config must be this object's, and so must the unit (the starts are
+        positions in it): ConfigError otherwise; a malformed state is a FormatError; either way
+        nothing changes. A different ``window`` or ``slots`` is allowed: this object's are kept,
+        and each difference is returned as a note.
+        """
+        check_state(state, "windowed", _STATE_VERSION,
+                    {"window": NUMBER, "slots": int, "unit": str, "seen": int, "starts": list})
+        if state["unit"] != self.clock.unit:
+            raise ConfigError(f"the windowed state's unit is {state['unit']!r}, this object's "
+                              f"{self.clock.unit!r}: its sub-window starts cannot be carried over")
+        starts = state["starts"]
+        if not all(isinstance(x, NUMBER) and not isinstance(x, bool) and math.isfinite(x)
+                   for x in starts) or state["seen"] < 0:
+            raise FormatError("windowed state: 'starts' must be finite numbers and 'seen' >= 0")
+        ring: deque[tuple[float, StreamStats]] = deque()
+        for i, start in enumerate(starts):
+            window = self._new()
+            window.restore(stream_state(state_blob(state, "windowed", f"window-{i}.fss")))
+            ring.append((float(start), window))
+        notes = _setting_notes(state, {"window": self.window, "slots": self.slots})
+        self._ring, self._seen = ring, int(state["seen"])
+        return notes
 
 
 class DecayedStats:
@@ -119,7 +164,8 @@ class DecayedStats:
         self.decays = 0
 
     def update(self, batch: Batch) -> "DecayedStats":
-        validate_batch(batch, self.stats.table_configs, allow_new=self.stats.auto_tables)
+        """Validate ``batch`` (once), decay what is due, then count it."""
+        parts = validate_batch(batch, self.stats.table_configs, allow_new=self.stats.auto_tables)
         if batch.batch_size == 0:
             return self
         pos = self.clock.position(batch, self._seen)
@@ -132,10 +178,55 @@ class DecayedStats:
         if steps:
             self.stats.scale(0.5 ** (steps * self.period / self.half_life))
             self.decays += steps
-        self.stats.update(batch)
+        self.stats.update_validated(batch, parts)
         self._seen += 1
         return self
 
     def view(self) -> StreamStats:
         """The decayed statistics (live object; copy before mutating)."""
         return self.stats
+
+    # ------------------------------------------------------- state protocol
+    def state(self) -> dict[str, Any]:
+        """The decayed counts and the decay clock as a plain dict (torch: ``state_dict``)::
+
+            {"kind": "decayed", "version": 1, "half_life": float, "period": float, "unit": str,
+             "seen": int (batches), "next": float | None (position of the next decay, in ``unit``),
+             "decays": int, "blobs": {"stats.fss": bytes}}   # the StreamStats container
+        """
+        return {"kind": "decayed", "version": _STATE_VERSION, "half_life": self.half_life,
+                "period": self.period, "unit": self.clock.unit, "seen": self._seen,
+                "next": self._next, "decays": self.decays,
+                "blobs": {"stats.fss": self.stats.to_bytes()}}
+
+    def restore(self, state: Mapping[str, Any]) -> list[str]:
+        """Replace the counts and the decay clock by those of ``state`` (from :meth:`state`; torch:
+        ``load_state_dict``), in place.
+
+        Tables and sketch config must be this object's (ConfigError); a malformed state is a
+        FormatError; either way nothing changes. ``half_life``, ``period`` and ``unit`` may differ:
+        this object's are kept, each difference is returned as a note, and with another unit the
+        next decay is scheduled afresh (the state's position is in the other unit).
+        """
+        check_state(state, "decayed", _STATE_VERSION,
+                    {"half_life": NUMBER, "period": NUMBER, "unit": str, "seen": int,
+                     "next": OPTIONAL_NUMBER, "decays": int})
+        nxt = state["next"]
+        if state["seen"] < 0 or state["decays"] < 0 or (nxt is not None and not math.isfinite(nxt)):
+            raise FormatError("decayed state: 'seen' and 'decays' must be >= 0 and 'next' finite")
+        notes = _setting_notes(state, {"half_life": self.half_life, "period": self.period,
+                                       "unit": self.clock.unit})
+        same_unit = state["unit"] == self.clock.unit
+        notes += self.stats.restore(stream_state(state_blob(state, "decayed", "stats.fss")))
+        self._seen, self.decays = int(state["seen"]), int(state["decays"])
+        self._next = (None if nxt is None else float(nxt)) if same_unit else None
+        return notes
+
+
+_STATE_VERSION = 1
+
+
+def _setting_notes(state: Mapping[str, Any], have: Mapping[str, Any]) -> list[str]:
+    """One note per setting in which ``state`` differs from this object (which keeps its own)."""
+    return [f"{k}: the state was made with {state[k]!r}, this object uses {v!r} (kept)"
+            for k, v in have.items() if state[k] != v]

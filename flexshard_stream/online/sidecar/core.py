@@ -1,0 +1,362 @@
+"""The :class:`Sidecar`: the bounded queue, the ingest and planner threads, the publisher and the
+checkpoints (each in a module of this package) composed behind the training loop's few calls."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError
+from ...placement.plan import Plan
+from ...placement.tables import EmbeddingTable, load_tables
+from ...placement.topology import Topology
+from ...stats.batch import Batch
+from ...stats.config import TableConfig
+from ...stats.stream import StreamStats
+from ...stats.window import DecayedStats, WindowedStats
+from ..resharder import CheckSchedule, Decision, ReshardConfig, Resharder, made_for
+from .checkpoint import ResumeReport, holds_previous_run, resume
+from .common import Coordination, SidecarError, deadline_after, log, remove_temp_entries
+from .ingest import BoundedQueue, IngestWorker, SidecarStats
+from .ledger import Ledger
+from .loader import AttachedLoader, copy_batch, to_batch
+from .planning import PlanningWorker
+from .publisher import Publisher, lock_directory
+
+__all__ = ["Sidecar"]
+
+_UNSET: Any = object()
+
+
+class Sidecar:
+    """Statistics and re-sharding in background threads, fed by a training loop.
+
+    Parameters
+    ----------
+    tables : list of EmbeddingTable, or a table TOML file
+    topology : Topology, or a topology TOML file / preset name
+    batch_size : samples per GPU per iteration (the planner's B)
+    out_dir : where plans, deltas, counters and checkpoints are written (created)
+    stats : StreamStats | DecayedStats | WindowedStats (default: DecayedStats with a half-life of
+        4 checks, keyed by the tables' features). Owned by the sidecar's ingest thread from now on.
+    config, memory, model, planner, plan : as for
+        :class:`~flexshard_stream.online.resharder.Resharder` (``plan``: the initial plan, default
+        row-wise; ignored when resuming)
+    queue_batches : most batches waiting in the queue (>= 1)
+    queue_ids, queue_bytes : most IDs / bytes (values, lengths, weights, timestamps) waiting;
+        None: no bound. A single batch larger than a bound is accepted only into an empty queue.
+    policy : "drop" (``submit`` never waits; a batch that does not fit is dropped and counted) or
+        "block" (``submit`` waits for room up to ``block_timeout`` seconds, None: forever, then
+        drops and counts)
+    checkpoint_every_s : seconds between periodic checkpoints (None or 0: only on close)
+    counters_every_s : seconds between rewrites of ``out_dir/counters.json`` (the persisted
+        submitted-batches counter that lets a restart count its losses)
+    keep_checkpoints, keep_plans, keep_deltas : how many of each to keep on disk
+    callback : ``callback(decision, plan)`` after each published change (planner thread)
+    resume : restart from the newest good checkpoint in ``out_dir`` (starts empty when there is
+        none); with False, ``out_dir`` must not hold a previous run's state
+    copy : copy each submitted batch (when the loader reuses its buffers)
+    nice : added to the nice value of the two background threads (Linux sets it per thread;
+        threads they start inherit it; capped at 19). The default, 19, makes them yield the CPU
+        to the training loop (and everything else) when cores are scarce: they fall behind
+        instead, and the queue drops and counts. With an idle core it changes nothing. 0: same
+        priority as the caller.
+    source, source_batches, source_ids : where the batches come from (JSON-able, stored in
+        checkpoints) and how many of its batches (IDs) were consumed before this process started
+        (the ring command's exact loss accounting)
+    """
+
+    def __init__(self, tables: Sequence[EmbeddingTable] | str | os.PathLike,
+                 topology: Topology | str | os.PathLike, batch_size: int, *,
+                 out_dir: str | os.PathLike, stats: Any = None,
+                 config: ReshardConfig | None = None, memory: Any = None, model: Any = None,
+                 planner: Any = None, plan: Plan | None = None,
+                 queue_batches: int = 64, queue_ids: int | None = 1 << 24,
+                 queue_bytes: int | None = 512 << 20, policy: str = "drop",
+                 block_timeout: float | None = None, checkpoint_every_s: float | None = 300.0,
+                 counters_every_s: float = 1.0, keep_checkpoints: int = 2, keep_plans: int = 4,
+                 keep_deltas: int | None = 1000,
+                 callback: Callable[[Decision, Plan], None] | None = None,
+                 resume: bool = False, copy: bool = False, nice: int = 19,
+                 source: Mapping[str, Any] | None = None, source_batches: int = 0,
+                 source_ids: int = 0):
+        if policy not in ("drop", "block"):
+            raise ConfigError(f"policy must be 'drop' or 'block', got {policy!r}")
+        if block_timeout is not None and not block_timeout >= 0:
+            raise ConfigError(f"block_timeout must be >= 0 seconds (or None), got {block_timeout}")
+        if min(keep_checkpoints, keep_plans, 1 if keep_deltas is None else keep_deltas) < 1:
+            raise ConfigError("keep_checkpoints, keep_plans and keep_deltas must be >= 1")
+        self._sync = Coordination()
+        self._queue = BoundedQueue(self._sync, max_batches=queue_batches, max_ids=queue_ids,
+                                   max_bytes=queue_bytes)
+        self.queue_batches, self.queue_ids, self.queue_bytes = \
+            self._queue.max_batches, self._queue.max_ids, self._queue.max_bytes
+        self.tables = (load_tables(tables) if isinstance(tables, (str, os.PathLike))
+                       else list(tables))
+        self.topology = topology if isinstance(topology, Topology) else Topology.load(topology)
+        self.batch_size, self.config = int(batch_size), config or ReshardConfig()
+        self.out_dir = Path(out_dir)
+        self.policy, self.block_timeout, self.copy = policy, block_timeout, bool(copy)
+        self.keep_checkpoints, self.source = int(keep_checkpoints), dict(source or {})
+        self._stats = self._statistics(stats)
+        self._closed = False
+        self._publisher = Publisher(self.out_dir, keep_plans=int(keep_plans),
+                                    keep_deltas=keep_deltas)
+        self._build(memory, model, planner, plan, callback, int(nice))
+        self._ledger = Ledger(self._sync, self.out_dir, queue=self._queue,
+                              planning=self._planning, publisher=self._publisher,
+                              stats=self._stats, keep_checkpoints=self.keep_checkpoints,
+                              source=self.source,
+                              source_before=(int(source_batches), int(source_ids)))
+        self._ingest = IngestWorker(
+            self._sync, self._queue, self._stats, top_k=self.config.top_k,
+            schedule=CheckSchedule(self.config.check_every, self.config.unit),
+            hand_over=self._planning.offer, checkpoint=self._ledger.checkpoint,
+            write_counters=self._ledger.write_counters, checkpoint_every_s=checkpoint_every_s,
+            counters_every_s=counters_every_s, nice=int(nice))
+        self.checkpoint_every_s = self._ingest.checkpoint_every_s
+        self.counters_every_s = self._ingest.counters_every_s
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_directory(self.out_dir)
+        try:
+            self._start(resume)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+
+    def _statistics(self, stats: Any) -> Any:
+        if stats is None:
+            return DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in self.tables],
+                                half_life=4 * self.config.check_every, unit=self.config.unit)
+        if not isinstance(stats, (StreamStats, DecayedStats, WindowedStats)):
+            raise ConfigError(f"stats must be a StreamStats, DecayedStats or WindowedStats (the "
+                              f"sidecar checkpoints them), got {type(stats).__name__}")
+        return stats
+
+    def _build(self, memory: Any, model: Any, planner: Any, plan: Plan | None, callback: Any,
+               nice: int) -> None:
+        self.resharder = Resharder(self.tables, self.topology, self.batch_size, stats=self._stats,
+                                   memory=memory, model=model, planner=planner,
+                                   config=self.config, plan=plan)
+        self._planning = PlanningWorker(self._sync, self.resharder, self._publisher,
+                                        callback=callback, nice=nice,
+                                        batches_in_stats=lambda: self._ingest.batches_in_stats)
+
+    def _start(self, resume: bool) -> None:
+        self._publisher.remove_temp_files()
+        remove_temp_entries(self.out_dir / "checkpoints")
+        self.resume_report = ResumeReport()
+        if not resume and holds_previous_run(self.out_dir):
+            raise ConfigError(f"{self.out_dir} holds the state of a previous sidecar run; pass "
+                              "resume=True to continue it, or use an empty directory")
+        taken_up = resume and self._resume()
+        if self._publisher.plan is None:
+            self._publisher.publish_full(self.resharder.plan, reset=taken_up,
+                                         batches_in_stats=self._ingest.batches_in_stats)
+        self._planning.take_snapshot()
+        self._ledger.write_counters(False, self._ingest.ingested())
+        self._ingest.start()
+        self._planning.start()
+        # a safety net: drain and checkpoint at interpreter exit if the caller never closed
+        self._atexit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._atexit)
+
+    # ================================================================== the training-loop side
+    def submit(self, batch: Any, *, block: bool | None = None, timeout: Any = _UNSET) -> bool:
+        """Queue ``batch`` (a Batch, or anything :func:`to_batch` converts) for the statistics.
+
+        Returns True if queued, False if dropped (counted). Never waits under the drop policy;
+        under the block policy (or ``block=True``) waits for room up to ``timeout`` seconds
+        (default: ``block_timeout``; None: forever). Raises :class:`SidecarError` for a pending
+        background error (the batch is then not submitted) or after ``close``.
+        """
+        if self._sync.has_error():
+            self._sync.raise_pending()
+        b = batch if isinstance(batch, Batch) else to_batch(batch)
+        return self._queue.put(copy_batch(b) if self.copy else b,
+                               block=(self.policy == "block") if block is None else bool(block),
+                               timeout=self.block_timeout if timeout is _UNSET else timeout)
+
+    def room(self) -> int:
+        """Batches the queue can take now (bounds in IDs and bytes not considered)."""
+        return self._queue.room()
+
+    def wait_for_room(self, timeout: float | None = None) -> bool:
+        """Wait until the queue has room for one batch (seconds; None: forever)."""
+        return self._queue.wait_for_room(timeout)
+
+    def attach(self, loader: Iterable[Any], *,
+               convert: Callable[[Any], Batch] | None = None) -> AttachedLoader:
+        """Wrap an iterable (e.g. a DataLoader): iterating it yields the loader's items unchanged
+        and submits each one (converted by ``convert`` or :func:`to_batch`)."""
+        return AttachedLoader(self, loader, convert)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued batch is in the statistics and no check is pending or
+        running (seconds; None: forever). True when done, False on timeout. Then raises the
+        pending background error, if any."""
+        self._not_from_worker("flush")
+        with self._sync.lock:
+            if not self._sync.wait(self._sync.idle, self._busy, deadline_after(timeout)):
+                return False
+        self._sync.raise_pending()
+        return True
+
+    def checkpoint(self, timeout: float | None = None) -> Path:
+        """Write a checkpoint now (on the ingest thread, between batches) and return its
+        directory. Batches still queued are not in it."""
+        self._not_from_worker("checkpoint")
+        self._sync.raise_pending()
+        if self._queue.closed:
+            raise SidecarError("checkpoint on a closed sidecar")
+        return self._ingest.request_checkpoint(timeout)
+
+    def close(self, timeout: float | None = None, *, checkpoint: bool = True) -> None:
+        """Stop accepting batches, drain the queue, let a pending check finish, write a final
+        checkpoint (unless ``checkpoint=False``) and the counters, stop the threads. Raises a
+        pending background error after shutting down. Idempotent."""
+        if self._closed:
+            return
+        self._not_from_worker("close")
+        self._queue.close()
+        deadline = deadline_after(timeout)
+        with self._sync.lock:  # drain
+            self._sync.wait(self._sync.idle, self._busy, deadline)
+        self._ingest.stop(final_checkpoint=checkpoint)
+        ended = self._ingest.join(_left(deadline))
+        self._planning.stop()
+        ended = self._planning.join(_left(deadline)) and ended
+        self._closed = True
+        atexit.unregister(self._atexit)
+        if ended:
+            os.close(self._lock_fd)
+        else:
+            log.warning("sidecar threads did not finish within %s s; the final checkpoint may "
+                        "be missing", timeout)
+        self._sync.raise_pending()
+
+    def __enter__(self) -> Sidecar:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # do not mask the exception in flight
+            self.close()
+        except Exception:
+            log.exception("error while closing the sidecar (after another exception)")
+
+    def _busy(self) -> bool:
+        return bool(len(self._queue)) or not (self._ingest.idle() and self._planning.idle())
+
+    def _not_from_worker(self, what: str) -> None:
+        if self._ingest.is_current() or self._planning.is_current():
+            raise SidecarError(f"{what} from the sidecar's own thread (e.g. in the callback) "
+                               "would wait for itself")
+
+    # ================================================================== observing
+    def stats(self) -> SidecarStats:
+        """A snapshot of the counters (:class:`SidecarStats`)."""
+        ing, pl = self._ingest, self._planning
+        with self._sync.lock:
+            return SidecarStats(
+                **self._queue.counters(), processed=ing.processed,
+                processed_ids=ing.processed_ids, rejected=ing.rejected, errors=self._sync.errors,
+                ingest_s=ing.ingest_s, checks=pl.checks, checks_coalesced=pl.coalesced,
+                plans_published=self._publisher.plans_published, checkpoints=ing.checkpoints,
+                batches_in_stats=ing.batches_in_stats, plan_seq=self._publisher.seq)
+
+    @property
+    def counters(self) -> dict[str, Any]:
+        """:meth:`stats` as a dict."""
+        return self.stats().to_dict()
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force (the last one published)."""
+        return self.resharder.plan
+
+    @property
+    def history(self) -> list:
+        """The re-sharder's decisions of this process (deltas kept on the last 8 only)."""
+        return self.resharder.history
+
+    @property
+    def stats_object(self) -> Any:
+        """The statistics object (read it only after :meth:`flush` or :meth:`close`)."""
+        return self._stats
+
+    @property
+    def callback(self) -> Callable[[Decision, Plan], None] | None:
+        """``callback(decision, plan)`` after each published change (may be replaced)."""
+        return self._planning.callback
+
+    @callback.setter
+    def callback(self, fn: Callable[[Decision, Plan], None] | None) -> None:
+        self._planning.callback = fn
+
+    @property
+    def last_checkpoint(self) -> Path | None:
+        """The directory of the last checkpoint this process wrote (None: none yet)."""
+        return self._ingest.last_checkpoint
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """The exception that killed a background thread (None while both run)."""
+        return self._sync.fatal
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return self._closed
+
+    def pop_error(self) -> BaseException | None:
+        """Take the pending background error without raising it (None if there is none)."""
+        return self._sync.pop_error()
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (f"Sidecar({str(self.out_dir)!r}, policy={self.policy!r}, "
+                f"accepted={s.accepted}, dropped={s.dropped}, queued={s.queued_batches}, "
+                f"plan_seq={s.plan_seq}{', closed' if self._closed else ''})")
+
+    # ================================================================== start / resume
+    def _resume(self) -> bool:
+        """Take up the newest good checkpoint and the published plan (``resume_report``)."""
+        r = resume(self.out_dir, self.resume_report, stats=self._stats, resharder=self.resharder,
+                   ingest=self._ingest, publisher=self._publisher, check_plan=self._check_plan)
+        self._ledger.go_on(r)
+        return r.taken_up
+
+    def _check_plan(self, plan: Plan, where: Path) -> None:
+        if not made_for(plan, self.tables, self.topology):
+            raise ConfigError(f"{where} was made for other tables or another topology than this "
+                              "sidecar's; use a new out_dir (or resume=False) after changing them")
+
+    def record_exact_loss(self, batches: int, ids: int, source: str) -> None:
+        """Replace the counters-based count of the batches lost since the checkpoint by an exact
+        one (``source``: where it comes from, e.g. the ring's read counter in shared memory)."""
+        self._ledger.set_lost_since_checkpoint(int(batches))
+        self.resume_report.count_exactly(batches, ids, source)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _close_at_exit(ref: weakref.ref[Sidecar]) -> None:
+    sc = ref()
+    if sc is not None and not sc.closed:
+        log.warning("sidecar %s was not closed: closing it at exit (final checkpoint)",
+                    sc.out_dir)
+        try:
+            sc.close(timeout=60)
+        except Exception:
+            log.exception("closing the sidecar at exit failed")
