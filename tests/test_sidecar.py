@@ -406,8 +406,8 @@ def test_checkpoints_of_the_earlier_layout_resume(tmp_path, kind):
         sc2.close()
 
 
-def test_the_former_module_entry_point_still_runs_the_command():
-    out = subprocess.run([sys.executable, "-m", "flexshard_stream.online.sidecar", "--help"],
+def test_the_ring_command_runs_from_the_cli_module():
+    out = subprocess.run([sys.executable, "-m", "flexshard_stream.cli", "sidecar", "--help"],
                          capture_output=True, text=True, timeout=WAIT, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "--ring" in out.stdout and "--checkpoint-every" in out.stdout
