@@ -102,15 +102,23 @@ def jsonable(x: Any, *, nonfinite_as_none: bool = True) -> Any:
 
 
 def write_json(path: str | os.PathLike, doc: Any, *, fsync: bool = True, indent: int | None = 1,
-               sort_keys: bool = False) -> Path:
-    """Write ``doc`` (made :func:`jsonable`) as UTF-8 JSON atomically; returns the path."""
-    data = json.dumps(jsonable(doc), indent=indent, allow_nan=False, sort_keys=sort_keys)
-    return write_atomic(path, data.encode() + b"\n", fsync=fsync)
+               sort_keys: bool = False, allow_nonfinite: bool = False, mode: int = 0o600) -> Path:
+    """Write ``doc`` (made :func:`jsonable`) as UTF-8 JSON atomically; returns the path.
+
+    Non-finite floats become ``null``, unless ``allow_nonfinite`` (then they are written as
+    ``NaN`` / ``Infinity``, Python's JSON extension, for documents whose readers expect them:
+    plan metadata). ``mode``: the file's permission bits (:func:`write_atomic`).
+    """
+    data = json.dumps(jsonable(doc, nonfinite_as_none=not allow_nonfinite), indent=indent,
+                      allow_nan=allow_nonfinite, sort_keys=sort_keys)
+    return write_atomic(path, data.encode() + b"\n", fsync=fsync, mode=mode)
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+def read_json(path: str | os.PathLike, what: str = "JSON file", *,
+              allow_nonfinite: bool = False) -> Any:
     """Read a JSON document; a missing, unreadable or malformed file is a FormatError naming it
-    (``what`` says what was expected, e.g. ``"plan.json"``)."""
+    (``what`` says what was expected, e.g. ``"plan.json"``). ``NaN`` / ``Infinity`` are refused
+    unless ``allow_nonfinite``."""
     path = Path(path)
     try:
         text = path.read_bytes().decode("utf-8")
@@ -124,7 +132,7 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     except OSError as e:
         raise FormatError(f"{path}: cannot be read ({e.strerror}); expected a {what}") from None
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=None if allow_nonfinite else _refuse_constant)
     except (json.JSONDecodeError, ValueError) as e:
         raise FormatError(f"{path}: not valid JSON ({e}); expected a {what}") from None
 
