@@ -49,8 +49,6 @@ our plan type, for :func:`flexshard_stream.placement.cost.evaluate_analytic`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
 import math
 import os
 import re
@@ -61,7 +59,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..formats.files import read_json, staging_directory, write_atomic, write_json
+from ..formats.files import read_json, read_npy, staging_directory, write_json, write_npy
 from ..stats.summary import FrequencySummary
 from .plan import ColdSharding, Plan, Router, TablePlan
 from .tables import EmbeddingTable, summaries_by_table
@@ -425,7 +423,7 @@ def _export_table(tmp: Path, index: int, name: str, tp: TablePlan, topo: Topolog
         notes.append("pooling_factors: TorchRec's default [1.0] (pass summaries= to split "
                      "the mean length by access share)")
     fn = f"{name}.remap.npy" if _SAFE_NAME.match(name) else f"t{index}.remap.npy"
-    sha = _write_remap(tmp / fn, m["remap"])
+    sha = write_npy(tmp / fn, m["remap"], mode=0o644)
     out = _TableExport({}, {}, [], pb, eb)
     hot = _hot_table(out, name, t, m, pf_hot) if m["K"] else None
     cold = _cold_table(out, name, tp, topo, m, pf_cold) if m["cold"] is not None else None
@@ -454,15 +452,6 @@ def _length_and_hot_share(name: str, tp: TablePlan, m: Mapping[str, Any],
         L = s.mean_length or None
     share = _hot_share(tp, m["hot_ids"], s) if m["K"] < t.num_rows else 1.0
     return L, share
-
-
-def _write_remap(path: Path, remap: np.ndarray) -> str:
-    """Write the remap array as ``.npy`` (atomically); returns the SHA-256 of its bytes."""
-    buf = io.BytesIO()
-    np.save(buf, remap, allow_pickle=False)
-    data = buf.getvalue()
-    write_atomic(path, data, mode=0o644)
-    return hashlib.sha256(data).hexdigest()
 
 
 def _hot_table(out: _TableExport, name: str, t: EmbeddingTable, m: Mapping[str, Any],
@@ -608,16 +597,8 @@ def load_torchrec_export(path: str | os.PathLike) -> TorchRecExport:
     try:
         for e in doc["tables"]:
             spec = e["remap"]
-            if Path(spec["file"]).name != spec["file"]:
-                raise FormatError(f"{path}: remap file {spec['file']!r} is not a plain name")
+            arr = read_npy(path, spec["file"], spec["sha256"], "remap file")
             f = path / spec["file"]
-            try:
-                raw = f.read_bytes()
-            except FileNotFoundError:
-                raise FormatError(f"{path}: missing remap file {spec['file']}") from None
-            if hashlib.sha256(raw).hexdigest() != spec["sha256"]:
-                raise FormatError(f"{f}: checksum mismatch: the export is damaged")
-            arr = np.load(io.BytesIO(raw), allow_pickle=False)
             if arr.dtype != np.int64 or list(arr.shape) != spec["shape"]:
                 raise FormatError(f"{f}: {arr.dtype} {list(arr.shape)}, expected int64 "
                                   f"{spec['shape']}")

@@ -23,8 +23,6 @@ routing function. Plans are saved as a directory: ``plan.json`` plus ``.npy`` ID
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
 import math
 import os
 from dataclasses import dataclass, field
@@ -35,7 +33,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..formats.files import jsonable, read_json, staging_directory, write_atomic, write_json
+from ..formats.files import jsonable, read_json, read_npy, staging_directory, write_json, write_npy
 from ..kernels.hashing import host_u_np
 from ..kernels.routing import (
     COLD_HASH,
@@ -574,7 +572,7 @@ class Plan:
             topo = Topology.from_dict(doc["topology"])
             tps = [TablePlan(EmbeddingTable(**entry["table"]),
                              ColdSharding.from_dict(entry["cold"]),
-                             **_load_arrays(directory, pj, entry["arrays"]))
+                             **_load_arrays(directory, entry["arrays"]))
                    for entry in doc["tables"]]
             plan = cls(doc["strategy"], topo, tps, doc.get("meta", {}))
         except FormatError:
@@ -595,33 +593,20 @@ def _save_arrays(directory: Path, index: int, tp: TablePlan) -> dict[str, dict[s
     for a in _TABLE_ARRAYS:
         fn = f"t{index}.{a}.npy"
         arr = getattr(tp, a)
-        buf = io.BytesIO()
-        np.save(buf, arr, allow_pickle=False)
-        data = buf.getvalue()
-        write_atomic(directory / fn, data, mode=0o644)
-        out[a] = {"file": fn, "dtype": arr.dtype.name, "shape": list(arr.shape),
-                  "sha256": hashlib.sha256(data).hexdigest()}
+        sha = write_npy(directory / fn, arr, mode=0o644)
+        out[a] = {"file": fn, "dtype": arr.dtype.name, "shape": list(arr.shape), "sha256": sha}
     return out
 
 
-def _load_arrays(directory: Path, pj: Path, specs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def _load_arrays(directory: Path, specs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The tier arrays of one table, each checked against its ``plan.json`` entry (plain file
     name, checksum, dtype, shape); FormatError naming the file otherwise."""
     arrs = {}
     for a, spec in specs.items():
-        f = directory / spec["file"]
-        if Path(spec["file"]).name != spec["file"]:
-            raise FormatError(f"{pj}: array file {spec['file']!r} is not a plain name")
-        try:
-            raw = f.read_bytes()
-        except FileNotFoundError:
-            raise FormatError(f"{directory}: missing array file {spec['file']}") from None
-        if hashlib.sha256(raw).hexdigest() != spec["sha256"]:
-            raise FormatError(f"{f}: checksum mismatch: the plan is damaged")
-        arr = np.load(io.BytesIO(raw), allow_pickle=False)
+        arr = read_npy(directory, spec["file"], spec["sha256"], "plan array file")
         if arr.dtype.name != spec["dtype"] or list(arr.shape) != spec["shape"]:
-            raise FormatError(f"{f}: shape {arr.shape} {arr.dtype} does not match "
-                              f"plan.json ({spec['shape']} {spec['dtype']})")
+            raise FormatError(f"{directory / spec['file']}: shape {arr.shape} {arr.dtype} does "
+                              f"not match plan.json ({spec['shape']} {spec['dtype']})")
         arrs[a] = arr
     return arrs
 
