@@ -277,6 +277,7 @@ def _require_ray() -> None:
 
 
 def _positive_int(value: Any) -> bool:
+    """An integer (not a bool) >= 1."""
     return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1
 
 
@@ -386,6 +387,7 @@ class _Run:
 
     @property
     def G(self) -> int:
+        """GPUs of the topology."""
         return self.topo.num_gpus
 
     @property
@@ -421,6 +423,7 @@ class _Progress:
         self.done: dict[str, int] = {}
 
     def __call__(self, phase: str, rows: int, window: int) -> None:
+        """Report ``rows`` data rows read in ``phase``, while in window ``window``."""
         if self.callback is None:
             return
         self.done[phase] = max(self.done.get(phase, 0), int(rows))
@@ -899,6 +902,8 @@ class _TracePass:
         self.report(self.samples_seen, w)
 
     def _start_window(self, w: int, q: int) -> None:
+        """Open window ``w`` at quarter ``q``: its accumulators, the decisions and late samples
+        so far."""
         self.fed = self.samples_seen      # every earlier sample was fed or is window 0
         self.win = _Window(w, self.samples_seen, history_start=len(self.rs.history),
                            late_start=self.cut.late,
@@ -936,6 +941,7 @@ class _TracePass:
         self.chunk = []
 
     def _check(self) -> None:
+        """One re-sharder check after a quarter, from the second window on, if it saw samples."""
         if self.win.index > 0 and self.unchecked:
             self.rs.check(position=self.pos)
             self.unchecked = False
@@ -973,6 +979,8 @@ class _TracePass:
         self.windows.append(self._window_entry(win))
 
     def _window_entry(self, win: _Window) -> dict[str, Any]:
+        """The window's entry of ``summary["windows"]``; bounds in seconds (time windows, or the
+        first / last ``ts`` seen) or sample offsets."""
         spec = self.run.spec
         if spec.unit == "seconds":
             start = self.cut.t0 + win.index * spec.size

@@ -436,6 +436,7 @@ class _IterationTraffic:
 
     @classmethod
     def zeros(cls, G: int, M: int) -> "_IterationTraffic":
+        """No traffic, for ``G`` GPUs, ``M`` per node."""
         return cls(np.zeros((G, G)), np.zeros((G, G)), 0.0, np.zeros(M), np.zeros(G),
                    np.zeros(G))
 
@@ -487,6 +488,8 @@ class _TraceSums:
         self.per_iteration: list[dict[str, np.ndarray]] | None = [] if keep_matrices else None
 
     def add(self, cost: Cost, traffic: _IterationTraffic, sync_matrix: np.ndarray) -> None:
+        """One iteration: its cost, its traffic (host lookups, UVM bytes, matrices) and its
+        replica-sync byte matrix."""
         self.host += traffic.host_lookups
         self.uvm += traffic.uvm_bytes
         for c in COMPONENTS:

@@ -728,6 +728,7 @@ class _LogWriter:
             self.path.unlink(missing_ok=True)
 
     def close(self) -> None:
+        """Close the parquet writer (the file is complete once closed)."""
         if self.writer is not None:
             self.writer.close()
             self.writer = None
