@@ -49,7 +49,7 @@ def write_logs(out: Path, samples: int, files: int, seed: int = 0) -> tuple[list
         if n <= 0:
             break
         # one seed per file, timestamps continuing where the previous file stopped
-        batches = synth.generate(spec.tables, n, 8192, seed=seed * 1000 + i,
+        batches = synth.generate(spec.tables, n, samples_per_batch=8192, seed=seed * 1000 + i,
                                  start_ts=i * per / spec.samples_per_second,
                                  samples_per_second=spec.samples_per_second)
         p = out / f"part-{i:03d}.parquet"

@@ -195,7 +195,8 @@ def synthetic(args, model):
     }
     out = {}
     for name, sc in scen.items():
-        windows = list(drift.generate_windows(specs, sc, nw, spw, G * B, seed=7))
+        windows = list(drift.generate_windows(specs, sc, nw, spw, samples_per_batch=G * B,
+                                              seed=7))
         res, rs = replay(name, tables, windows, topo, B, model, args.iterations_per_window,
                          args.top_k, **_knobs(args))
         if name == "stationary":

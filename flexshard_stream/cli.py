@@ -3,8 +3,9 @@
 Commands: ``demo`` (replay the embedded default trace through four placement strategies and write
 the HTML report), ``stats`` (sketch parquet/CSV logs and print per-table statistics, ``--json`` for
 machines), ``plan``, ``evaluate``, ``replay`` (windows of a log through rw, twrw, static FlexShard
-and the re-sharder; docs/REPLAY.md), ``report`` (HTML and PNGs of a replay directory) and
-``sidecar`` (statistics and re-sharding fed by a shared-memory ring; docs/SIDECAR.md).
+and the re-sharder; docs/REPLAY.md), ``report`` (HTML and PNGs of a replay directory), ``merge``
+(statistics snapshots of many hosts into one; docs/SCALING.md) and ``sidecar`` (statistics and
+re-sharding fed by a shared-memory ring; docs/SIDECAR.md).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _default_trace() -> Path:
                          "`python -m flexshard_stream.sources.synth default data/default_trace.parquet`")
 
 
-def _sketch_logs(paths: List[Path], features: Optional[List[str]], batch_size: int,
+def _sketch_logs(paths: List[Path], features: Optional[List[str]], read_batch_size: int,
                  show_progress: bool):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -46,7 +47,8 @@ def _sketch_logs(paths: List[Path], features: Optional[List[str]], batch_size: i
                   TimeElapsedColumn(), disable=not show_progress, transient=True,
                   console=_stderr_console()) as prog:
         task = prog.add_task("sketch", total=None, ids="0 IDs")
-        for batch in read_log([str(p) for p in paths], features=features, batch_size=batch_size):
+        for batch in read_log([str(p) for p in paths], features=features,
+                              read_batch_size=read_batch_size):
             stats.update(batch)
             prog.update(task, ids=f"{stats.ids:,} IDs")
     return stats, time.perf_counter() - t0
@@ -84,14 +86,22 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
           features: Optional[str] = typer.Option(None, help="Comma-separated feature columns "
                                                  "(default: every integer or list column)."),
           topk: int = typer.Option(10, help="Top rows to print per table."),
-          batch_size: int = typer.Option(65536, help="Samples per batch read from the logs."),
+          read_batch_size: int = typer.Option(65536, "--read-batch-size",
+                                              help="Samples per batch read from the logs (memory "
+                                                   "only; the statistics do not depend on it)."),
+          old_batch_size: Optional[int] = typer.Option(None, "--batch-size", hidden=True,
+                                                       help="Deprecated: --read-batch-size."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
           save: Optional[Path] = typer.Option(None, help="Also save the statistics here.")):
     """Sketch logs and print per-table statistics."""
     feats = [f.strip() for f in features.split(",") if f.strip()] if features else None
     if topk < 0:
         raise typer.BadParameter("--topk must be >= 0")
-    st, secs = _sketch_logs(logs, feats, batch_size, show_progress=not json_out)
+    if old_batch_size is not None:
+        typer.echo("warning: --batch-size is deprecated (it is the read chunk); use "
+                   "--read-batch-size", err=True)
+        read_batch_size = old_batch_size
+    st, secs = _sketch_logs(logs, feats, read_batch_size, show_progress=not json_out)
     if save is not None:
         st.save(save)
     if json_out:
@@ -357,15 +367,16 @@ def _load_tables(logs: List[Path], tables: Optional[Path]):
     return infer_tables([str(p) for p in logs])
 
 
-def _profile(logs: List[Path], tables, batch_size: int):
-    """Sketch the log with the tables' row counts; returns the StreamStats."""
+def _profile(logs: List[Path], tables, read_batch_size: int = 65536):
+    """Sketch the log with the tables' row counts (``read_batch_size`` samples read at a time);
+    returns the StreamStats."""
     from .sources.logs import read_log
     from .stats.config import TableConfig
     from .stats.stream import StreamStats
 
     st = StreamStats([TableConfig(t.name, t.num_rows, t.feature) for t in tables])
     for b in read_log([str(p) for p in logs], features=[t.feature for t in tables],
-                      batch_size=batch_size):
+                      read_batch_size=read_batch_size):
         st.update(b)
     return st
 
@@ -402,7 +413,7 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
     summaries = iterations = lookups = None
     result = None
     if strategy in ("hugectr", "tw", "twrw", "flexshard"):
-        st = _profile(log, tabs, 65536)
+        st = _profile(log, tabs)
         by_feat = {t.feature: t.name for t in tabs}
         summaries = {by_feat[f]: s for f, s in st.summary(k=topk).items()}
         iterations = max(1, st.samples // (topo.num_gpus * batch_size))
@@ -513,7 +524,7 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
             if want != have:
                 raise ConfigError(f"plan {d} tables differ from {tables}")
         feats = [tp.table.feature for tp in p.tables.values()]
-        batches = read_log([str(x) for x in log], features=feats, batch_size=65536)
+        batches = read_log([str(x) for x in log], features=feats, read_batch_size=65536)
         tc = evaluate_trace(p, batches, batch_size, CostModel(dedup=dedup),
                             max_iterations=max_iterations)
         key = p.strategy if p.strategy not in results else f"{p.strategy}:{d}"
@@ -533,6 +544,32 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
                   f"{r['comm_time_s_per_iter'] * 1e3:,.3f} ms",
                   f"{r['peak_memory_bytes'] / 1e9:,.3f} GB")
     Console().print(t)
+
+
+@app.command("merge")
+def merge_command(
+        snapshots: List[Path] = typer.Argument(..., help="Snapshot files (or plain statistics "
+                                               "files) from many hosts or windows."),
+        out: Path = typer.Option(..., "-o", "--out", help="Merged snapshot to write (atomic; "
+                                 "not written if any input is incompatible)."),
+        json_out: bool = typer.Option(False, "--json", help="Print a JSON summary.")) -> None:
+    """Merge statistics snapshots from many sidecars into one (for the planner)."""
+    from .online.distributed import load_snapshot, merge_snapshots
+
+    t0 = time.perf_counter()
+    merged = merge_snapshots(snapshots, out)
+    snap = load_snapshot(out)
+    doc = {"out": str(out), "inputs": len(snapshots), "sources": snap.sources,
+           "hosts": [h for h in (snap.host or "").split(",") if h], "unit": snap.unit,
+           "start": snap.start, "end": snap.end, "samples": merged.samples, "ids": merged.ids,
+           "tables": sorted(merged), "state_bytes": merged.state_bytes,
+           "seconds": time.perf_counter() - t0}
+    if json_out:
+        typer.echo(json.dumps(doc))
+    else:
+        typer.echo(f"merged {len(snapshots)} snapshot(s) from {len(doc['hosts'])} host(s): "
+                   f"{merged.samples:,} samples, {merged.ids:,} IDs, {len(doc['tables'])} "
+                   f"table(s) -> {out}")
 
 
 @app.command("sidecar")
@@ -595,12 +632,6 @@ def sidecar_command(
                     memory=MemoryPolicy(bytes_per_gpu=memory_bytes), model=CostModel(dedup=dedup),
                     checkpoint_every_s=checkpoint_every or None, queue_batches=queue_batches,
                     resume=resume, status_every_s=status_every, unlink=unlink)
-
-
-# commands defined beside what they drive (imports inside them are lazy)
-from .online.distributed import merge_command  # noqa: E402
-
-app.command("merge")(merge_command)
 
 
 def main() -> None:

@@ -498,53 +498,75 @@ def _check_structure(plan: Plan, tp: TablePlan, r: _Report) -> bool:
 def _check_routing(plan: Plan, tp: TablePlan, ids: np.ndarray, complete: bool, r: _Report) -> None:
     """Every sampled ID routes to exactly one owner in [0, G) from every GPU, as the tiers say; when
     ``complete``, the stored-row accounting (``rows_per_gpu``) matches the routing."""
-    topo = plan.topology
-    G, M = topo.num_gpus, topo.gpus_per_node
-    name = tp.name
-    n = ids.size
+    out = _route_from_every_gpu(plan, tp, ids, r)
+    if out is None:
+        return
+    G = plan.topology.num_gpus
+    if tp.replicated:
+        wrong = out != np.arange(G, dtype=np.int64)[:, None]
+        if wrong.any():
+            s, j = np.argwhere(wrong)[0]
+            r.add(f"table {tp.name!r} is all-replicated but ID {int(ids[j])} requested from GPU "
+                  f"{int(s)} routes to GPU {int(out[s, j])} (replicated lookups must stay local)")
+        return
+    expected, kind = _expected_owners(plan.topology, tp, ids)
+    _check_expected_owners(tp.name, ids, out, expected, kind, r)
+    cold = kind == 0
+    if cold.any():
+        _check_cold_owners(tp, ids[cold], out[:, cold], r)
+    if complete:
+        _check_stored_rows(plan.topology, tp, out[0, cold], r)
+
+
+def _route_from_every_gpu(plan: Plan, tp: TablePlan, ids: np.ndarray, r: _Report
+                          ) -> np.ndarray | None:
+    """Owners (int64, G x n) of ``ids`` requested from every GPU by :meth:`Plan.route`; None
+    (and a violation reported) when it raises or returns the wrong shape, dtype or GPUs."""
+    G = plan.topology.num_gpus
+    name, n = tp.name, ids.size
     src = np.repeat(np.arange(G, dtype=np.int64), n)
     all_ids = np.tile(ids, G)
     try:
         out = np.asarray(plan.route(name, all_ids, src))
     except Exception as e:  # noqa: BLE001 - any failure is a violation to report
         r.add(f"table {name!r}: Plan.route raised {type(e).__name__}: {e}")
-        return
+        return None
     if out.shape != all_ids.shape:
         r.add(f"table {name!r}: Plan.route returned shape {out.shape} for {all_ids.shape} IDs "
               f"(one owner per ID expected)")
-        return
+        return None
     if out.dtype.kind not in "iu":
         r.add(f"table {name!r}: Plan.route returned dtype {out.dtype}, expected integers")
-        return
+        return None
     out = out.astype(np.int64).reshape(G, n)
     bad = (out < 0) | (out >= G)
     if bad.any():
         s, j = np.argwhere(bad)[0]
         r.add(f"table {name!r}: ID {int(ids[j])} requested from GPU {int(s)} routes to GPU "
               f"{int(out[s, j])}, outside [0, {G}) ({int(bad.sum())} such lookups)")
-        return
-    # is a replica serving the request local where it must be?
+        return None
+    return out
+
+
+def _members(tier_ids: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``ids`` are in the sorted ``tier_ids`` (bool), and their positions there."""
+    pos = np.searchsorted(tier_ids, ids)
+    pos = np.minimum(pos, max(tier_ids.size - 1, 0))
+    m = (tier_ids[pos] == ids) if tier_ids.size > 0 else np.zeros(ids.size, bool)
+    return m, pos
+
+
+def _expected_owners(topo: Topology, tp: TablePlan, ids: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """What the tiers say: the owner of each ID from each GPU (G x n, -1 where the cold function
+    is a hash, checked apart) and the tier of each ID (0 cold, 1 global, 2 node, 3 placed)."""
+    G, M, n = topo.num_gpus, topo.gpus_per_node, ids.size
     g = np.arange(G, dtype=np.int64)[:, None]
-    if tp.replicated:
-        wrong = out != g
-        if wrong.any():
-            s, j = np.argwhere(wrong)[0]
-            r.add(f"table {name!r} is all-replicated but ID {int(ids[j])} requested from GPU "
-                  f"{int(s)} routes to GPU {int(out[s, j])} (replicated lookups must stay local)")
-        return
     expected = np.full((G, n), -1, dtype=np.int64)
-    kind = np.zeros(n, dtype=np.int8)  # 0 cold, 1 global, 2 node, 3 placed
-
-    def members(tier_ids):
-        pos = np.searchsorted(tier_ids, ids)
-        pos = np.minimum(pos, max(tier_ids.size - 1, 0))
-        hit = tier_ids.size > 0
-        m = (tier_ids[pos] == ids) if hit else np.zeros(n, bool)
-        return m, pos
-
-    mg, _ = members(tp.global_ids)
-    mn, pn = members(tp.node_ids)
-    mp, pp = members(tp.placed_ids)
+    kind = np.zeros(n, dtype=np.int8)
+    mg, _ = _members(tp.global_ids, ids)
+    mn, pn = _members(tp.node_ids, ids)
+    mp, pp = _members(tp.placed_ids, ids)
     kind[mg], kind[mn], kind[mp] = 1, 2, 3
     expected[:, mg] = np.broadcast_to(g, (G, n))[:, mg]
     if mn.any():
@@ -557,54 +579,69 @@ def _check_routing(plan: Plan, tp: TablePlan, ids: np.ndarray, complete: bool, r
         j = np.searchsorted(c.bounds, ids[cold], side="right") - 1
         j = np.clip(j, 0, c.gpus.size - 1)
         expected[:, cold] = c.gpus[j][None, :]
-    labels = {1: "a global replica (must be served by the requester itself)",
-              2: "a node replica (must be served inside the requester's node, by local GPU "
-                 "node_local)",
-              3: "a placed row (must be served by its placed GPU)",
-              0: "a cold row (must be served by the cold function's owner)"}
-    known = expected >= 0
-    wrong = known & (out != expected)
+    return expected, kind
+
+
+_TIER_LABELS = {1: "a global replica (must be served by the requester itself)",
+                2: "a node replica (must be served inside the requester's node, by local GPU "
+                   "node_local)",
+                3: "a placed row (must be served by its placed GPU)",
+                0: "a cold row (must be served by the cold function's owner)"}
+
+
+def _check_expected_owners(name: str, ids: np.ndarray, out: np.ndarray, expected: np.ndarray,
+                           kind: np.ndarray, r: _Report) -> None:
+    """One violation per tier whose IDs route elsewhere than the tiers say."""
+    wrong = (expected >= 0) & (out != expected)
     for k in (1, 2, 3, 0):
         w = wrong & (kind == k)[None, :]
         if w.any():
             s, j = np.argwhere(w)[0]
-            r.add(f"table {name!r}: ID {int(ids[j])} is {labels[k]}; requested from GPU {int(s)} it "
-                  f"routes to GPU {int(out[s, j])}, expected GPU {int(expected[s, j])} "
-                  f"({int(w.sum())} such lookups)")
-    if cold.any():
-        oc = out[:, cold]
-        if c.kind == "hash":
-            notin = ~np.isin(oc, c.gpus)
-            if notin.any():
-                s, j = np.argwhere(notin)[0]
-                r.add(f"table {name!r}: cold ID {int(ids[cold][j])} routes to GPU {int(oc[s, j])}, "
-                      f"not one of the cold GPUs {c.gpus.tolist()}")
-        varies = np.any(oc != oc[:1], axis=0)
-        if varies.any():
-            r.add(f"table {name!r}: cold rows {_ex(ids[cold][varies])} route to different owners "
-                  f"from different GPUs (one owner per cold row expected)")
-    if complete:
-        # the memory accounting must store exactly the rows the routing serves
-        stored = np.full(G, tp.global_ids.size, dtype=np.int64)
-        stored += np.tile(np.bincount(tp.node_local, minlength=M)[:M], topo.nodes)
-        np.add.at(stored, tp.placed_gpus, 1)
-        np.add.at(stored, out[0, cold], 1)
-        acct = tp.rows_per_gpu(topo)
-        if tp.has_host_tier:
-            # HBM (placed rows, replicas, fraction f of the other cold rows) + host = stored
-            cold_rows = np.bincount(out[0, cold], minlength=G).astype(np.float64)
-            host = tp.host_rows_per_gpu(topo)
-            if not np.allclose(host, (1.0 - tp.hbm_fraction) * cold_rows, rtol=_RTOL, atol=1e-9):
-                gpu = int(np.flatnonzero(~np.isclose(host, (1.0 - tp.hbm_fraction) * cold_rows,
-                                                     rtol=_RTOL, atol=1e-9))[0])
-                r.add(f"table {name!r}: GPU {gpu} keeps {host[gpu]:.6g} rows in host memory by "
-                      f"the accounting, expected (1 - hbm_fraction) x {int(cold_rows[gpu])} cold "
-                      f"rows it serves")
-        if not np.array_equal(acct, stored):
-            gpu = int(np.flatnonzero(acct != stored)[0])
-            r.add(f"table {name!r}: rows_per_gpu says GPU {gpu} stores {int(acct[gpu])} rows but "
-                  f"the routing serves {int(stored[gpu])} rows from it (memory accounting and "
-                  f"routing disagree)")
+            r.add(f"table {name!r}: ID {int(ids[j])} is {_TIER_LABELS[k]}; requested from GPU "
+                  f"{int(s)} it routes to GPU {int(out[s, j])}, expected GPU "
+                  f"{int(expected[s, j])} ({int(w.sum())} such lookups)")
+
+
+def _check_cold_owners(tp: TablePlan, cold_ids: np.ndarray, oc: np.ndarray, r: _Report) -> None:
+    """Cold rows: a hash owner among the cold GPUs, and one owner whatever the requester."""
+    name, c = tp.name, tp.cold
+    if c.kind == "hash":
+        notin = ~np.isin(oc, c.gpus)
+        if notin.any():
+            s, j = np.argwhere(notin)[0]
+            r.add(f"table {name!r}: cold ID {int(cold_ids[j])} routes to GPU {int(oc[s, j])}, "
+                  f"not one of the cold GPUs {c.gpus.tolist()}")
+    varies = np.any(oc != oc[:1], axis=0)
+    if varies.any():
+        r.add(f"table {name!r}: cold rows {_ex(cold_ids[varies])} route to different owners "
+              f"from different GPUs (one owner per cold row expected)")
+
+
+def _check_stored_rows(topo: Topology, tp: TablePlan, cold_owner: np.ndarray,
+                       r: _Report) -> None:
+    """Every ID was routed (``cold_owner``: the owner of each cold row): the memory accounting
+    must store exactly the rows the routing serves, host memory included."""
+    G, M, name = topo.num_gpus, topo.gpus_per_node, tp.name
+    stored = np.full(G, tp.global_ids.size, dtype=np.int64)
+    stored += np.tile(np.bincount(tp.node_local, minlength=M)[:M], topo.nodes)
+    np.add.at(stored, tp.placed_gpus, 1)
+    np.add.at(stored, cold_owner, 1)
+    acct = tp.rows_per_gpu(topo)
+    if tp.has_host_tier:
+        # HBM (placed rows, replicas, fraction f of the other cold rows) + host = stored
+        cold_rows = np.bincount(cold_owner, minlength=G).astype(np.float64)
+        host = tp.host_rows_per_gpu(topo)
+        if not np.allclose(host, (1.0 - tp.hbm_fraction) * cold_rows, rtol=_RTOL, atol=1e-9):
+            gpu = int(np.flatnonzero(~np.isclose(host, (1.0 - tp.hbm_fraction) * cold_rows,
+                                                 rtol=_RTOL, atol=1e-9))[0])
+            r.add(f"table {name!r}: GPU {gpu} keeps {host[gpu]:.6g} rows in host memory by "
+                  f"the accounting, expected (1 - hbm_fraction) x {int(cold_rows[gpu])} cold "
+                  f"rows it serves")
+    if not np.array_equal(acct, stored):
+        gpu = int(np.flatnonzero(acct != stored)[0])
+        r.add(f"table {name!r}: rows_per_gpu says GPU {gpu} stores {int(acct[gpu])} rows but "
+              f"the routing serves {int(stored[gpu])} rows from it (memory accounting and "
+              f"routing disagree)")
 
 
 def _check_prefix(tp: TablePlan, s: FrequencySummary, r: _Report) -> None:

@@ -52,6 +52,25 @@ def test_stats_features_and_table(log):
     assert "user" in r.stdout and "hist" not in r.stdout
 
 
+def test_stats_read_batch_size_and_its_old_flag(log):
+    """The read chunk is --read-batch-size; the old --batch-size still works (hidden, warns);
+    statistics do not depend on it."""
+    p, _ = log
+    docs = []
+    for flag in ("--read-batch-size", "--batch-size"):
+        r = runner.invoke(app, ["stats", str(p), "--json", flag, "700"])
+        assert r.exit_code == 0, r.output
+        docs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        assert ("deprecated" in r.output) == (flag == "--batch-size")
+    for t, d in docs[0]["tables"].items():
+        for k in d:
+            if k != "length_quantiles":   # the KLL length sketch compacts with random coin flips
+                assert d[k] == docs[1]["tables"][t][k], (t, k, d[k], docs[1]["tables"][t][k])
+    assert docs[0]["batches"] == 5                      # 3,000 samples read 700 at a time
+    r = runner.invoke(app, ["stats", "--help"])
+    assert "--read-batch-size" in r.output and "--batch-size" not in r.output
+
+
 def test_plan_and_evaluate(log, tmp_path):
     p, _ = log
     out = {}

@@ -133,7 +133,7 @@ def test_criteo_stream_pooled_distinct_per_field() -> None:
 @pytest.mark.parametrize("ext", [".parquet", ".csv"])
 def test_movielens_log(tmp_path: Path, ext: str) -> None:
     p = ds.write_dataset_log("movielens", tmp_path / f"ml{ext}")
-    reader = LogReader(p, batch_size=30_000)
+    reader = LogReader(p, read_batch_size=30_000)
     assert reader.schema.features == {"movie": "single", "user": "single"}
     batches = list(reader)
     assert [b.batch_size for b in batches] == [30_000] * 3 + [10_836]
@@ -150,7 +150,7 @@ def test_movielens_log(tmp_path: Path, ext: str) -> None:
 def test_amazon_log(tmp_path: Path, ext: str) -> None:
     p = ds.write_dataset_log("amazon-sports", tmp_path / f"az{ext}")
     assert inspect_log(p).features == {"item": "sequence"}
-    got = flatten(list(read_log(p, batch_size=10_000)))
+    got = flatten(list(read_log(p, read_batch_size=10_000)))
     values, lengths = ds.amazon_sequences("Sports_and_Outdoors")
     assert np.array_equal(got["item"][0], values)
     assert np.array_equal(got["item"][1], lengths)
@@ -160,7 +160,7 @@ def test_amazon_log(tmp_path: Path, ext: str) -> None:
 def test_criteo_log(tmp_path: Path, ext: str) -> None:
     p = ds.write_dataset_log("criteo", tmp_path / f"cr{ext}")
     cats = ds.criteo_categorical()
-    got = flatten(list(read_log(p, batch_size=300, null_as_empty=True)))
+    got = flatten(list(read_log(p, read_batch_size=300, null_as_empty=True)))
     assert list(got) == list(cats)
     for c in cats:
         assert np.array_equal(got[c][0], cats[c]), c

@@ -24,7 +24,6 @@ from flexshard_stream.online.distributed import (
     hll_image,
     load_snapshot,
     load_stats,
-    merge_command,
     merge_snapshots,
     parse_window,
     save_snapshot,
@@ -68,7 +67,7 @@ def logs(tmp_path_factory):
 def single_pass(paths, unit, size, tables=TABLES, skip_bad_rows=False):
     """Reference: the same batches read in order, each sample fed to its window's StreamStats.
     Returns ``{window: (StreamStats, {feature: ids})}``."""
-    bs = list(read_log(paths, batch_size=1000, skip_bad_rows=skip_bad_rows))
+    bs = list(read_log(paths, read_batch_size=1000, skip_bad_rows=skip_bad_rows))
     origin = min(float(b.timestamp.min()) for b in bs)
     out, seen = {}, 0
     for b in bs:
@@ -144,7 +143,7 @@ def test_duration_windows_equal_single_pass(logs):
     """Row-group tasks (8 workers > 4 files), out-of-order timestamps in one file."""
     diag = {}
     got = window_stats(logs, window="7s", engine="local", num_workers=8, config=CFG,
-                       tables=TABLES, batch_size=500, diagnostics=diag)
+                       tables=TABLES, read_batch_size=500, diagnostics=diag)
     ref = single_pass(logs, "seconds", 7.0)
     assert diag["tasks"] > FILES and not diag["scan_pass"]
     assert [w.index for w in got] == list(ref)
@@ -162,7 +161,7 @@ def test_duration_windows_equal_single_pass(logs):
 def test_sample_windows_equal_single_pass(logs):
     diag = {}
     got = window_stats(logs[:2], window="1000", engine="local", num_workers=3, config=CFG,
-                       tables=TABLES, batch_size=400, diagnostics=diag)
+                       tables=TABLES, read_batch_size=400, diagnostics=diag)
     ref = single_pass(logs[:2], "samples", 1000)
     assert diag["tasks"] == 4 and not diag["scan_pass"]   # two files, 2 row-group runs each
     assert [(w.index, w.start, w.end) for w in got] == [(i, i * 1000.0, (i + 1) * 1000.0)
@@ -170,6 +169,19 @@ def test_sample_windows_equal_single_pass(logs):
     for w in got:
         assert_linear_equal(w.stats, ref[w.index][0])
         assert_heavy_hitters_within_bounds(w.stats, ref[w.index][1], diag["tasks"])
+
+
+def test_old_batch_size_keyword_is_the_read_chunk(logs):
+    """``batch_size`` (deprecated for one release) still sets the read chunk, with a warning."""
+    new = window_stats(logs[:1], window="1000", config=CFG, tables=TABLES, read_batch_size=400)
+    with pytest.warns(DeprecationWarning, match="'batch_size' is deprecated, use "
+                                                "'read_batch_size'"):
+        old = window_stats(logs[:1], window="1000", config=CFG, tables=TABLES, batch_size=400)
+    assert [w.index for w in old] == [w.index for w in new]
+    for a, b in zip(old, new):
+        assert_same_stats(a.stats, b.stats)
+    with pytest.raises(TypeError, match="both 'batch_size'"):
+        window_stats(logs[:1], window="1000", batch_size=400, read_batch_size=400)
 
 
 def test_bad_rows_csv_and_counting_pass(tmp_path, logs):
@@ -187,7 +199,8 @@ def test_bad_rows_csv_and_counting_pass(tmp_path, logs):
         window_stats(paths, window="1000", config=CFG, tables=TABLES)
     diag = {}
     got = window_stats(paths, window="1000", engine="local", num_workers=2, config=CFG,
-                       tables=TABLES, skip_bad_rows=True, batch_size=300, diagnostics=diag)
+                       tables=TABLES, skip_bad_rows=True, read_batch_size=300,
+                       diagnostics=diag)
     ref = single_pass(paths, "samples", 1000, skip_bad_rows=True)
     assert diag["scan_pass"] and diag["skipped"]["negative_id"] == 10
     assert [w.index for w in got] == list(ref) and sum(w.samples for w in got) == 3890
@@ -260,7 +273,7 @@ def test_import_does_not_import_ray():
 # --------------------------------------------------------------------------- snapshots
 def _host_stats(paths, tables=TABLES):
     st = StreamStats(tables, CFG)
-    for b in read_log(paths, batch_size=1000):
+    for b in read_log(paths, read_batch_size=1000):
         st.update(b)
     return st
 
@@ -339,6 +352,8 @@ def test_merge_refuses_incompatible(tmp_path, logs, other):
 def test_merge_command(tmp_path, logs):
     import typer
     from typer.testing import CliRunner
+
+    from flexshard_stream.cli import merge_command
     app = typer.Typer()
     app.command("merge")(merge_command)
 
@@ -401,7 +416,9 @@ def test_datasketches_images_round_trip(tmp_path, logs):
     for item, _, lb, ub in fi.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES):
         assert lb <= true[item] <= ub
     # HLL (exact table): a DataSketches image; images of two hosts union to the distinct rows
-    true = np.count_nonzero(merged["c"]._counts)
+    true = merged["c"].nonzero_rows().size
+    looked_up = np.unique(np.concatenate([b.feature_values("c") for b in read_log(logs[:2])]))
+    assert np.array_equal(merged["c"].nonzero_rows(), looked_up)
     h = ds.hll_sketch.deserialize(Path(files["c"]["hll"]).read_bytes())
     assert h.lg_config_k == CFG.hll_p
     assert h.get_lower_bound(2) <= true <= h.get_upper_bound(2)
@@ -411,3 +428,5 @@ def test_datasketches_images_round_trip(tmp_path, logs):
     assert u.get_result().get_lower_bound(2) <= true <= u.get_result().get_upper_bound(2)
     with pytest.raises(ConfigError, match="sketched"):
         hll_image(merged["a"])
+    with pytest.raises(ConfigError, match="sketched"):
+        merged["a"].nonzero_rows()

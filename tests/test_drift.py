@@ -57,8 +57,8 @@ def test_determinism_and_invariances(name):
     a = S.TableSpec("a", 2000, 1.0)
     b = S.TableSpec("b", 5000, 0.9, kind="sequence", length="poisson", mean_length=3.0)
 
-    def run(tables, seed=7, num_windows=3, batch_size=1000):
-        return list(D.generate_windows(tables, spec, num_windows, 3000, batch_size, seed))
+    def run(tables, seed=7, num_windows=3, samples_per_batch=1000):
+        return list(D.generate_windows(tables, spec, num_windows, 3000, samples_per_batch, seed))
 
     ref = run([a, b])
     again = run([a, b])
@@ -77,8 +77,9 @@ def test_determinism_and_invariances(name):
                                   np.concatenate([x.feature_lengths("b") for x in w2]))
     # ... and with the window
     assert not np.array_equal(ref[0][0].feature_lengths("b"), ref[1][0].feature_lengths("b"))
-    # the window's content does not depend on the batch size, the window count or the other tables
-    for w1, w2 in zip(ref, run([a, b], batch_size=777)):
+    # the window's content does not depend on the samples per batch, the window count or the
+    # other tables
+    for w1, w2 in zip(ref, run([a, b], samples_per_batch=777)):
         assert [x.batch_size for x in w2] == [777, 777, 777, 669]
         for key in ("a", "b"):
             assert np.array_equal(flat(w1, key), flat(w2, key))
@@ -86,6 +87,19 @@ def test_determinism_and_invariances(name):
         assert np.array_equal(flat(w1, "b"), flat(w2, "b"))
     for w1, w2 in zip(ref, run([a])):
         assert np.array_equal(flat(w1, "a"), flat(w2, "a"))
+
+
+def test_old_batch_size_keyword_means_samples_per_batch():
+    """``batch_size`` (deprecated for one release) still sets the samples per batch."""
+    spec = SMALL["rotating"]
+    new = list(D.generate_windows([ITEMS], spec, 2, 1000, samples_per_batch=300, seed=3))
+    with pytest.warns(DeprecationWarning, match="'batch_size' is deprecated, use "
+                                                "'samples_per_batch'"):
+        old = list(D.generate_windows([ITEMS], spec, 2, 1000, batch_size=300, seed=3))
+    for w_old, w_new in zip(old, new, strict=True):
+        assert [b.batch_size for b in w_old] == [b.batch_size for b in w_new] == [300, 300, 300,
+                                                                                 100]
+        assert all(np.array_equal(a.values, b.values) for a, b in zip(w_old, w_new))
 
 
 def test_generation_is_lazy_and_validates_eagerly():
@@ -299,9 +313,10 @@ def test_table_dependent_and_call_errors():
     with pytest.raises(ConfigError, match="'size'"):
         D.true_top(small, D.scenario("flash_crowd", size=100), 0, 5)
     ok = D.scenario("stationary")
-    for kwargs, needle in [({"num_windows": -1}, "num_windows"), ({"batch_size": 0}, "batch_size"),
+    for kwargs, needle in [({"num_windows": -1}, "num_windows"),
+                           ({"samples_per_batch": 0}, "samples_per_batch"),
                            ({"seed": -1}, "seed"), ({"samples_per_second": 0}, "samples_per_second")]:
-        args = {"num_windows": 2, "samples_per_window": 10, "batch_size": 10, **kwargs}
+        args = {"num_windows": 2, "samples_per_window": 10, "samples_per_batch": 10, **kwargs}
         with pytest.raises(ConfigError, match=needle):
             D.generate_windows([small], ok, **args)
     with pytest.raises(ConfigError, match="DriftSpec"):

@@ -109,7 +109,7 @@ def test_round_trip_several_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         rows = make_rows(rng, n, t0=100.0 * j)
         rows_all += rows
         paths.append(write(frame(rows, with_ts), tmp_path / f"part{j}{ext}"))
-    reader = LogReader(paths, batch_size=6)
+    reader = LogReader(paths, read_batch_size=6)
     assert reader.schema == LogSchema({"u": "single", "seq": "sequence"}, with_ts)
     batches = list(reader)
     # exact batch sizes; batches span file and row-group boundaries (6 vs files 7, 13, ...)
@@ -126,10 +126,10 @@ def test_mixed_parquet_and_csv_and_feature_selection(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     r1, r2 = make_rows(rng, 9), make_rows(rng, 4, t0=50)
     paths = [write(frame(r1), tmp_path / "a.parquet"), write(frame(r2), tmp_path / "b.csv")]
-    got = samples(list(read_log(paths, features=["seq"], batch_size=4)))
+    got = samples(list(read_log(paths, features=["seq"], read_batch_size=4)))
     assert got == [{"seq": r["seq"], "ts": r["ts"]} for r in r1 + r2]
     # ts=False drops timestamps; iterating again re-reads
-    reader = LogReader(paths, ["seq", "u"], batch_size=100, ts=False)
+    reader = LogReader(paths, ["seq", "u"], read_batch_size=100, ts=False)
     for _ in range(2):
         (b,) = list(reader)
         assert b.keys == ("seq", "u") and b.timestamp is None and b.batch_size == 13
@@ -137,19 +137,20 @@ def test_mixed_parquet_and_csv_and_feature_selection(tmp_path: Path) -> None:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sizes=st.lists(st.integers(0, 12), min_size=1, max_size=4),
-       batch_size=st.integers(1, 9), rg=st.integers(1, 5), seed=st.integers(0, 2**16),
+       read_batch_size=st.integers(1, 9), rg=st.integers(1, 5), seed=st.integers(0, 2**16),
        block=st.sampled_from([64, 1 << 20]))
-def test_round_trip_property(tmp_path: Path, sizes: list[int], batch_size: int, rg: int,
+def test_round_trip_property(tmp_path: Path, sizes: list[int], read_batch_size: int, rg: int,
                              seed: int, block: int) -> None:
     logs_mod_block = logs_mod._CSV_BLOCK
     logs_mod._CSV_BLOCK = block                      # CSV blocks of ~1 row, or one block
     try:
-        _round_trip(tmp_path, sizes, batch_size, rg, seed)
+        _round_trip(tmp_path, sizes, read_batch_size, rg, seed)
     finally:
         logs_mod._CSV_BLOCK = logs_mod_block
 
 
-def _round_trip(tmp_path: Path, sizes: list[int], batch_size: int, rg: int, seed: int) -> None:
+def _round_trip(tmp_path: Path, sizes: list[int], read_batch_size: int, rg: int, seed: int
+                ) -> None:
     rng = np.random.default_rng(seed)
     rows_all, paths = [], []
     for j, n in enumerate(sizes):
@@ -157,10 +158,10 @@ def _round_trip(tmp_path: Path, sizes: list[int], batch_size: int, rg: int, seed
         rows_all += rows
         ext = ".parquet" if (seed + j) % 2 else ".csv"
         paths.append(write(frame(rows), tmp_path / f"p{seed}_{j}{ext}", row_group_size=rg))
-    batches = list(read_log(paths, ["u", "seq"], batch_size=batch_size))
+    batches = list(read_log(paths, ["u", "seq"], read_batch_size=read_batch_size))
     total = sum(sizes)
-    expect_sizes = [batch_size] * (total // batch_size) + ([total % batch_size]
-                                                          if total % batch_size else [])
+    expect_sizes = [read_batch_size] * (total // read_batch_size) + (
+        [total % read_batch_size] if total % read_batch_size else [])
     assert [b.batch_size for b in batches] == expect_sizes
     assert samples(batches) == reference(rows_all, True)
 
@@ -176,7 +177,7 @@ def test_large_file_streams_in_several_batches(tmp_path: Path) -> None:
                                                                    pa.array(values))})
     path = tmp_path / "big.parquet"
     pq.write_table(table, path, row_group_size=50_000)
-    reader = LogReader(path, batch_size=65536)
+    reader = LogReader(path, read_batch_size=65536)
     it = iter(reader)
     first = next(it)
     assert first.batch_size == 65536
@@ -367,7 +368,7 @@ def test_negative_ids(tmp_path: Path, ext: str) -> None:
     rows[17]["seq"] = [3, -4, 5]
     p = write(frame(rows), tmp_path / f"neg{ext}")
     with pytest.raises(LogError) as e:
-        list(read_log(p, ["u", "seq"], batch_size=4))
+        list(read_log(p, ["u", "seq"], read_batch_size=4))
     check_msg(e, p, 17, "seq")
     assert "negative ID" in str(e.value)
 
@@ -421,7 +422,7 @@ def test_garbled_csv_line(tmp_path: Path) -> None:
     lines[7] = "6,6,6,6,6"                                 # data row 5: too many fields
     p.write_text("\n".join(lines) + "\n")
     with pytest.raises(LogError) as e:
-        list(read_log(p, {"u": "single", "seq": "sequence"}, batch_size=3))
+        list(read_log(p, {"u": "single", "seq": "sequence"}, read_batch_size=3))
     check_msg(e, p, 6, None)
     assert "line 8" in str(e.value) and "malformed" in str(e.value)
 
@@ -458,7 +459,7 @@ def test_damaged_parquet_page(tmp_path: Path) -> None:
     data[pos:pos + 16] = b"\xff" * 16
     p.write_bytes(bytes(data))
     with pytest.raises(LogError) as e:
-        list(read_log(p, batch_size=1000))
+        list(read_log(p, read_batch_size=1000))
     check_msg(e, p, None, "u")
     assert "row group 2 (rows 5000..7499" in str(e.value)
 
@@ -485,7 +486,7 @@ def test_skip_bad_rows_counts_exact(tmp_path: Path) -> None:
                   "seq": [[1], [2], [None], [4], [5]]},
                  schema={"ts": pl.Float64, "u": pl.Int64, "seq": pl.List(pl.Int64)}
                  ).write_parquet(p)
-    reader = LogReader([c, p], {"u": "single", "seq": "sequence"}, batch_size=2,
+    reader = LogReader([c, p], {"u": "single", "seq": "sequence"}, read_batch_size=2,
                        skip_bad_rows=True)
     got = samples(list(reader))
     assert got == [{"u": [1], "seq": [1, 2], "ts": 0.0}, {"u": [10], "seq": [10], "ts": 9.0},
@@ -512,25 +513,60 @@ def test_first_problem_in_file_order_wins(tmp_path: Path, monkeypatch: pytest.Mo
     p = tmp_path / "m.csv"
     p.write_text("\n".join(lines[:4] + ["3,3"] + lines[4:30] + ["-9"] + lines[30:]) + "\n")
     with pytest.raises(LogError) as e:          # malformed row 3 comes before negative row 30
-        list(read_log(p, {"u": "single"}, batch_size=2))
+        list(read_log(p, {"u": "single"}, read_batch_size=2))
     check_msg(e, p, 3, None)
-    reader = LogReader(p, {"u": "single"}, batch_size=7, skip_bad_rows=True)
+    reader = LogReader(p, {"u": "single"}, read_batch_size=7, skip_bad_rows=True)
     assert [s["u"][0] for s in samples(list(reader))] == list(range(40))
     assert reader.skipped["malformed"] == 1 and reader.skipped["negative_id"] == 1
     assert reader.rows_read == 42
     q = tmp_path / "n.csv"
     q.write_text("\n".join(lines[:12] + ["-9"] + lines[12:30] + ["3,3"] + lines[30:]) + "\n")
     with pytest.raises(LogError) as e:          # negative row 11 comes before malformed row 29
-        list(read_log(q, {"u": "single"}, batch_size=2))
+        list(read_log(q, {"u": "single"}, read_batch_size=2))
     check_msg(e, q, 11, "u")
     assert "line 13" in str(e.value)
 
 
-def test_batch_size_validation(tmp_path: Path) -> None:
+def test_read_batch_size_validation(tmp_path: Path) -> None:
     p = write(frame(make_rows(np.random.default_rng(11), 2)), tmp_path / "v.parquet")
     for bad in (0, -1, 2.5, True):
         with pytest.raises(LogError, match="batch_size"):
-            LogReader(p, batch_size=bad)  # type: ignore[arg-type]
+            LogReader(p, read_batch_size=bad)  # type: ignore[arg-type]
+
+
+def test_old_batch_size_keyword_is_the_read_chunk(tmp_path: Path) -> None:
+    """``batch_size`` (deprecated for one release) still means the read chunk, with a warning."""
+    rows = make_rows(np.random.default_rng(13), 10)
+    p = write(frame(rows), tmp_path / "o.parquet")
+    with pytest.warns(DeprecationWarning, match="'batch_size' is deprecated, use "
+                                                "'read_batch_size'"):
+        reader = LogReader(p, batch_size=4)
+    assert reader.read_batch_size == 4
+    assert [b.batch_size for b in reader] == [4, 4, 2]
+    with pytest.warns(DeprecationWarning, match="read_batch_size"):
+        assert reader.batch_size == 4
+    with pytest.warns(DeprecationWarning, match="read_batch_size"):
+        got = samples(list(read_log(p, batch_size=3)))
+    assert got == reference(rows, True)
+    with pytest.raises(TypeError, match="both 'batch_size'"):
+        LogReader(p, batch_size=4, read_batch_size=4)
+
+
+def test_file_infos_and_data_rows(tmp_path: Path) -> None:
+    """Format and footer row count per file; data rows from footers and CSV line counts, bad rows
+    included, without reading the samples."""
+    rng = np.random.default_rng(14)
+    a = write(frame(make_rows(rng, 9)), tmp_path / "a.parquet")
+    b = write(frame(make_rows(rng, 5)), tmp_path / "b.csv")
+    with open(b, "a") as f:
+        f.write("7.0,-3,,0.5\n")                      # a bad row (negative ID) is still a row
+    reader = LogReader([a, b], skip_bad_rows=True)
+    infos = reader.file_infos
+    assert [(i.path, i.format, i.num_rows) for i in infos] == [(a, "parquet", 9), (b, "csv", None)]
+    assert [i.data_rows() for i in infos] == [9, 6]
+    assert reader.data_rows() == 15 and reader.rows_read == 0      # nothing read yet
+    list(reader)
+    assert reader.rows_read == reader.data_rows() and reader.samples == 14
 
 
 # ----------------------------------------------------------------------------- max ids

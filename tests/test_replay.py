@@ -47,7 +47,7 @@ def timed(log, tmp_path_factory):
 
 
 def _all_batches(path):
-    return concat_batches(list(read_log(str(path), batch_size=4096)))
+    return concat_batches(list(read_log(str(path), read_batch_size=4096)))
 
 
 def test_parse_window():

@@ -274,7 +274,7 @@ def test_generate_batch_size_property(n, bs, seed):
 
 
 def test_generate_bad_parameters():
-    with pytest.raises(ConfigError, match="batch_size"):
+    with pytest.raises(ConfigError, match="samples_per_batch"):
         S.generate(TABLES, 10, 0)
     with pytest.raises(ConfigError, match="num_samples"):
         S.generate(TABLES, -1, 10)
@@ -285,6 +285,36 @@ def test_generate_bad_parameters():
     with pytest.raises(ConfigError, match="samples_per_second"):
         S.generate(TABLES, 10, 10, samples_per_second=0.0)
     assert list(S.generate(TABLES, 0, 10)) == []
+
+
+def test_old_batch_size_names_still_mean_samples_per_batch(tmp_path):
+    """``batch_size`` (deprecated for one release): keyword of the generators and the specs'
+    constructors, attribute of the specs and reports, flag of the command line."""
+    ref, _, sizes = concat(S.generate(TABLES, 700, samples_per_batch=300, seed=4))
+    with pytest.warns(DeprecationWarning, match="'batch_size' is deprecated, use "
+                                                "'samples_per_batch'"):
+        got, _, old_sizes = concat(S.generate(TABLES, 700, batch_size=300, seed=4))
+    assert old_sizes == sizes == [300, 300, 100]
+    for k in ref:
+        assert np.array_equal(got[k][0], ref[k][0]) and np.array_equal(got[k][1], ref[k][1])
+    with pytest.raises(TypeError, match="both 'batch_size'"):
+        S.generate(TABLES, 700, batch_size=300, samples_per_batch=300)
+    spec = S.preset("default")
+    with pytest.warns(DeprecationWarning, match="samples_per_batch"):
+        assert spec.batch_size == spec.samples_per_batch == 1024
+    with pytest.warns(DeprecationWarning, match="samples_per_batch"):
+        assert [b.batch_size for b in spec.generate(5, batch_size=2)] == [2, 2, 1]
+    with pytest.warns(DeprecationWarning, match="samples_per_batch"):
+        old = S.TraceSpec("t", spec.tables, batch_size=64)
+    assert old == S.TraceSpec("t", spec.tables, samples_per_batch=64)
+    with pytest.warns(DeprecationWarning, match="samples_per_batch"):
+        assert S.PUBLISHED_2022.batch_size == S.PUBLISHED_2022.samples_per_batch == 131072
+    # the command line's hidden --batch-size is --samples-per-batch
+    for flag in ("--samples-per-batch", "--batch-size"):
+        out = tmp_path / f"{flag.strip('-')}.parquet"
+        assert S.main(["preset", "default", str(out), "--samples", "300", flag, "7"]) == 0
+    assert pl.read_parquet(tmp_path / "batch-size.parquet").equals(
+        pl.read_parquet(tmp_path / "samples-per-batch.parquet"))
 
 
 # ------------------------------------------------------------------------------------ parquet log
@@ -350,7 +380,7 @@ def test_reuse_histogram_by_hand():
 @pytest.mark.skipif(not STATS_2022.exists(), reason=f"published data not found at {STATS_2022}")
 def test_load_published_histogram_matches_file_and_embedded_copy():
     pub = S.load_published_histogram(STATS_2022)
-    assert len(pub.batches) == 16 and pub.batch_size == 131072 and pub.num_tables == 788
+    assert len(pub.batches) == 16 and pub.samples_per_batch == 131072 and pub.num_tables == 788
     assert pub.lookups == pytest.approx(1.405e9, rel=1e-3)
     assert pub.unique_rows == pytest.approx(110.26e6, rel=1e-3)
     assert pub.once_fraction == pytest.approx(0.342)
@@ -379,7 +409,7 @@ def test_production_preset_is_calibrated():
     # (4096 samples); TV(rows) < 0.025 at 1/128 (1024 samples). Measured over seeds 0-2:
     # 0.003-0.005, 0.021-0.023 and 0.006-0.011.
     rep = S.calibration_distance(scale=1 / 32, seed=0)
-    assert rep.batch_size == 4096
+    assert rep.samples_per_batch == 4096
     assert rep.tv_rows < 0.015 and rep.tv_lookups < 0.06
     assert abs(rep.rows[0] - 0.342) < 0.015
     assert rep.mean_reuse == pytest.approx(12.75, rel=0.05)
@@ -392,9 +422,9 @@ def test_production_preset_is_calibrated():
 
 def test_presets_scale_and_validate():
     tiny = S.preset("production", 1 / 256)
-    assert tiny.batch_size == 512 and len(tiny.tables) == 32
+    assert tiny.samples_per_batch == 512 and len(tiny.tables) == 32
     big = S.preset("production", 1.0)
-    assert big.batch_size == 131072
+    assert big.samples_per_batch == 131072
     assert sum(t.num_rows for t in big.tables) > 100 * sum(t.num_rows for t in tiny.tables)
     seq = S.preset("sequence", 0.001)
     assert all(t.kind == "sequence" and t.mean_length >= 100 for t in seq.tables)

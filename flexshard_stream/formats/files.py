@@ -7,6 +7,8 @@ damaged or foreign file is a :class:`~flexshard_stream.errors.FormatError` namin
 - :func:`write_atomic`: bytes to a temp file in the same folder, fsync, optional read-back check,
   rename, fsync of the folder.
 - :func:`write_json` / :func:`read_json`: JSON documents (no NaN, no infinity) through the same path.
+- :func:`write_npy` / :func:`read_npy`: numpy arrays as ``.npy`` files (no pickles) with the SHA-256
+  a manifest records, checked on reading.
 - :func:`staging_directory`: build a directory in a temp sibling and publish it with
   :func:`replace_directory` (all or nothing).
 """
@@ -14,6 +16,8 @@ damaged or foreign file is a :class:`~flexshard_stream.errors.FormatError` namin
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import math
 import os
@@ -27,8 +31,8 @@ import numpy as np
 
 from ..errors import FormatError
 
-__all__ = ["fsync_directory", "jsonable", "read_json", "replace_directory", "staging_directory",
-           "write_atomic", "write_json"]
+__all__ = ["fsync_directory", "jsonable", "read_json", "read_npy", "replace_directory",
+           "staging_directory", "write_atomic", "write_json", "write_npy"]
 
 
 def fsync_directory(path: str | os.PathLike) -> None:
@@ -102,15 +106,23 @@ def jsonable(x: Any, *, nonfinite_as_none: bool = True) -> Any:
 
 
 def write_json(path: str | os.PathLike, doc: Any, *, fsync: bool = True, indent: int | None = 1,
-               sort_keys: bool = False) -> Path:
-    """Write ``doc`` (made :func:`jsonable`) as UTF-8 JSON atomically; returns the path."""
-    data = json.dumps(jsonable(doc), indent=indent, allow_nan=False, sort_keys=sort_keys)
-    return write_atomic(path, data.encode() + b"\n", fsync=fsync)
+               sort_keys: bool = False, allow_nonfinite: bool = False, mode: int = 0o600) -> Path:
+    """Write ``doc`` (made :func:`jsonable`) as UTF-8 JSON atomically; returns the path.
+
+    Non-finite floats become ``null``, unless ``allow_nonfinite`` (then they are written as
+    ``NaN`` / ``Infinity``, Python's JSON extension, for documents whose readers expect them:
+    plan metadata). ``mode``: the file's permission bits (:func:`write_atomic`).
+    """
+    data = json.dumps(jsonable(doc, nonfinite_as_none=not allow_nonfinite), indent=indent,
+                      allow_nan=allow_nonfinite, sort_keys=sort_keys)
+    return write_atomic(path, data.encode() + b"\n", fsync=fsync, mode=mode)
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+def read_json(path: str | os.PathLike, what: str = "JSON file", *,
+              allow_nonfinite: bool = False) -> Any:
     """Read a JSON document; a missing, unreadable or malformed file is a FormatError naming it
-    (``what`` says what was expected, e.g. ``"plan.json"``)."""
+    (``what`` says what was expected, e.g. ``"plan.json"``). ``NaN`` / ``Infinity`` are refused
+    unless ``allow_nonfinite``."""
     path = Path(path)
     try:
         text = path.read_bytes().decode("utf-8")
@@ -124,9 +136,41 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     except OSError as e:
         raise FormatError(f"{path}: cannot be read ({e.strerror}); expected a {what}") from None
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        return json.loads(text, parse_constant=None if allow_nonfinite else _refuse_constant)
     except (json.JSONDecodeError, ValueError) as e:
         raise FormatError(f"{path}: not valid JSON ({e}); expected a {what}") from None
+
+
+def write_npy(path: str | os.PathLike, array: np.ndarray, *, fsync: bool = True,
+              mode: int = 0o600) -> str:
+    """Write ``array`` as a ``.npy`` file atomically (:func:`write_atomic`, no pickles); returns
+    the SHA-256 (hex) of the file's bytes, for the manifest that lists it (:func:`read_npy`)."""
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    data = buf.getvalue()
+    write_atomic(path, data, fsync=fsync, mode=mode)
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_npy(directory: str | os.PathLike, name: str, sha256: str,
+             what: str = "array file") -> np.ndarray:
+    """Read ``directory / name`` written by :func:`write_npy`, checking its SHA-256; ``name`` must
+    be a plain file name (a manifest may not point outside its directory). A bad name, a missing,
+    damaged or foreign file is a FormatError naming it (``what``: e.g. ``"remap file"``)."""
+    directory = Path(directory)
+    if Path(name).name != name:
+        raise FormatError(f"{directory}: {what} {name!r} is not a plain name")
+    path = directory / name
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise FormatError(f"{directory}: missing {what} {name}") from None
+    if hashlib.sha256(raw).hexdigest() != sha256:
+        raise FormatError(f"{path}: checksum mismatch: the {what} is damaged")
+    try:
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, EOFError) as e:
+        raise FormatError(f"{path}: not a .npy {what} ({e})") from None
 
 
 def _refuse_constant(name: str) -> Any:

@@ -22,9 +22,10 @@ log (linear sketches); heavy hitters merge within their published bounds (docs/S
 
 Many sidecars: :func:`save_snapshot` writes statistics with window metadata (host, window start and
 end); :func:`merge_snapshots` merges many snapshots (from many hosts and windows) into one, refusing
-incompatible ones with an error naming both files; :func:`merge_command` is the
-``flexshard-stream merge SNAPSHOT... -o OUT`` command. :func:`export_datasketches` writes heavy
-hitters and distinct counts as Apache DataSketches images for Spark / Java jobs (docs/SCALING.md).
+incompatible ones with an error naming both files (the ``flexshard-stream merge SNAPSHOT... -o OUT``
+command, :func:`flexshard_stream.cli.merge_command`, drives it). :func:`export_datasketches` writes
+heavy hitters and distinct counts as Apache DataSketches images for Spark / Java jobs
+(docs/SCALING.md).
 
 Heavy modules (the log reader, the Numba kernels, Ray) are imported inside the functions, so that
 importing this module (and registering the CLI command) stays cheap.
@@ -44,12 +45,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
-import typer
 
+from ..compat import renamed_keywords
 from ..errors import ConfigError, FlexShardError, FormatError, IncompatibleError
 from ..sources.windows import WindowSpec, parse_window
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..sources.logs import LogFileInfo, LogReader
     from ..stats.batch import Batch
     from ..stats.config import SketchConfig, TableConfig
     from ..stats.stream import StreamStats
@@ -65,7 +67,6 @@ __all__ = [
     "hll_image",
     "load_snapshot",
     "load_stats",
-    "merge_command",
     "merge_snapshots",
     "parse_window",
     "save_snapshot",
@@ -104,14 +105,14 @@ class WindowStats:
 
 
 # ============================================================================ reading a part
-def _part_reader(path: str, row_groups: tuple[int, ...] | None, features: Mapping[str, str],
-                 use_ts: bool, batch_size: int, skip_bad_rows: bool):
-    """A :class:`LogReader` over one file, or over the row groups ``row_groups`` (contiguous) of a
-    parquet file; bad-row messages keep the row numbers of the whole file."""
+def _part_reader(job: Mapping[str, Any]) -> LogReader:
+    """A :class:`LogReader` over one task's part: one file, or the row groups ``row_groups``
+    (contiguous) of a parquet file; bad-row messages keep the row numbers of the whole file."""
     from ..sources.logs import LogReader
 
-    return LogReader([path], dict(features), batch_size, skip_bad_rows=skip_bad_rows, ts=use_ts,
-                     row_groups=row_groups)
+    return LogReader([job["path"]], dict(job["features"]), job["read_batch_size"],
+                     skip_bad_rows=job["skip_bad_rows"], ts=job["use_ts"],
+                     row_groups=job["row_groups"])
 
 
 def _take(batch: Batch, mask: np.ndarray) -> Batch:
@@ -164,8 +165,7 @@ def _window_of(batch: Batch, unit: str, size: float, origin: float, offset: int)
 
 def _scan_task(job: dict) -> dict:
     """First pass of one task: valid samples, smallest and largest timestamp (seconds or None)."""
-    reader = _part_reader(job["path"], job["row_groups"], job["features"], job["use_ts"],
-                          job["batch_size"], job["skip_bad_rows"])
+    reader = _part_reader(job)
     lo, hi = math.inf, -math.inf
     for b in reader:
         if b.timestamp is not None and b.batch_size:
@@ -188,8 +188,7 @@ def _map_task(job: dict) -> list:
 
     cfg = SketchConfig.from_dict(job["config"])
     tcfg = [TableConfig(n, r, f) for n, r, f in job["tables"]]
-    reader = _part_reader(job["path"], job["row_groups"], job["features"], job["use_ts"],
-                          job["batch_size"], job["skip_bad_rows"])
+    reader = _part_reader(job)
     unit, size, origin = job["unit"], job["size"], job["origin"]
     lo, hi = job["windows"]
     seen = job["sample_offset"]
@@ -368,11 +367,6 @@ def _parquet_meta(path: Path) -> tuple[list[int], list[tuple[float, float] | Non
         pf.close()
 
 
-def _csv_rows(path: Path) -> int:
-    from ..sources.logs import csv_data_rows
-    return csv_data_rows(path)
-
-
 def _split_groups(rows: list[int], k: int) -> list[tuple[int, ...]]:
     """Contiguous runs of row groups, ``k`` at most, balanced by rows."""
     n = len(rows)
@@ -390,12 +384,12 @@ def _split_groups(rows: list[int], k: int) -> list[tuple[int, ...]]:
     return [tuple(range(a, b)) for a, b in pairwise(cuts) if b > a]
 
 
-def _plan_tasks(infos: list, workers: int) -> list[dict]:
+def _plan_tasks(infos: Sequence[LogFileInfo], workers: int) -> list[dict]:
     """One task per file, or, when there are fewer files than workers, parquet files split into
     ``ceil(workers * rows_of_file / rows_of_all_files)`` runs of row groups. Each task:
     ``{"path", "row_groups" (None = whole file), "rows" (None = unknown: CSV), "ts" ((min, max)
     seconds, None without samples, "unknown" without statistics)}``."""
-    metas = [_parquet_meta(i.path) if i.fmt == "parquet" else (None, None) for i in infos]
+    metas = [_parquet_meta(i.path) if i.format == "parquet" else (None, None) for i in infos]
     split = len(infos) < workers
     total = sum(sum(m[0]) for m in metas if m[0] is not None) or 1
     tasks: list[dict] = []
@@ -429,12 +423,13 @@ def _window_range(unit: str, size: float, origin: float, count: int,
 
 
 # ============================================================================ the driver
+@renamed_keywords(batch_size="read_batch_size")
 def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | WindowSpec,
                  features: Any = None, engine: str = "local", address: str | None = None,
                  num_workers: int | None = None, skip_bad_rows: bool = False,
                  config: SketchConfig | None = None,
                  tables: Mapping[str, int | None] | Sequence[TableConfig | str] | None = None,
-                 batch_size: int = 65536, executor: Any = None,
+                 read_batch_size: int = 65536, executor: Any = None,
                  diagnostics: dict[str, Any] | None = None) -> list[WindowStats]:
     """Per-window statistics of a log, computed in parallel and merged by a tree reduction.
 
@@ -463,7 +458,8 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
     config : sketch sizes (default :class:`SketchConfig()`); tables : ``{feature: num_rows or
         None}`` or :class:`TableConfig` s (known row counts allow exact counts); default: every
         feature sketched.
-    batch_size : samples per batch read (memory per task: one batch plus the window statistics).
+    read_batch_size : samples per batch read (memory per task: one batch plus the window
+        statistics); ``batch_size`` is its deprecated name (one release).
     executor : engine "process" only: a ``concurrent.futures`` executor to run the tasks in (kept
         open, so its workers stay warm across calls; a process pool should use the spawn start
         method); default: a new spawn ``ProcessPoolExecutor`` per call (start-up about 1-3 s).
@@ -484,9 +480,7 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
     ConfigError : bad window spec or engine, duration window on a log without ``ts``.
     LogError : unreadable file or bad row (naming the file and the row).
     """
-    from ..sources.logs import LogReader
-    from ..stats.config import SketchConfig, TableConfig, normalize_tables
-    from ..stats.stream import StreamStats
+    from ..stats.config import SketchConfig
 
     t0 = time.perf_counter()
     spec = parse_window(window)
@@ -495,10 +489,51 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
     if num_workers is not None and (isinstance(num_workers, bool) or int(num_workers) < 1):
         raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
     config = config or SketchConfig()
+    reader, tab_list = _open_log(paths, spec, features, tables, config, read_batch_size,
+                                 skip_bad_rows)
+    if executor is not None and engine != "process":
+        raise ConfigError(f"executor is for engine='process', not {engine!r}")
+    eng = _engine(engine, address, num_workers if engine != "local" else 1, executor)
+    workers = int(num_workers or eng.workers)
+    diag: dict[str, Any] = {"engine": engine, "workers": workers, "seconds": {}}
+    try:
+        tasks = _plan_tasks(reader.file_infos, workers)
+        base = {"features": dict(reader.schema.features), "use_ts": reader.use_ts,
+                "read_batch_size": int(read_batch_size), "skip_bad_rows": bool(skip_bad_rows)}
+        jobs = [{**base, "path": t["path"], "row_groups": t["row_groups"]} for t in tasks]
+        base = {"config": config.to_dict(), "tables": tab_list}
+        origin = _assign_windows(eng, tasks, jobs, spec, skip_bad_rows, base, diag)
+        t2 = time.perf_counter()
+        reduced = _map_reduce(eng, jobs)
+        diag["seconds"]["map_reduce"] = time.perf_counter() - t2
+    finally:
+        eng.close()
+    out = _window_results(reduced, spec, origin)
+    diag.update(_run_diagnostics(reduced, out, len(tasks), spec, origin))
+    diag["seconds"]["total"] = time.perf_counter() - t0
+    if diagnostics is not None:
+        diagnostics.update(diag)
+    return out
+
+
+def _open_log(paths: PathLike | Sequence[PathLike], spec: WindowSpec, features: Any,
+              tables: Any, config: SketchConfig, read_batch_size: int, skip_bad_rows: bool
+              ) -> tuple[LogReader, list[tuple[str, int | None, str]]]:
+    """The driver's reader of the whole log (schema, files, ``ts``), checked against the window
+    and the tables, and the tables as ``(name, num_rows or None, feature)`` for the tasks
+    (default: every feature of the log, sketched).
+
+    Raises ConfigError for a duration window on a log without ``ts`` or a feature without a
+    table, LogError for an unreadable file.
+    """
+    from ..sources.logs import LogReader
+    from ..stats.config import TableConfig, normalize_tables
+    from ..stats.stream import StreamStats
+
     tconfs = normalize_tables(tables)
     if features is None and tconfs:
         features = [t.feature for t in tconfs.values()]
-    reader = LogReader(paths, features, batch_size, skip_bad_rows=skip_bad_rows)
+    reader = LogReader(paths, features, read_batch_size, skip_bad_rows=skip_bad_rows)
     if spec.unit == "seconds" and not reader.use_ts:
         raise ConfigError(f"window {spec.text!r} is a duration but the log has no 'ts' column "
                           f"({', '.join(str(f) for f in reader.files)}); give a number of samples, "
@@ -509,71 +544,100 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
     if not tconfs:
         tconfs = {f: TableConfig(f, None) for f in reader.schema.keys}
     StreamStats(list(tconfs.values()), config)  # validates the tables against the config
-    tab_list = [(t.name, t.num_rows, t.feature) for t in tconfs.values()]
+    return reader, [(t.name, t.num_rows, t.feature) for t in tconfs.values()]
 
-    if executor is not None and engine != "process":
-        raise ConfigError(f"executor is for engine='process', not {engine!r}")
-    eng = _engine(engine, address, num_workers if engine != "local" else 1, executor)
-    workers = int(num_workers or eng.workers)
-    diag: dict[str, Any] = {"engine": engine, "workers": workers, "seconds": {}}
-    try:
-        tasks = _plan_tasks(reader._infos, workers)
-        base = {"features": dict(reader.schema.features), "use_ts": reader.use_ts,
-                "batch_size": int(batch_size), "skip_bad_rows": bool(skip_bad_rows)}
-        jobs = [{**base, "path": t["path"], "row_groups": t["row_groups"]} for t in tasks]
-        # ------------------------------------------------- origin, sample offsets, windows
-        seconds = spec.unit == "seconds"
-        need_scan = skip_bad_rows or (seconds and any(t["ts"] == "unknown" for t in tasks))
-        t1 = time.perf_counter()
-        if need_scan:
-            scans = eng.scan(jobs)
-            counts = [s["samples"] for s in scans]
-            ranges = [None if s["min_ts"] is None else (s["min_ts"], s["max_ts"]) for s in scans]
-        else:
-            counts = [t["rows"] if t["rows"] is not None else _csv_rows(Path(t["path"]))
-                      for t in tasks]
-            ranges = [t["ts"] for t in tasks]
-        diag["scan_pass"] = bool(need_scan)
-        diag["seconds"]["scan"] = time.perf_counter() - t1
-        mins = [r[0] for r in ranges if isinstance(r, tuple)]
-        origin = float(min(mins)) + 0.0 if (seconds and mins) else 0.0
-        size = float(spec.size) if seconds else int(spec.size)
-        offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])[:-1]
-        for j, off, n, r in zip(jobs, offsets, counts, ranges):
-            j.update({"config": config.to_dict(), "tables": tab_list, "unit": spec.unit,
-                      "size": size, "origin": origin, "sample_offset": int(off),
-                      "count": int(n),
-                      "windows": _window_range(spec.unit, size, origin, int(n), int(off),
-                                               r if isinstance(r, tuple) else None)})
-        # ------------------------------------------------- map, then a merge tree per window
-        t2 = time.perf_counter()
-        outs = eng.map(jobs)
-        by_window: dict[int, list] = {}            # window -> its task outputs, in task order
-        for o, j in zip(outs, jobs):
-            a, b = j["windows"]
-            for w in range(a, b):
-                by_window.setdefault(w, []).append(o[1 + w - a])
-        roots, merges = {}, 0
-        for w in sorted(by_window):
-            merges += len(by_window[w]) - 1
-            roots[w] = _tree(by_window[w], eng.merge)
-        metas = eng.get([o[0] for o in outs])
-        blobs = eng.get(list(roots.values()))
-        diag["seconds"]["map_reduce"] = time.perf_counter() - t2
-    finally:
-        eng.close()
+
+def _assign_windows(eng: Any, tasks: Sequence[dict], jobs: Sequence[dict], spec: WindowSpec,
+                    skip_bad_rows: bool, base: Mapping[str, Any], diag: dict[str, Any]) -> float:
+    """Give every job its global sample offset, sample count and the windows ``[lo, hi)`` it can
+    touch (plus ``base``: sketch config and tables); returns the origin (smallest ``ts``, seconds;
+    0 for sample windows).
+
+    Counts and ``ts`` ranges come from the parquet footers and CSV line counts, or from a first
+    pass of the engine over every part (``diag["scan_pass"]``) when bad rows are skipped or a
+    duration window meets a part without ``ts`` statistics.
+    """
+    from ..sources.logs import csv_data_rows
+
+    seconds = spec.unit == "seconds"
+    need_scan = skip_bad_rows or (seconds and any(t["ts"] == "unknown" for t in tasks))
+    t1 = time.perf_counter()
+    if need_scan:
+        scans = eng.scan(jobs)
+        counts = [s["samples"] for s in scans]
+        ranges = [None if s["min_ts"] is None else (s["min_ts"], s["max_ts"]) for s in scans]
+    else:
+        counts = [t["rows"] if t["rows"] is not None else csv_data_rows(t["path"])
+                  for t in tasks]
+        ranges = [t["ts"] for t in tasks]
+    diag["scan_pass"] = bool(need_scan)
+    diag["seconds"]["scan"] = time.perf_counter() - t1
+    mins = [r[0] for r in ranges if isinstance(r, tuple)]
+    origin = float(min(mins)) + 0.0 if (seconds and mins) else 0.0
+    size = float(spec.size) if seconds else int(spec.size)
+    offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])[:-1]
+    for j, off, n, r in zip(jobs, offsets, counts, ranges):
+        j.update({**base, "unit": spec.unit, "size": size, "origin": origin,
+                  "sample_offset": int(off), "count": int(n),
+                  "windows": _window_range(spec.unit, size, origin, int(n), int(off),
+                                           r if isinstance(r, tuple) else None)})
+    return origin
+
+
+@dataclass
+class _Reduced:
+    """What the map tasks and the merge trees returned: per window (ascending) the serialized
+    statistics of the root (None: no sample), the tasks' metadata, and the merges done."""
+
+    windows: list[int]
+    blobs: list[bytes | None]
+    metas: list[dict]
+    merges: int
+
+
+def _map_reduce(eng: Any, jobs: Sequence[dict]) -> _Reduced:
+    """Run the map tasks, then one pairwise merge tree per window over the outputs of the tasks
+    that touch it (in task order); fetch the metadata and every window's root."""
+    outs = eng.map(jobs)
+    by_window: dict[int, list] = {}            # window -> its task outputs, in task order
+    for o, j in zip(outs, jobs):
+        a, b = j["windows"]
+        for w in range(a, b):
+            by_window.setdefault(w, []).append(o[1 + w - a])
+    roots, merges = {}, 0
+    for w in sorted(by_window):
+        merges += len(by_window[w]) - 1
+        roots[w] = _tree(by_window[w], eng.merge)
+    metas = eng.get([o[0] for o in outs])
+    blobs = eng.get(list(roots.values()))
+    return _Reduced(list(roots), blobs, metas, merges)
+
+
+def _window_results(reduced: _Reduced, spec: WindowSpec, origin: float) -> list[WindowStats]:
+    """The non-empty windows as :class:`WindowStats`, bounds in seconds (duration windows) or
+    global sample offsets."""
+    from ..stats.stream import StreamStats
+
     out: list[WindowStats] = []
-    for k, blob in zip(roots, blobs):
+    for k, blob in zip(reduced.windows, reduced.blobs):
         if blob is None:
             continue
         st = StreamStats.from_bytes(blob, f"window {k}")
-        if seconds:
+        if spec.unit == "seconds":
             start = origin + k * float(spec.size)
             end = start + float(spec.size)
         else:
             start = float(k * int(spec.size))
             end = start + st.samples
         out.append(WindowStats(int(k), spec.unit, start, end, st.samples, st))
+    return out
+
+
+def _run_diagnostics(reduced: _Reduced, out: Sequence[WindowStats], tasks: int,
+                     spec: WindowSpec, origin: float) -> dict[str, Any]:
+    """The ``diagnostics`` of :func:`window_stats` from the tasks' metadata: bytes moved (bytes),
+    rows and samples read, bad rows skipped (per reason and per file)."""
+    metas, blobs = reduced.metas, reduced.blobs
     skipped: dict[str, int] = {}
     by_file: dict[str, dict[str, int]] = {}
     for m in metas:
@@ -584,21 +648,17 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
                 fc[r] = fc.get(r, 0) + n
     leaf_bytes = [s for m in metas for s in m["sizes"] if s]
     state = len(blobs[0]) if blobs and blobs[0] is not None else 0
-    diag.update({"tasks": len(tasks), "task_bytes": int(sum(leaf_bytes)), "merges": merges,
-                 "moved_bytes": int(sum(leaf_bytes) + merges * (state or 0)),
-                 "max_windows_per_task": max((m["windows"] for m in metas), default=0),
-                 "rows_read": sum(m["rows_read"] for m in metas),
-                 "samples": sum(m["samples"] for m in metas),
-                 "ids": sum(w.stats.ids for w in out), "skipped": skipped,
-                 "skipped_by_file": by_file,
-                 "origin": origin if seconds else None,
-                 "window": {"unit": spec.unit, "size": spec.size},
-                 "state_bytes_per_window": out[0].stats.state_bytes if out else 0,
-                 "blob_bytes_per_window": state})
-    diag["seconds"]["total"] = time.perf_counter() - t0
-    if diagnostics is not None:
-        diagnostics.update(diag)
-    return out
+    return {"tasks": tasks, "task_bytes": int(sum(leaf_bytes)), "merges": reduced.merges,
+            "moved_bytes": int(sum(leaf_bytes) + reduced.merges * (state or 0)),
+            "max_windows_per_task": max((m["windows"] for m in metas), default=0),
+            "rows_read": sum(m["rows_read"] for m in metas),
+            "samples": sum(m["samples"] for m in metas),
+            "ids": sum(w.stats.ids for w in out), "skipped": skipped,
+            "skipped_by_file": by_file,
+            "origin": origin if spec.unit == "seconds" else None,
+            "window": {"unit": spec.unit, "size": spec.size},
+            "state_bytes_per_window": out[0].stats.state_bytes if out else 0,
+            "blob_bytes_per_window": state}
 
 
 # ============================================================================ snapshots
@@ -772,29 +832,6 @@ def merge_snapshots(paths: Sequence[PathLike], out: PathLike | None) -> StreamSt
     return merged
 
 
-def merge_command(
-        snapshots: list[Path] = typer.Argument(..., help="Snapshot files (or plain statistics "
-                                               "files) from many hosts or windows."),
-        out: Path = typer.Option(..., "-o", "--out", help="Merged snapshot to write (atomic; "
-                                 "not written if any input is incompatible)."),
-        json_out: bool = typer.Option(False, "--json", help="Print a JSON summary.")) -> None:
-    """Merge statistics snapshots from many sidecars into one (for the planner)."""
-    t0 = time.perf_counter()
-    merged = merge_snapshots(snapshots, out)
-    snap = load_snapshot(out)
-    doc = {"out": str(out), "inputs": len(snapshots), "sources": snap.sources,
-           "hosts": [h for h in (snap.host or "").split(",") if h], "unit": snap.unit,
-           "start": snap.start, "end": snap.end, "samples": merged.samples, "ids": merged.ids,
-           "tables": sorted(merged), "state_bytes": merged.state_bytes,
-           "seconds": time.perf_counter() - t0}
-    if json_out:
-        typer.echo(json.dumps(doc))
-    else:
-        typer.echo(f"merged {len(snapshots)} snapshot(s) from {len(doc['hosts'])} host(s): "
-                   f"{merged.samples:,} samples, {merged.ids:,} IDs, {len(doc['tables'])} "
-                   f"table(s) -> {out}")
-
-
 # ============================================================================ interop
 def frequent_items_image(table: TableStats) -> bytes:
     """The table's heavy hitters as a DataSketches frequent-items image (int64 items:
@@ -820,7 +857,7 @@ def hll_image(table: TableStats) -> bytes:
     lg_k = min(21, max(4, table.config.hll_p))
     h = ds.hll_sketch(lg_k, ds.tgt_hll_type.HLL_8)
     upd = h.update
-    for i in np.flatnonzero(table._counts).tolist():
+    for i in table.nonzero_rows().tolist():
         upd(i)
     return bytes(h.serialize_updatable())
 

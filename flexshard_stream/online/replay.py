@@ -38,11 +38,9 @@ docs/REPLAY.md gives the schema. Units: bytes, bytes per iteration, seconds, sec
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
+import functools
+import io
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +50,7 @@ from typing import Any, Union
 import numpy as np
 
 from ..errors import ConfigError, FlexShardError, LogError
-from ..formats.container import replace_directory
+from ..formats.files import jsonable, staging_directory, write_atomic, write_json
 from ..placement.baselines import build_baseline
 from ..placement.cost import (
     A2A_COMPONENTS,
@@ -68,11 +66,12 @@ from ..placement.planner import MemoryPolicy, plan_flexshard
 from ..placement.tables import EmbeddingTable, infer_tables, load_tables
 from ..placement.topology import Topology
 from ..sources.logs import REASONS as _REASONS
-from ..sources.logs import LogReader, csv_data_rows
+from ..sources.logs import LogReader
 from ..sources.windows import WindowSpec, parse_window
 from ..stats.batch import Batch, concat_batches, rebatch, slice_batch
 from ..stats.config import TableConfig
 from ..stats.stream import StreamStats
+from ..stats.summary import FrequencySummary
 from ..stats.window import DecayedStats
 from .distributed import ENGINES, WindowStats, window_stats
 from .resharder import Decision, ReshardConfig, Resharder
@@ -147,17 +146,6 @@ class _Cutter:
         for hi in [*cuts.tolist(), n]:
             yield int(k[lo]), slice_batch(batch, lo, hi)
             lo = hi
-
-
-def _count_rows(reader: LogReader) -> int:
-    """Data rows in the log (bad rows included): parquet footers, CSV line counts."""
-    total = 0
-    for info in reader._infos:
-        if info.num_rows is not None:
-            total += int(info.num_rows)
-            continue
-        total += csv_data_rows(info.path)
-    return total
 
 
 # ----------------------------------------------------------------------------- accumulators
@@ -254,22 +242,6 @@ class ReplayResult:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _finite(x: Any) -> Any:
-    """JSON-safe: NaN / inf -> None, numpy scalars -> Python, recursively."""
-    if isinstance(x, dict):
-        return {str(k): _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _finite(x.tolist())
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        v = float(x)
-        return v if math.isfinite(v) else None
-    return x
-
-
 def _check_out_dir(out: Path) -> None:
     """Refuse to replace a directory that is not ours (it would be deleted)."""
     if out.exists():
@@ -304,6 +276,260 @@ def _require_ray() -> None:
                           "pip install 'flexshard_stream[ray]' (or 'ray>=2.9')") from None
 
 
+def _positive_int(value: Any) -> bool:
+    """An integer (not a bool) >= 1."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1
+
+
+def _check_replay_args(batch_size: Any, top_k: Any, checks_per_window: Any,
+                       half_life_windows: Any, engine: str, evaluation: str,
+                       address: str | None, num_workers: Any) -> None:
+    """The scalar arguments of :func:`replay`, checked in signature order (ConfigError naming
+    the first bad one); engine "ray" needs Ray installed."""
+    if not _positive_int(batch_size):
+        raise ConfigError(f"batch_size must be a positive number of samples per GPU, got "
+                          f"{batch_size!r}")
+    if not _positive_int(top_k):
+        raise ConfigError(f"top_k must be a positive number of rows, got {top_k!r}")
+    if not _positive_int(checks_per_window):
+        raise ConfigError(f"checks_per_window must be an integer >= 1, got {checks_per_window!r}")
+    if not half_life_windows > 0:
+        raise ConfigError(f"half_life_windows must be > 0 windows, got {half_life_windows!r}")
+    if engine not in ENGINES:
+        raise ConfigError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    if evaluation not in EVALUATIONS:
+        raise ConfigError(f"evaluation {evaluation!r}: expected one of {', '.join(EVALUATIONS)}")
+    if address is not None and engine != "ray":
+        raise ConfigError(f"address {address!r} is for engine 'ray', not {engine!r}")
+    if num_workers is not None and not _positive_int(num_workers):
+        raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+    if engine == "ray":
+        _require_ray()
+
+
+@dataclass
+class _Log:
+    """The log of a replay: its files, the tables it feeds, the driver's reader, its data rows
+    (bad rows included) and how to open another reader over it."""
+
+    paths: list[str]
+    tables: list[EmbeddingTable]
+    configs: list[TableConfig]
+    features: list[str] | None            # None: inferred by the reader
+    reader: LogReader
+    total_rows: int
+    read_batch_size: int                  # samples per chunk read
+    skip_bad_rows: bool
+
+    def new_reader(self) -> LogReader:
+        """A fresh reader over the same files (a second pass)."""
+        return LogReader(self.paths, features=self.features,
+                         read_batch_size=self.read_batch_size, skip_bad_rows=self.skip_bad_rows)
+
+
+def _open_log(logs: PathLike | Sequence[PathLike],
+              tables: Sequence[EmbeddingTable] | PathLike | None, read_batch_size: int,
+              skip_bad_rows: bool) -> _Log:
+    """Open the log and resolve its tables (given, a TOML file, or inferred from the log).
+
+    Raises ConfigError when two tables share a feature or a log feature has no table, LogError
+    for an unreadable log.
+    """
+    paths = [os.fspath(p) for p in
+             ([logs] if isinstance(logs, (str, os.PathLike)) else list(logs))]
+    if tables is not None and not isinstance(tables, (str, os.PathLike)):
+        tabs = list(tables)
+    elif tables is not None:
+        tabs = load_tables(tables)
+    else:
+        tabs = None
+    feats = [t.feature for t in tabs] if tabs is not None else None
+    reader = LogReader(paths, features=feats, read_batch_size=read_batch_size,
+                       skip_bad_rows=skip_bad_rows)
+    if tabs is None:
+        tabs = infer_tables(paths, dict(reader.schema.features))
+    by_feat = {t.feature: t for t in tabs}
+    if len(by_feat) != len(tabs):
+        raise ConfigError("two tables are fed by the same feature; each feature may feed one table")
+    missing = [f for f in reader.schema.keys if f not in by_feat]
+    if missing:
+        raise ConfigError(f"log features {missing} have no table")
+    configs = [TableConfig(t.name, t.num_rows, t.feature) for t in tabs]
+    return _Log(paths, tabs, configs, feats, reader, reader.data_rows(), read_batch_size,
+                skip_bad_rows)
+
+
+def _window_spec(spec: WindowSpec | None, log: _Log) -> WindowSpec:
+    """The given window, or :data:`DEFAULT_WINDOWS` windows of equal sample counts; a duration
+    needs a ``ts`` column (ConfigError)."""
+    if spec is None:
+        spec = WindowSpec("samples", max(1, -(-log.total_rows // DEFAULT_WINDOWS)),
+                          f"{DEFAULT_WINDOWS} windows")
+    if spec.unit == "seconds" and not log.reader.use_ts:
+        raise ConfigError(f"window {spec.text!r} is a duration but the log has no 'ts' column "
+                          f"({', '.join(log.paths)}); give a number of samples, e.g. "
+                          f"--window 100000")
+    return spec
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The fixed parameters of one replay. Units: samples, windows, seconds."""
+
+    topo: Topology
+    spec: WindowSpec
+    B: int                      # samples per GPU per iteration
+    Q: int                      # re-sharder checks (quarters) per window, trace evaluation
+    top_k: int                  # rows per table summarized
+    model: CostModel
+    analytic: bool
+    half_life_windows: float
+
+    @property
+    def G(self) -> int:
+        """GPUs of the topology."""
+        return self.topo.num_gpus
+
+    @property
+    def spi(self) -> int:
+        """Samples per iteration, ``G * B``."""
+        return self.G * self.B
+
+    @property
+    def unit(self) -> str:
+        """Unit of the re-sharder's half-life in trace mode: "seconds" or "batches"."""
+        return "seconds" if self.spec.unit == "seconds" else "batches"
+
+    @property
+    def half_life(self) -> float:
+        """The re-sharder's half-life in :attr:`unit` (seconds, or iterations of ``G * B``)."""
+        if self.unit == "seconds":
+            return self.half_life_windows * self.spec.size
+        return max(1.0, self.half_life_windows * self.spec.size / self.spi)
+
+    @property
+    def keep_matrices(self) -> bool:
+        """Whether the totals keep G x G traffic matrices (analytic mode: up to 512 GPUs)."""
+        return self.G <= _MAX_MATRIX_GPUS or not self.analytic
+
+
+class _Progress:
+    """The ``progress`` callback of :func:`replay`, fed rows read per phase (never backwards
+    within a phase)."""
+
+    def __init__(self, callback: Callable[[dict[str, Any]], None] | None, total_rows: int):
+        self.callback = callback
+        self.total_rows = total_rows
+        self.done: dict[str, int] = {}
+
+    def __call__(self, phase: str, rows: int, window: int) -> None:
+        """Report ``rows`` data rows read in ``phase``, while in window ``window``."""
+        if self.callback is None:
+            return
+        self.done[phase] = max(self.done.get(phase, 0), int(rows))
+        self.callback({"phase": phase, "rows_read": self.done[phase],
+                       "total_rows": self.total_rows, "window": window})
+
+
+def _engine_windows(log: _Log, spec: WindowSpec, engine: str, address: str | None,
+                    num_workers: int | None, diag: dict[str, Any], report: _Progress
+                    ) -> list[WindowStats]:
+    """Every window's statistics from :func:`~.distributed.window_stats` (``diag`` filled with
+    its diagnostics). Raises ConfigError when a Ray cluster cannot be reached, LogError for a log
+    without samples."""
+    phase = f"window statistics ({engine})"
+    report(phase, 0, 0)
+    try:
+        wins = window_stats(log.paths, window=spec, engine=engine, address=address,
+                            num_workers=num_workers, skip_bad_rows=log.skip_bad_rows,
+                            tables=log.configs, read_batch_size=log.read_batch_size,
+                            diagnostics=diag)
+    except ConnectionError as e:
+        if engine != "ray":
+            raise
+        where = f" at {address!r}" if address else ""
+        raise ConfigError(f"engine 'ray': cannot connect to the Ray cluster{where}: "
+                          f"{e}") from None
+    report(phase, diag.get("rows_read", 0), wins[-1].index if wins else 0)
+    if not wins:
+        raise LogError(f"no samples to replay in {', '.join(log.paths)}")
+    return wins
+
+
+def _window0_batches(reader: LogReader, cutter: _Cutter, quarters: int,
+                     report: _Progress) -> Iterator[Batch]:
+    """The samples of the first window (quarters ``0 .. quarters - 1``), in reader chunks."""
+    for chunk in reader:
+        for k, piece in cutter.cut(chunk):
+            if k >= quarters:
+                return
+            yield piece
+        report("planning on the first window", reader.rows_read, 0)
+
+
+def _first_window(run: _Run, log: _Log, wins: Sequence[WindowStats] | None,
+                  report: _Progress) -> tuple[StreamStats, StreamStats | DecayedStats]:
+    """Window 0's statistics (for the static plans) and the re-sharder's decayed statistics.
+
+    Engine statistics give window 0 directly (analytic mode: the decayed statistics start as its
+    copy; trace mode: they are fed window 0 during the main pass, before any check); otherwise a
+    first pass over window 0 of the log feeds both.
+    """
+    if wins is not None:
+        st0 = wins[0].stats
+        decayed = (st0.copy() if run.analytic else
+                   DecayedStats(log.configs, half_life=run.half_life, unit=run.unit))
+        return st0, decayed
+    decayed = DecayedStats(log.configs, half_life=run.half_life, unit=run.unit)
+    st0 = StreamStats(log.configs)
+    first = _window0_batches(log.new_reader(), _Cutter(run.spec, run.Q), run.Q, report)
+    for b in rebatch(first, run.spi):
+        st0.update(b)
+        decayed.update(b)
+    return st0, decayed
+
+
+@dataclass
+class _Start:
+    """What the first window decides: the plans of rw, twrw and static, the memory budget
+    (bytes per GPU, the static plan's), the re-sharder (starting from the static plan) with its
+    configuration, and its decayed statistics."""
+
+    plans: dict[str, Plan]
+    budget: float
+    resharder: Resharder
+    config: ReshardConfig
+    decayed: StreamStats | DecayedStats
+
+
+def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
+                    decayed: StreamStats | DecayedStats,
+                    reshard_config: ReshardConfig | None) -> _Start:
+    """Plan on window 0: the FlexShard static plan (its budget bounds the re-sharder), twrw
+    balanced by window 0's lookups per iteration, rw; the re-sharder's horizon defaults to the
+    iterations of window 0."""
+    sums0 = st0.summary(run.top_k)
+    it0 = st0.samples / run.spi
+    try:
+        static_res = plan_flexshard(tabs, run.topo, sums0, run.B, MemoryPolicy(), run.model)
+    except FlexShardError as e:
+        raise type(e)(f"the static FlexShard plan on the first window failed: {e}") from None
+    budget = float(static_res.budget_bytes)
+    by_feat = {t.feature: t for t in tabs}
+    lookups = {by_feat[f].name: s.total / max(it0, 1.0) for f, s in sums0.items()}
+    plans: dict[str, Plan] = {
+        "rw": build_baseline("rw", tabs, run.topo),
+        "twrw": build_baseline("twrw", tabs, run.topo, lookups=lookups),
+        "static": static_res.plan}
+    base_cfg = reshard_config or ReshardConfig(horizon_iterations=max(1.0, it0))
+    rs_cfg = dataclasses.replace(base_cfg, check_every=float("inf"), unit=run.unit,
+                                 top_k=run.top_k)
+    rs = Resharder(tabs, run.topo, run.B, stats=decayed,
+                   memory=MemoryPolicy(bytes_per_gpu=budget), model=run.model, config=rs_cfg,
+                   plan=static_res.plan)
+    return _Start(plans, budget, rs, rs_cfg, decayed)
+
+
 def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
            tables: Sequence[EmbeddingTable] | PathLike | None = None,
            window: str | int | WindowSpec | None = None, out_dir: PathLike = "replay",
@@ -336,7 +562,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     half_life_windows : half-life of the re-sharder's decayed statistics, in windows
     reshard_config : re-sharder knobs (its ``check_every``, ``unit`` and ``top_k`` are set by the
         replay); default horizon: the iterations of one window (measured on the first window)
-    read_batch_size : samples per chunk read from the logs (memory bound)
+    read_batch_size : samples per chunk read from the logs (memory bound; not ``batch_size``)
     progress : called after every chunk read (per window with the analytic evaluation) with
         ``{"phase", "rows_read", "total_rows", "window"}``
     engine : where the window statistics are computed: "local" (this process), "process"
@@ -361,252 +587,153 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     Nothing is written unless the whole replay succeeds.
     """
     t_start = time.perf_counter()
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-            or batch_size <= 0:
-        raise ConfigError(f"batch_size must be a positive number of samples per GPU, got "
-                          f"{batch_size!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
-        raise ConfigError(f"top_k must be a positive number of rows, got {top_k!r}")
-    if isinstance(checks_per_window, bool) or not isinstance(checks_per_window, (int, np.integer)) \
-            or checks_per_window < 1:
-        raise ConfigError(f"checks_per_window must be an integer >= 1, got {checks_per_window!r}")
-    if not half_life_windows > 0:
-        raise ConfigError(f"half_life_windows must be > 0 windows, got {half_life_windows!r}")
-    if engine not in ENGINES:
-        raise ConfigError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
-    if evaluation not in EVALUATIONS:
-        raise ConfigError(f"evaluation {evaluation!r}: expected one of {', '.join(EVALUATIONS)}")
-    if address is not None and engine != "ray":
-        raise ConfigError(f"address {address!r} is for engine 'ray', not {engine!r}")
-    if num_workers is not None and (isinstance(num_workers, bool)
-                                    or not isinstance(num_workers, (int, np.integer))
-                                    or num_workers < 1):
-        raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
-    if engine == "ray":
-        _require_ray()
-    B = int(batch_size)
-    Q = int(checks_per_window)
-    top_k = int(top_k)
-    model = model or CostModel()
+    _check_replay_args(batch_size, top_k, checks_per_window, half_life_windows, engine,
+                       evaluation, address, num_workers)
     out = Path(out_dir)
     _check_out_dir(out)
     spec = parse_window(window) if window is not None else None
     topo = topology if isinstance(topology, Topology) else Topology.load(topology)
-    G = topo.num_gpus
-    spi = G * B
-    analytic = evaluation == "analytic"
-
-    # ---------------------------------------------------------------- the log and its tables
-    log_paths = [logs] if isinstance(logs, (str, os.PathLike)) else list(logs)
-    log_strs = [os.fspath(p) for p in log_paths]
-    if tables is not None and not isinstance(tables, (str, os.PathLike)):
-        tabs = list(tables)
-    elif tables is not None:
-        tabs = load_tables(tables)
-    else:
-        tabs = None
-    feats = [t.feature for t in tabs] if tabs is not None else None
-
-    def new_reader() -> LogReader:
-        return LogReader(log_strs, features=feats, batch_size=read_batch_size,
-                         skip_bad_rows=skip_bad_rows)
-
-    reader = new_reader()
-    if tabs is None:
-        tabs = infer_tables(log_strs, dict(reader.schema.features))
-    by_feat = {t.feature: t for t in tabs}
-    if len(by_feat) != len(tabs):
-        raise ConfigError("two tables are fed by the same feature; each feature may feed one table")
-    missing = [f for f in reader.schema.keys if f not in by_feat]
-    if missing:
-        raise ConfigError(f"log features {missing} have no table")
-    total_rows = _count_rows(reader)
-    if spec is None:
-        spec = WindowSpec("samples", max(1, -(-total_rows // DEFAULT_WINDOWS)),
-                          f"{DEFAULT_WINDOWS} windows")
-    if spec.unit == "seconds" and not reader.use_ts:
-        raise ConfigError(f"window {spec.text!r} is a duration but the log has no 'ts' column "
-                          f"({', '.join(log_strs)}); give a number of samples, e.g. "
-                          f"--window 100000")
-    configs = [TableConfig(t.name, t.num_rows, t.feature) for t in tabs]
-    unit = "seconds" if spec.unit == "seconds" else "batches"
-    half_life = (half_life_windows * spec.size if unit == "seconds"
-                 else max(1.0, half_life_windows * spec.size / spi))
-
-    done: dict[str, int] = {}
-
-    def report(phase: str, rows: int, w: int) -> None:
-        """Progress in rows, never backwards within a phase."""
-        if progress is not None:
-            done[phase] = max(done.get(phase, 0), int(rows))
-            progress({"phase": phase, "rows_read": done[phase], "total_rows": total_rows,
-                      "window": w})
-
-    # ---------------------------------------------------------------- window statistics (tasks)
-    wins: list[WindowStats] | None = None
+    log = _open_log(logs, tables, read_batch_size, skip_bad_rows)
+    run = _Run(topo, _window_spec(spec, log), int(batch_size), int(checks_per_window),
+               int(top_k), model or CostModel(), evaluation == "analytic", half_life_windows)
+    report = _Progress(progress, log.total_rows)
     diag: dict[str, Any] = {}
-    if engine != "local" or analytic:
-        phase = f"window statistics ({engine})"
-        report(phase, 0, 0)
-        try:
-            wins = window_stats(log_strs, window=spec, engine=engine, address=address,
-                                num_workers=num_workers, skip_bad_rows=skip_bad_rows,
-                                tables=configs, batch_size=read_batch_size, diagnostics=diag)
-        except ConnectionError as e:
-            if engine != "ray":
-                raise
-            where = f" at {address!r}" if address else ""
-            raise ConfigError(f"engine 'ray': cannot connect to the Ray cluster{where}: "
-                              f"{e}") from None
-        report(phase, diag.get("rows_read", 0), wins[-1].index if wins else 0)
-        if not wins:
-            raise LogError(f"no samples to replay in {', '.join(log_strs)}")
-
-    # ---------------------------------------------------------------- window 0: static plans
-    if wins is None:
-        decayed = DecayedStats(configs, half_life=half_life, unit=unit)
-        st0 = StreamStats(configs)
-        pre = new_reader()
-        pre_cut = _Cutter(spec, Q)
-
-        def window0() -> Iterator[Batch]:
-            for chunk in pre:
-                for k, piece in pre_cut.cut(chunk):
-                    if k >= Q:
-                        return
-                    yield piece
-                report("planning on the first window", pre.rows_read, 0)
-
-        for b in rebatch(window0(), spi):
-            st0.update(b)
-            decayed.update(b)
-    else:
-        st0 = wins[0].stats
-        if analytic:      # the re-sharder's decayed statistics start as window 0's
-            decayed = st0.copy()
-        else:             # fed window 0's batches during the main pass (before any check)
-            decayed = DecayedStats(configs, half_life=half_life, unit=unit)
+    wins = (_engine_windows(log, run.spec, engine, address, num_workers, diag, report)
+            if engine != "local" or run.analytic else None)
+    st0, decayed = _first_window(run, log, wins, report)
     if st0.samples == 0:
-        raise LogError(f"no samples to replay in {', '.join(log_strs)}")
-    sums0 = st0.summary(top_k)
-    it0 = st0.samples / spi
-    try:
-        static_res = plan_flexshard(tabs, topo, sums0, B, MemoryPolicy(), model)
-    except FlexShardError as e:
-        raise type(e)(f"the static FlexShard plan on the first window failed: {e}") from None
-    budget = float(static_res.budget_bytes)
-    lookups = {by_feat[f].name: s.total / max(it0, 1.0) for f, s in sums0.items()}
-    plans: dict[str, Plan] = {
-        "rw": build_baseline("rw", tabs, topo),
-        "twrw": build_baseline("twrw", tabs, topo, lookups=lookups),
-        "static": static_res.plan}
-    base_cfg = reshard_config or ReshardConfig(horizon_iterations=max(1.0, it0))
-    rs_cfg = dataclasses.replace(base_cfg, check_every=float("inf"), unit=unit, top_k=top_k)
-    rs = Resharder(tabs, topo, B, stats=decayed, memory=MemoryPolicy(bytes_per_gpu=budget),
-                   model=model, config=rs_cfg, plan=static_res.plan)
-
-    # ---------------------------------------------------------------- main pass
-    want = G <= _MAX_MATRIX_GPUS or not analytic
-    tot = {s: _Acc(G, want) for s in STRATEGIES}
-    if analytic:
-        assert wins is not None
-        windows = _analytic_pass(wins, spec, reader.use_ts, B, spi, model, plans, rs, decayed,
-                                 tot, budget, top_k, half_life_windows,
-                                 lambda rows, w: report("replaying", rows, w))
-        whole = _merge_windows(wins)
-        counts = {"samples": int(diag["samples"]), "rows_read": int(diag["rows_read"]),
-                  "late": 0, "t0": diag.get("origin") if spec.unit == "seconds" else None,
-                  "skipped": {**dict.fromkeys(_REASONS, 0), **diag.get("skipped", {})},
-                  "skipped_by_file": diag.get("skipped_by_file", {})}
+        raise LogError(f"no samples to replay in {', '.join(log.paths)}")
+    start = _starting_plans(run, log.tables, st0, decayed, reshard_config)
+    tot = {s: _Acc(run.G, run.keep_matrices) for s in STRATEGIES}
+    replaying = functools.partial(report, "replaying")
+    if run.analytic:
+        windows = _analytic_pass(wins, run, log.reader.use_ts, start, tot, replaying)
+        whole, counts = _merge_windows(wins), _engine_counts(diag, run.spec)
     else:
-        windows, whole, counts = _trace_pass(
-            reader, spec, Q, B, spi, G, model, plans, rs, decayed, tot, budget, configs,
-            whole=None if wins is None else _merge_windows(wins),
-            report=lambda rows, w: report("replaying", rows, w))
+        whole = None if wins is None else _merge_windows(wins)
+        windows, whole, counts = _TracePass(run, start, tot, log.configs, whole,
+                                            replaying).run_over(log.reader)
     if not windows:
-        raise LogError(f"no samples to replay in {', '.join(log_strs)}")
+        raise LogError(f"no samples to replay in {', '.join(log.paths)}")
+    final = {**start.plans, "resharder": start.resharder.plan}
+    totals = _totals(tot, start, final, windows, counts)
+    summary = _summary_doc(run, log, engine, evaluation,
+                           diag.get("workers") if wins is not None else None, start, windows,
+                           totals, counts["t0"], time.perf_counter() - t_start)
+    cdf = _cdf(whole, log.tables, final, run.top_k)
+    _write(out, summary, cdf, final, tot if run.keep_matrices else {}, topo)
+    return ReplayResult(out, summary, cdf, final, whole, list(start.resharder.history),
+                        time.perf_counter() - t_start)
 
-    # ---------------------------------------------------------------- totals and files
-    final = {"rw": plans["rw"], "twrw": plans["twrw"], "static": plans["static"],
-             "resharder": rs.plan}
-    rw_time = tot["rw"].s["comm_time_s"]
-    totals_strat = {}
-    for s in STRATEGIES:
-        a = tot[s]
-        d = a.to_json(budget)
-        d["total_bytes"] = {"total": a.s["total"], "intra_node": a.s["intra_node"],
-                            "inter_node": a.s["inter_node"], "sync": a.s["sync"]}
-        d["comm_time_s"] = a.s["comm_time_s"]
-        d["iteration_time_s"] = a.s["iteration_time_s"]
-        mig = sum(d2.migration_bytes for d2 in rs.history) if s == "resharder" else 0.0
-        d["migration_bytes"] = float(mig)
-        d["migration_s"] = float(sum(d2.migration_s for d2 in rs.history)) \
-            if s == "resharder" else 0.0
-        d["deltas"] = sum(1 for d2 in rs.history if d2.delta is not None) \
-            if s == "resharder" else 0
-        d["speedup_vs_rw"] = (rw_time / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 else None
-        d["tiers"] = final[s].tier_sizes()
-        totals_strat[s] = d
-    skipped = counts["skipped"]
-    samples_total = counts["samples"]
-    totals = {"samples": samples_total, "rows_read": counts["rows_read"],
-              "windows": len(windows), "iterations": tot["rw"].n,
-              "dropped_samples": int(sum(w["dropped_samples"] for w in windows)),
-              "late_samples": counts["late"],
-              "skipped_rows": int(sum(skipped.values())), "skipped": skipped,
-              "skipped_by_file": {f: c for f, c in counts["skipped_by_file"].items()
-                                  if any(c.values())},
-              "checks": len(rs.history),
-              "decisions": {a: sum(1 for d in rs.history if d.action == a)
-                            for a in ("applied", "partial", "kept", "failed", "skipped")},
-              "strategies": totals_strat}
-    warnings = []
-    empty = [w["index"] for w in windows if w["iterations"] == 0]
-    if empty:
-        warnings.append(f"{len(empty)} of {len(windows)} window(s) hold fewer samples than one "
-                        f"iteration (G x B = {spi:,}) and were not evaluated (windows "
-                        f"{empty[:10]}{' ...' if len(empty) > 10 else ''}); use a smaller "
-                        f"--batch-size or larger windows")
-    if counts["late"]:
-        warnings.append(f"{counts['late']:,} sample(s) had a ts before their window (the log is "
-                        f"not in time order); they were kept in the window being read")
-    if samples_total and totals["dropped_samples"] > 0.25 * samples_total:
-        warnings.append(f"{totals['dropped_samples']:,} of {samples_total:,} samples fall in "
-                        f"windows' partial last iterations and were not evaluated; use a smaller "
-                        f"--batch-size or larger windows")
-    if not want:
-        warnings.append(f"{G} GPUs: the analytic evaluation keeps no G x G traffic matrices "
-                        f"beyond {_MAX_MATRIX_GPUS} GPUs; traffic/*.npz was not written")
-    summary = {
-        "version": SUMMARY_VERSION,
-        "logs": log_strs,
-        "engine": engine,
-        "evaluation": evaluation,
-        "workers": diag.get("workers") if wins is not None else None,
+
+def _summary_doc(run: _Run, log: _Log, engine: str, evaluation: str, workers: int | None,
+                 start: _Start, windows: list[dict[str, Any]], totals: dict[str, Any],
+                 t0: float | None, elapsed_s: float) -> dict[str, Any]:
+    """``summary.json`` (docs/REPLAY.md): what was replayed and how, the windows and the totals;
+    ``t0``: the origin of time windows (seconds), ``elapsed_s``: wall time so far (seconds)."""
+    topo = run.topo
+    return jsonable({
+        "version": SUMMARY_VERSION, "logs": log.paths, "engine": engine,
+        "evaluation": evaluation, "workers": workers,
         "topology": {"name": topo.name, "nodes": topo.nodes, "gpus_per_node": topo.gpus_per_node,
-                     "num_gpus": G, "summary": topo.summary()},
-        "tables": [t.to_dict() for t in tabs],
-        "batch_size": B, "samples_per_iteration": spi,
-        "window": {**spec.to_json(), "position": "ts" if reader.use_ts else "sample",
-                   "t0": counts["t0"], "checks_per_window": 1 if analytic else Q},
+                     "num_gpus": run.G, "summary": topo.summary()},
+        "tables": [t.to_dict() for t in log.tables],
+        "batch_size": run.B, "samples_per_iteration": run.spi,
+        "window": {**run.spec.to_json(), "position": "ts" if log.reader.use_ts else "sample",
+                   "t0": t0, "checks_per_window": 1 if run.analytic else run.Q},
         "strategies": list(STRATEGIES),
-        "model": dataclasses.asdict(model),
-        "budget_bytes": budget,
-        "resharder": {"half_life": half_life_windows if analytic else half_life,
-                      "half_life_unit": "windows" if analytic else unit,
-                      "config": {k: v for k, v in dataclasses.asdict(rs_cfg).items()
-                                 if k != "check_every"},
-                      "checks_per_window": 1 if analytic else Q},
+        "model": dataclasses.asdict(run.model),
+        "budget_bytes": start.budget,
+        "resharder": _resharder_doc(run, start.config),
         "windows": windows,
         "totals": totals,
-        "warnings": warnings,
-        "elapsed_s": time.perf_counter() - t_start,
-    }
-    summary = _finite(summary)
-    cdf = _cdf(whole, tabs, final, top_k)
-    _write(out, summary, cdf, final, tot if want else {}, topo)
-    summary_elapsed = time.perf_counter() - t_start
-    return ReplayResult(out, summary, cdf, final, whole, list(rs.history), summary_elapsed)
+        "warnings": _warnings(run, windows, totals),
+        "elapsed_s": elapsed_s,
+    })
+
+
+def _engine_counts(diag: Mapping[str, Any], spec: WindowSpec) -> dict[str, Any]:
+    """Samples, rows read, origin and bad rows of the analytic evaluation, from the engine's
+    diagnostics (the trace pass counts them itself)."""
+    return {"samples": int(diag["samples"]), "rows_read": int(diag["rows_read"]),
+            "late": 0, "t0": diag.get("origin") if spec.unit == "seconds" else None,
+            "skipped": {**dict.fromkeys(_REASONS, 0), **diag.get("skipped", {})},
+            "skipped_by_file": diag.get("skipped_by_file", {})}
+
+
+def _resharder_doc(run: _Run, config: ReshardConfig) -> dict[str, Any]:
+    """``summary["resharder"]``: half-life (windows in analytic mode, else seconds or
+    iterations), the configuration (without ``check_every``) and the checks per window."""
+    return {"half_life": run.half_life_windows if run.analytic else run.half_life,
+            "half_life_unit": "windows" if run.analytic else run.unit,
+            "config": {k: v for k, v in dataclasses.asdict(config).items()
+                       if k != "check_every"},
+            "checks_per_window": 1 if run.analytic else run.Q}
+
+
+def _strategy_totals(name: str, a: _Acc, budget: float, rs: Resharder, plan: Plan,
+                     rw_time: float) -> dict[str, Any]:
+    """One strategy's entry of ``summary["totals"]["strategies"]``: per-iteration means, sums
+    over the replay (bytes, seconds), migration (the re-sharder's only) and the final tiers."""
+    d = a.to_json(budget)
+    d["total_bytes"] = {"total": a.s["total"], "intra_node": a.s["intra_node"],
+                        "inter_node": a.s["inter_node"], "sync": a.s["sync"]}
+    d["comm_time_s"] = a.s["comm_time_s"]
+    d["iteration_time_s"] = a.s["iteration_time_s"]
+    moving = name == "resharder"
+    d["migration_bytes"] = float(sum(x.migration_bytes for x in rs.history) if moving else 0.0)
+    d["migration_s"] = float(sum(x.migration_s for x in rs.history)) if moving else 0.0
+    d["deltas"] = sum(1 for x in rs.history if x.delta is not None) if moving else 0
+    d["speedup_vs_rw"] = (rw_time / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 else None
+    d["tiers"] = plan.tier_sizes()
+    return d
+
+
+def _totals(tot: Mapping[str, _Acc], start: _Start, final: Mapping[str, Plan],
+            windows: Sequence[Mapping[str, Any]], counts: Mapping[str, Any]) -> dict[str, Any]:
+    """``summary["totals"]``: samples, rows, windows, iterations, dropped / late / skipped
+    samples, the re-sharder's checks and decisions, and every strategy's totals."""
+    rs = start.resharder
+    rw_time = tot["rw"].s["comm_time_s"]
+    skipped = counts["skipped"]
+    return {"samples": counts["samples"], "rows_read": counts["rows_read"],
+            "windows": len(windows), "iterations": tot["rw"].n,
+            "dropped_samples": int(sum(w["dropped_samples"] for w in windows)),
+            "late_samples": counts["late"],
+            "skipped_rows": int(sum(skipped.values())), "skipped": skipped,
+            "skipped_by_file": {f: c for f, c in counts["skipped_by_file"].items()
+                                if any(c.values())},
+            "checks": len(rs.history),
+            "decisions": {a: sum(1 for d in rs.history if d.action == a)
+                          for a in ("applied", "partial", "kept", "failed", "skipped")},
+            "strategies": {s: _strategy_totals(s, tot[s], start.budget, rs, final[s], rw_time)
+                           for s in STRATEGIES}}
+
+
+def _warnings(run: _Run, windows: Sequence[Mapping[str, Any]],
+              totals: Mapping[str, Any]) -> list[str]:
+    """What the reader of the summary should know: windows too small to evaluate, late samples,
+    many samples in partial iterations, traffic matrices not kept."""
+    out = []
+    spi, G = run.spi, run.G
+    empty = [w["index"] for w in windows if w["iterations"] == 0]
+    if empty:
+        out.append(f"{len(empty)} of {len(windows)} window(s) hold fewer samples than one "
+                   f"iteration (G x B = {spi:,}) and were not evaluated (windows "
+                   f"{empty[:10]}{' ...' if len(empty) > 10 else ''}); use a smaller "
+                   f"--batch-size or larger windows")
+    if totals["late_samples"]:
+        out.append(f"{totals['late_samples']:,} sample(s) had a ts before their window (the log "
+                   f"is not in time order); they were kept in the window being read")
+    samples_total = totals["samples"]
+    if samples_total and totals["dropped_samples"] > 0.25 * samples_total:
+        out.append(f"{totals['dropped_samples']:,} of {samples_total:,} samples fall in "
+                   f"windows' partial last iterations and were not evaluated; use a smaller "
+                   f"--batch-size or larger windows")
+    if not run.keep_matrices:
+        out.append(f"{G} GPUs: the analytic evaluation keeps no G x G traffic matrices "
+                   f"beyond {_MAX_MATRIX_GPUS} GPUs; traffic/*.npz was not written")
+    return out
 
 
 def _merge_windows(wins: Sequence[WindowStats]) -> StreamStats:
@@ -641,196 +768,231 @@ def _window_doc(index: int, start: Any, end: Any, samples: int, sample_start: in
             "checks": [_decision_json(d) for d in decs]}
 
 
-def _analytic_pass(wins: Sequence[WindowStats], spec: WindowSpec, use_ts: bool, B: int, spi: int,
-                   model: CostModel, plans: Mapping[str, Plan], rs: Resharder,
-                   decayed: StreamStats, tot: Mapping[str, _Acc], budget: float, top_k: int,
-                   half_life_windows: float,
-                   report: Callable[[int, int], None]) -> list[dict[str, Any]]:
+def _analytic_pass(wins: Sequence[WindowStats], run: _Run, use_ts: bool, start: _Start,
+                   tot: Mapping[str, _Acc], report: Callable[[int, int], None]
+                   ) -> list[dict[str, Any]]:
     """The analytic evaluation: per window, every strategy priced by ``evaluate_analytic`` on the
     window's summaries (weighted by its whole iterations), then (from the second window on) the
     window merged into the re-sharder's decayed statistics and one check."""
-    G = rs.topology.num_gpus
-    want = G <= _MAX_MATRIX_GPUS
+    rs, decayed, spec = start.resharder, start.decayed, run.spec
+    want = run.G <= _MAX_MATRIX_GPUS
     windows: list[dict[str, Any]] = []
     sample_start = 0
     prev = wins[0].index
     for i, ws in enumerate(wins):
         st = ws.stats
         n = int(st.samples)
-        its = n // spi
+        its = n // run.spi
         hist0 = len(rs.history)
-        accs = {s: _Acc(G, False) for s in STRATEGIES}
+        accs = {s: _Acc(run.G, False) for s in STRATEGIES}
         if its:
-            sums = st.summary(top_k)
-            costs = {s: evaluate_analytic(plans[s], sums, B, model, want_matrices=want)
-                     for s in ("rw", "twrw", "static")}
-            costs["resharder"] = (costs["static"] if rs.plan is plans["static"] else
-                                  evaluate_analytic(rs.plan, sums, B, model, want_matrices=want))
-            for s, c in costs.items():
+            for s, c in _analytic_costs(run, start, st.summary(run.top_k), want).items():
                 accs[s].add_cost(c, its)
                 tot[s].add_cost(c, its)
         if i > 0:     # online: the window is evaluated with the plan in force, then seen
-            decayed.scale(0.5 ** ((ws.index - prev) / half_life_windows))
+            decayed.scale(0.5 ** ((ws.index - prev) / run.half_life_windows))
             decayed.merge(st)
             pos = (float(st.last_ts) if use_ts and st.last_ts is not None
                    else float(sample_start + n))
-            dsums = decayed.summary(top_k)
+            dsums = decayed.summary(run.top_k)
             rs.check(summaries=dsums, position=pos)
         else:
-            dsums = decayed.summary(top_k)
+            dsums = decayed.summary(run.top_k)
         prev = ws.index
         if spec.unit == "seconds":
-            start, end = ws.start, ws.end
+            bounds = ws.start, ws.end
         elif use_ts:
-            start, end = st.first_ts, st.last_ts
+            bounds = st.first_ts, st.last_ts
         else:
-            start, end = sample_start, sample_start + n
-        windows.append(_window_doc(ws.index, start, end, n, sample_start, st.first_ts,
-                                   st.last_ts, its, n - its * spi, 0, accs, budget, rs, hist0,
-                                   rs.thresholds(dsums)))
+            bounds = sample_start, sample_start + n
+        windows.append(_window_doc(ws.index, *bounds, n, sample_start, st.first_ts,
+                                   st.last_ts, its, n - its * run.spi, 0, accs, start.budget, rs,
+                                   hist0, rs.thresholds(dsums)))
         sample_start += n
         report(sample_start, ws.index)
     return windows
 
 
-def _trace_pass(reader: LogReader, spec: WindowSpec, Q: int, B: int, spi: int, G: int,
-                model: CostModel, plans: Mapping[str, Plan], rs: Resharder,
-                decayed: DecayedStats, tot: Mapping[str, _Acc], budget: float,
-                configs: Sequence[TableConfig], whole: StreamStats | None,
-                report: Callable[[int, int], None]
-                ) -> tuple[list[dict[str, Any]], StreamStats, dict[str, Any]]:
+def _analytic_costs(run: _Run, start: _Start, sums: Mapping[str, FrequencySummary],
+                    want_matrices: bool) -> dict[str, Cost]:
+    """Every strategy's expected cost per iteration on one window's summaries (the re-sharder's
+    is the static plan's while it has not moved)."""
+    plans, rs = start.plans, start.resharder
+    costs = {s: evaluate_analytic(plans[s], sums, run.B, run.model, want_matrices=want_matrices)
+             for s in ("rw", "twrw", "static")}
+    costs["resharder"] = (costs["static"] if rs.plan is plans["static"] else
+                          evaluate_analytic(rs.plan, sums, run.B, run.model,
+                                            want_matrices=want_matrices))
+    return costs
+
+
+class _TracePass:
     """The trace evaluation: the driver streams the log once, cuts it into windows and quarters
     and evaluates whole iterations in trace mode, feeding the re-sharder online.
 
-    ``whole`` None: the whole log's statistics are computed here; given (from the engine's window
-    statistics): window 0's batches are fed to ``decayed`` here (the engine's statistics made the
-    static plans, so there was no pass over the first window)."""
-    feed_window0 = whole is not None
-    if whole is None:
-        whole_stats = StreamStats(configs)
-    else:
-        whole_stats = whole
-    windows: list[dict[str, Any]] = []
-    cut = _Cutter(spec, Q)
-    state: dict[str, Any] = {"win": None, "q": None, "pend": [], "pend_n": 0, "chunk": [],
-                             "chunk_n": 0, "fed": 0, "pos": 0.0, "unchecked": False}
+    ``whole`` None: the whole log's statistics are computed here; given (from the engine's
+    window statistics): window 0's batches are fed to the decayed statistics here (the engine's
+    statistics made the static plans, so there was no pass over the first window).
 
-    def feed(b: Batch) -> None:
+    State between reader chunks: the window being read (``win``, quarter ``q``), its samples not
+    yet forming a whole iteration (``pend``), whole iterations not yet evaluated (``chunk``), and
+    what the re-sharder was fed (``fed`` samples, last position ``pos``, ``unchecked``).
+    """
+
+    def __init__(self, run: _Run, start: _Start, tot: Mapping[str, _Acc],
+                 configs: Sequence[TableConfig], whole: StreamStats | None,
+                 report: Callable[[int, int], None]):
+        self.run, self.start, self.tot, self.report = run, start, tot, report
+        self.rs = start.resharder
+        self.feed_window0 = whole is not None
+        self.whole = StreamStats(configs) if whole is None else whole
+        self.cut = _Cutter(run.spec, run.Q)
+        self.windows: list[dict[str, Any]] = []
+        self.win: _Window | None = None
+        self.q: int | None = None
+        self.pend: list[Batch] = []
+        self.pend_n = 0                 # samples in ``pend``
+        self.chunk: list[Batch] = []     # whole iterations, G * B samples each
+        self.fed = 0                    # samples fed to the re-sharder (or in window 0)
+        self.pos = 0.0                  # position of the last sample fed (ts or sample index)
+        self.unchecked = False
+        self.samples_seen = 0
+        self.use_ts = False             # the log has ``ts`` (set by :meth:`run_over`)
+
+    def run_over(self, reader: LogReader
+                 ) -> tuple[list[dict[str, Any]], StreamStats, dict[str, Any]]:
+        """Replay the whole log; returns the window entries, the whole log's statistics and the
+        counts (samples, rows read, late samples, origin ``t0``, bad rows skipped)."""
+        self.use_ts = reader.use_ts
+        for chunk_batch in reader:
+            if not self.feed_window0:
+                self.whole.update(chunk_batch)
+            for k, piece in self.cut.cut(chunk_batch):
+                self._add(k, piece)
+            self.report(reader.rows_read, self.win.index if self.win else 0)
+        if self.win is not None:
+            self._end_window()
+        counts = {"samples": reader.samples, "rows_read": reader.rows_read, "late": self.cut.late,
+                  "t0": self.cut.t0, "skipped": reader.skipped,
+                  "skipped_by_file": reader.skipped_by_file}
+        return self.windows, self.whole, counts
+
+    def _add(self, k: int, piece: Batch) -> None:
+        """A piece of quarter ``k``: close the window or quarter it ends, then buffer it."""
+        w, q = divmod(k, self.run.Q)
+        if self.win is None or w != self.win.index:
+            if self.win is not None:
+                self._end_window()
+            self._start_window(w, q)
+        elif q != self.q:
+            self._evaluate_chunk()
+            self._check()
+            self.q = q
+        win = self.win
+        n = piece.batch_size
+        win.samples += n
+        self.samples_seen += n
+        if piece.timestamp is not None:
+            lo, hi = float(piece.timestamp.min()), float(piece.timestamp.max())
+            win.ts_first = lo if win.ts_first is None else min(win.ts_first, lo)
+            win.ts_last = hi if win.ts_last is None else max(win.ts_last, hi)
+        self.pend.append(piece)
+        self.pend_n += n
+        self._cut_iterations()
+        self.report(self.samples_seen, w)
+
+    def _start_window(self, w: int, q: int) -> None:
+        """Open window ``w`` at quarter ``q``: its accumulators, the decisions and late samples
+        so far."""
+        self.fed = self.samples_seen      # every earlier sample was fed or is window 0
+        self.win = _Window(w, self.samples_seen, history_start=len(self.rs.history),
+                           late_start=self.cut.late,
+                           accs={s: _Acc(self.run.G, False) for s in STRATEGIES})
+        self.q = q
+
+    def _feed(self, b: Batch) -> None:
         """Feed the re-sharder; a check's position is in the unit of the windows' start / end:
         the last fed sample's ts when the log has one, else the global index after it."""
-        rs.update(b)
-        state["fed"] += b.batch_size
-        state["pos"] = (float(np.max(b.timestamp)) if b.timestamp is not None
-                        else float(state["fed"]))
-        state["unchecked"] = True
+        self.rs.update(b)
+        self.fed += b.batch_size
+        self.pos = float(np.max(b.timestamp)) if b.timestamp is not None else float(self.fed)
+        self.unchecked = True
 
-    def evaluate_chunk() -> None:
-        win: _Window = state["win"]
-        chunk = state["chunk"]
-        if not chunk:
+    def _evaluate_chunk(self) -> None:
+        """Evaluate the whole iterations buffered with every strategy's plan, then let the
+        re-sharder see them (window 0: only its decayed statistics, when the engine planned)."""
+        if not self.chunk:
             return
-        costs = {}
-        for s in ("rw", "twrw", "static"):
-            costs[s] = evaluate_trace(plans[s], chunk, B, model, keep_matrices=False)
-        costs["resharder"] = (costs["static"] if rs.plan is plans["static"]
-                              else evaluate_trace(rs.plan, chunk, B, model))
+        win, chunk, plans, run = self.win, self.chunk, self.start.plans, self.run
+        costs = {s: evaluate_trace(plans[s], chunk, run.B, run.model, keep_matrices=False)
+                 for s in ("rw", "twrw", "static")}
+        costs["resharder"] = (costs["static"] if self.rs.plan is plans["static"]
+                              else evaluate_trace(self.rs.plan, chunk, run.B, run.model))
         for s, tc in costs.items():
             win.accs[s].add(tc)
-            tot[s].add(tc)
+            self.tot[s].add(tc)
         win.iterations += len(chunk)
         if win.index > 0:
             for b in chunk:
-                feed(b)
-        elif feed_window0:
+                self._feed(b)
+        elif self.feed_window0:
             for b in chunk:
-                decayed.update(b)
-        state["chunk"], state["chunk_n"] = [], 0
+                self.start.decayed.update(b)
+        self.chunk = []
 
-    def check() -> None:
-        win: _Window = state["win"]
-        if win.index > 0 and state["unchecked"]:
-            rs.check(position=state["pos"])
-            state["unchecked"] = False
+    def _check(self) -> None:
+        """One re-sharder check after a quarter, from the second window on, if it saw samples."""
+        if self.win.index > 0 and self.unchecked:
+            self.rs.check(position=self.pos)
+            self.unchecked = False
 
-    def cut_iterations() -> None:
-        if state["pend_n"] < spi:
+    def _cut_iterations(self) -> None:
+        """Move whole iterations from ``pend`` to ``chunk``; evaluate when the chunk is large."""
+        spi = self.run.spi
+        if self.pend_n < spi:
             return
-        allp = concat_batches(state["pend"])
+        allp = concat_batches(self.pend)
         n = allp.batch_size
         lo = 0
         while n - lo >= spi:
-            state["chunk"].append(slice_batch(allp, lo, lo + spi) if n != spi else allp)
+            self.chunk.append(slice_batch(allp, lo, lo + spi) if n != spi else allp)
             lo += spi
-        state["pend"] = [slice_batch(allp, lo, n)] if lo < n else []
-        state["pend_n"] = n - lo
-        state["chunk_n"] = len(state["chunk"]) * spi
-        if state["chunk_n"] >= _MAX_CHUNK_SAMPLES:
-            evaluate_chunk()
+        self.pend = [slice_batch(allp, lo, n)] if lo < n else []
+        self.pend_n = n - lo
+        if len(self.chunk) * spi >= _MAX_CHUNK_SAMPLES:
+            self._evaluate_chunk()
 
-    def end_window() -> None:
-        win: _Window = state["win"]
-        evaluate_chunk()
-        if state["pend_n"]:
-            win.dropped += state["pend_n"]
+    def _end_window(self) -> None:
+        """Evaluate what is left, count the trailing partial iteration (fed, not evaluated),
+        check, and record the window."""
+        win = self.win
+        self._evaluate_chunk()
+        if self.pend_n:
+            win.dropped += self.pend_n
             if win.index > 0:
-                for b in state["pend"]:
-                    feed(b)
-            elif feed_window0:
-                decayed.update(concat_batches(state["pend"]))
-        state["pend"], state["pend_n"] = [], 0
-        check()
-        windows.append(_window_json(win))
+                for b in self.pend:
+                    self._feed(b)
+            elif self.feed_window0:
+                self.start.decayed.update(concat_batches(self.pend))
+        self.pend, self.pend_n = [], 0
+        self._check()
+        self.windows.append(self._window_entry(win))
 
-    def _window_json(win: _Window) -> dict[str, Any]:
+    def _window_entry(self, win: _Window) -> dict[str, Any]:
+        """The window's entry of ``summary["windows"]``; bounds in seconds (time windows, or the
+        first / last ``ts`` seen) or sample offsets."""
+        spec = self.run.spec
         if spec.unit == "seconds":
-            start = cut.t0 + win.index * spec.size
+            start = self.cut.t0 + win.index * spec.size
             end = start + spec.size
-        elif reader.use_ts:
+        elif self.use_ts:
             start, end = win.ts_first, win.ts_last
         else:
             start, end = win.sample_start, win.sample_start + win.samples
         return _window_doc(win.index, start, end, win.samples, win.sample_start, win.ts_first,
-                           win.ts_last, win.iterations, win.dropped, cut.late - win.late_start,
-                           win.accs, budget, rs, win.history_start, rs.thresholds())
-
-    samples_seen = 0
-    for chunk_batch in reader:
-        if not feed_window0:
-            whole_stats.update(chunk_batch)
-        for k, piece in cut.cut(chunk_batch):
-            w, q = divmod(k, Q)
-            win = state["win"]
-            if win is None or w != win.index:
-                if win is not None:
-                    end_window()
-                state["fed"] = samples_seen      # every earlier sample was fed or is window 0
-                state["win"] = _Window(w, samples_seen, history_start=len(rs.history),
-                                       late_start=cut.late,
-                                       accs={s: _Acc(G, False) for s in STRATEGIES})
-                state["q"] = q
-            elif q != state["q"]:
-                evaluate_chunk()
-                check()
-                state["q"] = q
-            win = state["win"]
-            n = piece.batch_size
-            win.samples += n
-            samples_seen += n
-            if piece.timestamp is not None:
-                lo, hi = float(piece.timestamp.min()), float(piece.timestamp.max())
-                win.ts_first = lo if win.ts_first is None else min(win.ts_first, lo)
-                win.ts_last = hi if win.ts_last is None else max(win.ts_last, hi)
-            state["pend"].append(piece)
-            state["pend_n"] += n
-            cut_iterations()
-            report(samples_seen, w)
-        report(reader.rows_read, state["win"].index if state["win"] else 0)
-    if state["win"] is not None:
-        end_window()
-    counts = {"samples": reader.samples, "rows_read": reader.rows_read, "late": cut.late,
-              "t0": cut.t0, "skipped": reader.skipped,
-              "skipped_by_file": reader.skipped_by_file}
-    return windows, whole_stats, counts
+                           win.ts_last, win.iterations, win.dropped, self.cut.late - win.late_start,
+                           win.accs, self.start.budget, self.rs, win.history_start,
+                           self.rs.thresholds())
 
 
 def _cdf(whole: StreamStats, tabs: Sequence[EmbeddingTable], final: Mapping[str, Plan],
@@ -860,40 +1022,43 @@ def _cdf(whole: StreamStats, tabs: Sequence[EmbeddingTable], final: Mapping[str,
             "top_counts": [float(round(x, 3)) for x in est.tolist()],
             "cumulative_share": [float(f"{x:.6g}") for x in cum.tolist()],
             "cuts": cuts}
-    return _finite(out)
+    return jsonable(out)
 
 
 def _write(out: Path, summary: dict, cdf: dict, final: Mapping[str, Plan],
            tot: Mapping[str, _Acc], topo: Topology) -> None:
-    """Everything into a temporary sibling of ``out``, then renamed into place."""
+    """Everything into a temporary sibling of ``out``, then renamed into place (all or nothing,
+    :func:`~flexshard_stream.formats.files.staging_directory`). Directories get the usual mode
+    (``0o777`` less the umask), files ``0o644``."""
     _check_out_dir(out)
-    parent = out.parent if str(out.parent) else Path(".")
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp.", dir=parent))
-    try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o777 & ~mask)       # mkdtemp makes it 0700: publish with the usual mode
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False))
-        (tmp / "cdf.json").write_text(json.dumps(cdf, allow_nan=False))
+    with staging_directory(out) as tmp:
+        write_json(tmp / "summary.json", summary, indent=1, mode=0o644)
+        write_json(tmp / "cdf.json", cdf, indent=None, mode=0o644)
         for s, p in final.items():
             p.save(tmp / "plans" / s)
         (tmp / "traffic").mkdir()
         lc = topo.link_class_matrix()
         for s, a in tot.items():
-            k = max(a.n, 1)
-            mats = {c: a.mats[c] / k for c in COMPONENTS}
-            a2a = sum(mats[c] for c in A2A_COMPONENTS)
-            with open(tmp / "traffic" / f"{s}.npz", "wb") as f:
-                np.savez(f, a2a=a2a, link_class=lc, iterations=np.int64(a.n),
-                         **{c: mats[c] for c in COMPONENTS})
-        for p in tmp.rglob("*"):
-            if p.is_dir():
-                os.chmod(p, 0o777 & ~mask)
-            elif p.is_file():
-                with open(p, "rb") as f:
-                    os.fsync(f.fileno())
-        replace_directory(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            write_atomic(tmp / "traffic" / f"{s}.npz", _traffic_npz(a, lc), mode=0o644)
+        _usual_directory_modes(tmp)
+
+
+def _traffic_npz(acc: _Acc, link_class: np.ndarray) -> bytes:
+    """``traffic/<strategy>.npz``: the mean G x G byte matrices per iteration (``a2a`` and each
+    component), the link-class matrix and the iterations averaged."""
+    k = max(acc.n, 1)
+    mats = {c: acc.mats[c] / k for c in COMPONENTS}
+    a2a = sum(mats[c] for c in A2A_COMPONENTS)
+    buf = io.BytesIO()
+    np.savez(buf, a2a=a2a, link_class=link_class, iterations=np.int64(acc.n), **mats)
+    return buf.getvalue()
+
+
+def _usual_directory_modes(root: Path) -> None:
+    """``root`` and the directories under it get ``0o777`` less the umask (temporary
+    directories are made ``0o700``)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for p in [root, *root.rglob("*")]:
+        if p.is_dir():
+            os.chmod(p, 0o777 & ~mask)

@@ -17,16 +17,17 @@ matplotlib (Agg backend) is imported only here, lazily: ``pip install 'flexshard
 from __future__ import annotations
 
 import html
+import io
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import FlexShardError, FormatError
+from ..formats.files import write_atomic
 
 __all__ = ["PICTURES", "build_report"]
 
@@ -150,15 +151,11 @@ def _axis(summary: dict) -> tuple[str, float]:
 
 
 def _save(fig, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=_DPI, format="png")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """The figure as a PNG, replacing ``path`` atomically (not fsynced: a report is redrawn from
+    the replay directory at will)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=_DPI, format="png")
+    write_atomic(path, buf.getvalue(), fsync=False, mode=0o644)
 
 
 # ----------------------------------------------------------------------------- pictures
@@ -593,14 +590,5 @@ def build_report(directory: str | os.PathLike) -> Path:
               ("<p class='meta'>Written by <code>flexshard-stream report</code> from "
                "<code>summary.json</code>, <code>cdf.json</code> and <code>traffic/</code> in "
                "this directory; docs/REPLAY.md describes them.</p></body></html>")]
-    out = d / "report.html"
-    fd, tmp = tempfile.mkstemp(prefix=".report.html.", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write("\n".join(p for p in parts if p))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    return write_atomic(d / "report.html", "\n".join(p for p in parts if p).encode("utf-8"),
+                        fsync=False, mode=0o644)

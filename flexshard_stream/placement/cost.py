@@ -315,126 +315,214 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
     A trailing partial iteration is not evaluated (``dropped_samples``). Features without a table in
     the plan, IDs out of range or negative, raise :class:`BatchError` before anything is counted for
     that iteration. ``progress(iterations_done)`` is called after each iteration when given.
+
+    Each iteration goes through three steps: the trace kernel counts, per table, what every
+    component moves (:class:`_TraceKernel`); the counts become the iteration's traffic by component
+    (:class:`_IterationTraffic`: index and embedding all-to-all, replica sync, host-memory
+    lookups) and its :class:`Cost`; the costs are summed (:class:`_TraceSums`).
     """
     model = model or CostModel()
-    topo = plan.topology
-    G, M = topo.num_gpus, topo.gpus_per_node
     if batch_size <= 0:
         raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
-    by_feature = _table_for_features(plan)
-    configs = {f: TableConfig(tp.name, tp.table.num_rows, f) for f, tp in by_feature.items()}
-    routers = {f: plan.router(tp.name) for f, tp in by_feature.items()}
-    touch = {f: np.zeros(max(1, r.keys.size), np.int64) for f, r in routers.items()}
+    topo = plan.topology
+    spi = topo.num_gpus * batch_size
+    kernel = _TraceKernel(plan, batch_size, model)
+    sums = _TraceSums(topo.num_gpus, keep_matrices)
     masks = _class_masks(topo)
-    scratch = _Scratch(G)
-    spi = G * batch_size
-    series: dict[str, list[float]] = {k: [] for k in (
-        "a2a_bytes", "intra_node_bytes", "inter_node_bytes", "sync_bytes", "comm_time_s",
-        "peak_memory_bytes", "host_lookups", "uvm_time_s")}
-    sum_send = {c: np.zeros((G, 3)) for c in COMPONENTS}
-    sum_recv = {c: np.zeros((G, 3)) for c in COMPONENTS}
-    sum_time = {c: 0.0 for c in COMPONENTS}
-    sum_mat = {c: np.zeros((G, G)) for c in COMPONENTS}
-    peak_buf = np.zeros(G)
-    per_iter_mats: list[dict[str, np.ndarray]] | None = [] if keep_matrices else None
-    row_bytes = plan.row_bytes_per_gpu
-    host_bytes = plan.host_bytes_per_gpu
-    sum_host = np.zeros(G)
-    sum_uvm = np.zeros(G)
-    host_cnt = np.zeros(G, np.int64)
-    n_it = 0
+    row_bytes, host_bytes = plan.row_bytes_per_gpu, plan.host_bytes_per_gpu
     dropped = 0
     for it in rebatch(batches, spi):
         if it.batch_size < spi:
             dropped = it.batch_size
             break
-        for k in it.keys:
-            if k not in by_feature:
-                raise BatchError(f"no table in plan {plan.strategy!r} for this feature; "
-                                 f"plan features: {sorted(by_feature)}", feature=k, field="keys")
-        parts = _split_features(it)
-        idx_m = np.zeros((G, G))
-        fwd_m = np.zeros((G, G))
-        s_global = 0.0
-        s_node = np.zeros(M)
-        it_host = np.zeros(G)
-        it_uvm = np.zeros(G)
-        for feat, ids, lens, _ in parts:
-            tp = by_feature[feat]
-            r = routers[feat]
-            block = int(lens.reshape(G, batch_size).sum(axis=1).max()) if lens.size else 0
-            scratch.ensure(block, ids.size if tp.replicated else 0)
-            stamp = scratch.next_stamp()
-            scratch.marks.fill(-1)
-            cnt_idx = np.zeros((G, G), np.int64)
-            cnt_emb = np.zeros((G, G), np.int64)
-            touched_node = np.zeros(M, np.int64)
-            if tp.has_host_tier:  # the kernel counts host lookups (compiled apart)
-                host_cnt.fill(0)
-                tg = table_traffic(ids, lens, batch_size, M, tp.table.num_rows, r.keys, r.vals,
-                                   r.used, r.lg, r.cold_kind, r.gpus, r.bounds, r.seed, model.dedup,
-                                   tp.table.kind == "pooled", scratch.set_tab, stamp, touch[feat],
-                                   scratch.dp_tab, scratch.marks, cnt_idx, cnt_emb, touched_node,
-                                   tp.hbm_fraction, host_cnt)
-            else:
-                tg = table_traffic(ids, lens, batch_size, M, tp.table.num_rows, r.keys, r.vals,
-                                   r.used, r.lg, r.cold_kind, r.gpus, r.bounds, r.seed, model.dedup,
-                                   tp.table.kind == "pooled", scratch.set_tab, stamp, touch[feat],
-                                   scratch.dp_tab, scratch.marks, cnt_idx, cnt_emb, touched_node)
-            if tg < 0:  # an ID out of range: the kernel stopped; name it (nothing was counted)
-                validate_batch(it, configs)
-                raise BatchError(f"ID {int(ids[-tg - 1])} out of range", feature=feat,
-                                 field="values", position=int(-tg - 1))
-            eb = float(tp.table.embedding_bytes)
-            idx_m += cnt_idx * float(model.index_bytes)
-            fwd_m += cnt_emb.T * eb          # embeddings flow owner -> requester
-            s_global += tg * eb
-            s_node += touched_node * eb
-            if tp.has_host_tier:
-                it_host += host_cnt
-                it_uvm += host_cnt * float(tp.table.embedding_bytes + 2 * tp.table.row_bytes)
-        bwd_m = fwd_m.T                      # gradients flow requester -> owner
-        a2a = {}
-        for c, m in (("index", idx_m), ("forward", fwd_m), ("backward", bwd_m)):
-            a2a[c] = _by_class_from_matrix(m, masks)
-        ss, sr, st, smat = _sync_traffic(topo, s_global, s_node, model,
-                                          want_matrix=True)
-        sync_buf = np.full(G, s_global) + s_node[np.arange(G) % M]
-        cost = _finish(topo, a2a, (ss, sr, st), sync_buf, row_bytes, model, None, "trace",
-                       (it_host, it_uvm, host_bytes))
-        sum_host += it_host
-        sum_uvm += it_uvm
-        for c in COMPONENTS:
-            sum_send[c] += cost.send[c]
-            sum_recv[c] += cost.recv[c]
-            sum_time[c] += cost.time_s[c]
-        for c, m in (("index", idx_m), ("forward", fwd_m), ("backward", bwd_m), ("sync", smat)):
-            sum_mat[c] += m
-        if per_iter_mats is not None:
-            per_iter_mats.append({"index": idx_m, "forward": fwd_m, "backward": bwd_m,
-                                  "sync": smat})
-        peak_buf = np.maximum(peak_buf, cost.buffer_bytes)
-        series["a2a_bytes"].append(cost.a2a_bytes)
-        series["intra_node_bytes"].append(cost.intra_node_bytes)
-        series["inter_node_bytes"].append(cost.inter_node_bytes)
-        series["sync_bytes"].append(cost.sync_bytes)
-        series["comm_time_s"].append(cost.comm_time_s)
-        series["peak_memory_bytes"].append(cost.peak_memory_bytes)
-        series["host_lookups"].append(cost.host_lookups_total)
-        series["uvm_time_s"].append(cost.uvm_time_s)
-        n_it += 1
+        traffic = kernel.iteration(it)
+        cost, sync_matrix = traffic.cost(topo, model, masks, row_bytes, host_bytes)
+        sums.add(cost, traffic, sync_matrix)
         if progress is not None:
-            progress(n_it)
-        if max_iterations is not None and n_it >= max_iterations:
+            progress(sums.n)
+        if max_iterations is not None and sums.n >= max_iterations:
             break
-    k = max(n_it, 1)
-    mean = Cost(topo, {c: sum_send[c] / k for c in COMPONENTS},
-                {c: sum_recv[c] / k for c in COMPONENTS}, {c: sum_time[c] / k for c in COMPONENTS},
-                row_bytes, peak_buf, model.reservation_bytes,
-                {c: sum_mat[c] / k for c in COMPONENTS}, iterations=n_it, mode="trace",
-                dedup=model.dedup, host_lookups=sum_host / k, uvm_bytes=sum_uvm / k,
-                host_bytes=host_bytes)
-    return TraceCost(mean, {k2: np.asarray(v) for k2, v in series.items()}, per_iter_mats, dropped)
+    return sums.result(topo, model, row_bytes, host_bytes, dropped)
+
+
+@dataclass
+class _TableCounts:
+    """What the trace kernel counted for one table in one iteration: lookups requested (index
+    messages) and embeddings sent, as G x G counts ``[requester, owner]``; replica rows touched
+    (``global_touched`` rows of tier 0, ``touched_node[m]`` of tier 1 held by local GPU ``m``);
+    host-memory lookups per owner GPU (None without a host tier)."""
+
+    index: np.ndarray
+    embeddings: np.ndarray
+    touched_node: np.ndarray
+    global_touched: int
+    host: np.ndarray | None
+
+
+class _TraceKernel:
+    """The plan-side state of the trace kernel, built once per :func:`evaluate_trace` call:
+    a router and a touch-mark array per feature, and reusable hash-set scratch."""
+
+    def __init__(self, plan: Plan, batch_size: int, model: CostModel):
+        topo = plan.topology
+        self.plan, self.B, self.model = plan, batch_size, model
+        self.G, self.M = topo.num_gpus, topo.gpus_per_node
+        self.by_feature = _table_for_features(plan)
+        self.configs = {f: TableConfig(tp.name, tp.table.num_rows, f)
+                        for f, tp in self.by_feature.items()}
+        self.routers = {f: plan.router(tp.name) for f, tp in self.by_feature.items()}
+        self.touch = {f: np.zeros(max(1, r.keys.size), np.int64) for f, r in self.routers.items()}
+        self.scratch = _Scratch(self.G)
+        self.host_cnt = np.zeros(self.G, np.int64)
+
+    def iteration(self, it: Batch) -> _IterationTraffic:
+        """The traffic of one iteration (``G * B`` samples, sample ``i`` on GPU ``i // B``)."""
+        for k in it.keys:
+            if k not in self.by_feature:
+                raise BatchError(f"no table in plan {self.plan.strategy!r} for this feature; "
+                                 f"plan features: {sorted(self.by_feature)}", feature=k,
+                                 field="keys")
+        traffic = _IterationTraffic.zeros(self.G, self.M)
+        for feat, ids, lens, _ in _split_features(it):
+            tp = self.by_feature[feat]
+            traffic.add_table(tp, self.table_counts(it, feat, ids, lens), self.model)
+        return traffic
+
+    def table_counts(self, it: Batch, feat: str, ids: np.ndarray, lens: np.ndarray
+                     ) -> _TableCounts:
+        """Run the kernel on one feature's IDs; an ID out of range raises BatchError naming it
+        (the kernel stops and nothing is counted)."""
+        tp, r, sc = self.by_feature[feat], self.routers[feat], self.scratch
+        G, M, B = self.G, self.M, self.B
+        block = int(lens.reshape(G, B).sum(axis=1).max()) if lens.size else 0
+        sc.ensure(block, ids.size if tp.replicated else 0)
+        stamp = sc.next_stamp()
+        sc.marks.fill(-1)
+        cnt_idx = np.zeros((G, G), np.int64)
+        cnt_emb = np.zeros((G, G), np.int64)
+        touched_node = np.zeros(M, np.int64)
+        args = (ids, lens, B, M, tp.table.num_rows, r.keys, r.vals, r.used, r.lg, r.cold_kind,
+                r.gpus, r.bounds, r.seed, self.model.dedup, tp.table.kind == "pooled",
+                sc.set_tab, stamp, self.touch[feat], sc.dp_tab, sc.marks, cnt_idx, cnt_emb,
+                touched_node)
+        host = None
+        if tp.has_host_tier:  # the kernel counts host lookups (compiled apart)
+            host = self.host_cnt
+            host.fill(0)
+            tg = table_traffic(*args, tp.hbm_fraction, host)
+        else:
+            tg = table_traffic(*args)
+        if tg < 0:  # an ID out of range: the kernel stopped; name it (nothing was counted)
+            validate_batch(it, self.configs)
+            raise BatchError(f"ID {int(ids[-tg - 1])} out of range", feature=feat,
+                             field="values", position=int(-tg - 1))
+        return _TableCounts(cnt_idx, cnt_emb, touched_node, tg, host)
+
+
+@dataclass
+class _IterationTraffic:
+    """One iteration's traffic, one field per component: index messages and embeddings as G x G
+    byte matrices ``[sender, receiver]`` (the backward all-to-all is the forward transposed),
+    replica-sync bytes (``s_global`` over all GPUs, ``s_node[m]`` over the copies of local GPU
+    ``m``), host-memory lookups and UVM bytes per owner GPU. A new component is a field, a step
+    in :meth:`add_table` and its share of :meth:`cost`."""
+
+    index: np.ndarray
+    forward: np.ndarray
+    s_global: float
+    s_node: np.ndarray
+    host_lookups: np.ndarray
+    uvm_bytes: np.ndarray
+
+    @classmethod
+    def zeros(cls, G: int, M: int) -> "_IterationTraffic":
+        """No traffic, for ``G`` GPUs, ``M`` per node."""
+        return cls(np.zeros((G, G)), np.zeros((G, G)), 0.0, np.zeros(M), np.zeros(G),
+                   np.zeros(G))
+
+    def add_table(self, tp: TablePlan, c: _TableCounts, model: CostModel) -> None:
+        """Add one table's counts, in bytes."""
+        eb = float(tp.table.embedding_bytes)
+        self.index += c.index * float(model.index_bytes)
+        self.forward += c.embeddings.T * eb          # embeddings flow owner -> requester
+        self.s_global += c.global_touched * eb
+        self.s_node += c.touched_node * eb
+        if c.host is not None:
+            self.host_lookups += c.host
+            self.uvm_bytes += c.host * float(tp.table.embedding_bytes + 2 * tp.table.row_bytes)
+
+    def matrices(self) -> dict[str, np.ndarray]:
+        """The all-to-all byte matrices by component (gradients flow requester -> owner)."""
+        return {"index": self.index, "forward": self.forward, "backward": self.forward.T}
+
+    def cost(self, topo: Topology, model: CostModel, masks, row_bytes: np.ndarray,
+             host_bytes: np.ndarray) -> tuple[Cost, np.ndarray]:
+        """The iteration's :class:`Cost` and its replica-sync byte matrix."""
+        G, M = topo.num_gpus, topo.gpus_per_node
+        a2a = {c: _by_class_from_matrix(m, masks) for c, m in self.matrices().items()}
+        ss, sr, st, smat = _sync_traffic(topo, self.s_global, self.s_node, model,
+                                          want_matrix=True)
+        sync_buf = np.full(G, self.s_global) + self.s_node[np.arange(G) % M]
+        cost = _finish(topo, a2a, (ss, sr, st), sync_buf, row_bytes, model, None, "trace",
+                       (self.host_lookups, self.uvm_bytes, host_bytes))
+        return cost, smat
+
+
+class _TraceSums:
+    """Running sums of the iterations' costs (per component, per GPU), their per-iteration
+    series, the peak buffers and, with ``keep_matrices``, every iteration's byte matrices."""
+
+    SERIES = ("a2a_bytes", "intra_node_bytes", "inter_node_bytes", "sync_bytes", "comm_time_s",
+              "peak_memory_bytes", "host_lookups", "uvm_time_s")
+
+    def __init__(self, G: int, keep_matrices: bool):
+        self.n = 0
+        self.send = {c: np.zeros((G, 3)) for c in COMPONENTS}
+        self.recv = {c: np.zeros((G, 3)) for c in COMPONENTS}
+        self.time = {c: 0.0 for c in COMPONENTS}
+        self.mat = {c: np.zeros((G, G)) for c in COMPONENTS}
+        self.peak_buf = np.zeros(G)
+        self.host = np.zeros(G)
+        self.uvm = np.zeros(G)
+        self.series: dict[str, list[float]] = {k: [] for k in self.SERIES}
+        self.per_iteration: list[dict[str, np.ndarray]] | None = [] if keep_matrices else None
+
+    def add(self, cost: Cost, traffic: _IterationTraffic, sync_matrix: np.ndarray) -> None:
+        """One iteration: its cost, its traffic (host lookups, UVM bytes, matrices) and its
+        replica-sync byte matrix."""
+        self.host += traffic.host_lookups
+        self.uvm += traffic.uvm_bytes
+        for c in COMPONENTS:
+            self.send[c] += cost.send[c]
+            self.recv[c] += cost.recv[c]
+            self.time[c] += cost.time_s[c]
+        mats = {**traffic.matrices(), "sync": sync_matrix}
+        for c, m in mats.items():
+            self.mat[c] += m
+        if self.per_iteration is not None:
+            self.per_iteration.append(mats)
+        self.peak_buf = np.maximum(self.peak_buf, cost.buffer_bytes)
+        for k, v in (("a2a_bytes", cost.a2a_bytes), ("intra_node_bytes", cost.intra_node_bytes),
+                     ("inter_node_bytes", cost.inter_node_bytes), ("sync_bytes", cost.sync_bytes),
+                     ("comm_time_s", cost.comm_time_s),
+                     ("peak_memory_bytes", cost.peak_memory_bytes),
+                     ("host_lookups", cost.host_lookups_total), ("uvm_time_s", cost.uvm_time_s)):
+            self.series[k].append(v)
+        self.n += 1
+
+    def result(self, topo: Topology, model: CostModel, row_bytes: np.ndarray,
+               host_bytes: np.ndarray, dropped: int) -> TraceCost:
+        """The mean :class:`Cost` per iteration, the series and the matrices kept."""
+        k = max(self.n, 1)
+        mean = Cost(topo, {c: self.send[c] / k for c in COMPONENTS},
+                    {c: self.recv[c] / k for c in COMPONENTS},
+                    {c: self.time[c] / k for c in COMPONENTS},
+                    row_bytes, self.peak_buf, model.reservation_bytes,
+                    {c: self.mat[c] / k for c in COMPONENTS}, iterations=self.n, mode="trace",
+                    dedup=model.dedup, host_lookups=self.host / k, uvm_bytes=self.uvm / k,
+                    host_bytes=host_bytes)
+        return TraceCost(mean, {k2: np.asarray(v) for k2, v in self.series.items()},
+                         self.per_iteration, dropped)
 
 
 # ----------------------------------------------------------------------------- analytic mode

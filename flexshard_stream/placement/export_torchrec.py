@@ -49,13 +49,9 @@ our plan type, for :func:`flexshard_stream.placement.cost.evaluate_analytic`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -63,7 +59,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..formats.container import replace_directory
+from ..formats.files import read_json, read_npy, staging_directory, write_json, write_npy
 from ..stats.summary import FrequencySummary
 from .plan import ColdSharding, Plan, Router, TablePlan
 from .tables import EmbeddingTable, summaries_by_table
@@ -337,6 +333,30 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
         Unknown ``cold_sharding`` / ``node_replicas``, ``table_row_wise`` for a sequence table,
         a non-empty ``out_dir`` that is not an export, an empty plan.
     """
+    _check_export(plan, cold_sharding, node_replicas)
+    out_dir = Path(out_dir)
+    _check_export_dir(out_dir)
+    _check_features(plan)
+    with staging_directory(out_dir) as tmp:
+        parts = [_export_table(tmp, i, name, tp, plan.topology, cold_sharding, node_replicas,
+                               summaries or {}, mean_lengths or {})
+                 for i, (name, tp) in enumerate(plan.tables.items())]
+        manifest = _manifest(plan, cold_sharding, node_replicas, parts)
+        _write_json(tmp / CONSTRAINTS_FILE, {
+            "format": "torchrec.ParameterConstraints", "torchrec_version": TORCHREC_VERSION,
+            "schema_version": EXPORT_SCHEMA_VERSION,
+            "constraints": {k: c for p in parts for k, c in p.constraints.items()}})
+        _write_json(tmp / CONFIGS_FILE, {
+            "format": "torchrec.EmbeddingConfigs", "torchrec_version": TORCHREC_VERSION,
+            "schema_version": EXPORT_SCHEMA_VERSION,
+            "tables": [c for p in parts for c in p.configs]})
+        _write_json(tmp / MANIFEST_FILE, manifest)
+        load_torchrec_export(tmp)  # verify before publishing
+    return manifest
+
+
+def _check_export(plan: Plan, cold_sharding: str, node_replicas: str) -> None:
+    """The arguments of :func:`export_torchrec` (ConfigError naming the bad one)."""
     if not isinstance(plan, Plan):
         raise ConfigError(f"export_torchrec needs a Plan, got {type(plan).__name__}")
     if cold_sharding not in COLD_SHARDINGS:
@@ -347,16 +367,20 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
                           f"{node_replicas!r}")
     if not plan.tables:
         raise ConfigError("the plan has no tables to export")
-    topo = plan.topology
-    summaries = summaries or {}
-    mean_lengths = mean_lengths or {}
-    out_dir = Path(out_dir)
+
+
+def _check_export_dir(out_dir: Path) -> None:
+    """Refuse to replace anything but an export (or an empty directory): it would be deleted."""
     if out_dir.exists():
         if not out_dir.is_dir():
             raise ConfigError(f"{out_dir}: exists and is not a directory")
         if any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
             raise ConfigError(f"{out_dir}: a non-empty directory that is not a TorchRec export "
                               f"(no {MANIFEST_FILE}); refusing to overwrite it")
+
+
+def _check_features(plan: Plan) -> None:
+    """One table per feature: the export splits each feature into ``__hot`` and ``__cold``."""
     features: dict[str, str] = {}
     for tp in plan.tables.values():
         if tp.table.feature in features:
@@ -364,118 +388,145 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
                               f"feature {tp.table.feature!r}; the export splits features per table")
         features[tp.table.feature] = tp.name
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        entries, constraints, configs = [], {}, []
-        G = topo.num_gpus
-        plan_bytes, export_bytes = np.zeros(G), np.zeros(G)
-        for i, (name, tp) in enumerate(plan.tables.items()):
-            t = tp.table
-            m = _table_mapping(tp, topo, cold_sharding, node_replicas)
-            rows = np.full(G, m["K"], np.int64)
-            if m["cold"] is not None:
-                rows[np.asarray(m["cold"]["ranks"])] += np.asarray(m["cold"]["shard_rows"])
-            pb = tp.rows_per_gpu(topo) * float(t.row_bytes)
-            eb = rows * float(t.row_bytes)
-            plan_bytes += pb
-            export_bytes += eb
-            s = summaries_by_table([t], summaries, required=False)[t.name]
-            L = mean_lengths.get(name, mean_lengths.get(t.feature))
-            if L is None and s is not None:
-                L = s.mean_length or None
-            share = _hot_share(tp, m["hot_ids"], s) if m["K"] < t.num_rows else 1.0
-            pf_hot = pf_cold = None
-            if L is not None and share is not None:
-                pf_hot, pf_cold = float(L) * share, float(L) * (1.0 - share)
-            notes = list(m["notes"])
-            if pf_hot is None:
-                notes.append("pooling_factors: TorchRec's default [1.0] (pass summaries= to split "
-                             "the mean length by access share)")
-            fn = f"{name}.remap.npy" if _SAFE_NAME.match(name) else f"t{i}.remap.npy"
-            with open(tmp / fn, "wb") as f:
-                np.save(f, m["remap"], allow_pickle=False)
-                f.flush()
-                os.fsync(f.fileno())
-            sha = hashlib.sha256((tmp / fn).read_bytes()).hexdigest()
-            hot = cold = None
-            if m["K"]:
-                hname, hfeat = name + HOT_SUFFIX, t.feature + HOT_SUFFIX
-                constraints[hname] = _constraints(_DATA_PARALLEL, _DENSE, hfeat, pf_hot)
-                configs.append(_config(t, hname, m["K"], hfeat))
-                hot = {"table": hname, "feature": hfeat, "rows": m["K"],
-                       "sharding_type": _DATA_PARALLEL, "global_rows": m["K0"],
-                       "node_rows": m["K1_hot"],
-                       # DDP all-reduces the dense gradient of a data-parallel table every
-                       # iteration (model_parallel.py l.163-190), touched or not
-                       "dense_grad_bytes": m["K"] * t.embedding_bytes}
-            if m["cold"] is not None:
-                cname, cfeat = name + COLD_SUFFIX, t.feature + COLD_SUFFIX
-                constraints[cname] = _constraints(m["cold"]["sharding_type"], _FUSED, cfeat,
-                                                  pf_cold)
-                configs.append(_config(t, cname, m["cold"]["rows"], cfeat))
-                cold = {"table": cname, "feature": cfeat, **m["cold"]}
-                if tp.has_host_tier:
-                    # the RecShard tier: TorchRec keeps such a table in UVM with an HBM cache;
-                    # its load factor is the plan's share of the cold rows kept in HBM (the
-                    # cache picks rows by frequency, as the plan's split does)
-                    host = float(tp.host_rows_per_gpu(topo).sum())
-                    lf = min(1.0, max(0.0, 1.0 - host / max(m["cold"]["rows"], 1)))
-                    constraints[cname]["compute_kernels"] = [_UVM_CACHING]
-                    constraints[cname]["cache_params"] = {"algorithm": "LFU", "load_factor": lf}
-                    cold["host_rows"] = host
-                    cold["hbm_load_factor"] = lf
-            entries.append({
-                "table": name, "source_table": dataclasses.asdict(t),
-                "hot_rows": m["K"], "hot": hot, "cold": cold,
-                "node_replicas": node_replicas if tp.node_ids.size else None,
-                "hot_access_share": share,
-                "row_bytes_per_gpu_max": {"plan": float(pb.max()), "export": float(eb.max())}, "mean_length": None if L is None else float(L),
-                "plan_cold": tp.cold.to_dict(), "plan_tiers": tp.tier_sizes(),
-                "remap": {"file": fn, "dtype": "int64", "shape": [t.num_rows], "sha256": sha},
-                "notes": notes})
-        manifest = {
-            "format": EXPORT_FORMAT, "schema_version": EXPORT_SCHEMA_VERSION,
-            "torchrec_version": TORCHREC_VERSION, "strategy": plan.strategy,
-            "topology": topo.to_dict(), "world_size": topo.num_gpus,
-            "local_world_size": topo.gpus_per_node, "cold_sharding": cold_sharding,
-            "node_replicas": node_replicas,
-            # stored rows (embedding + optimizer state) per GPU, plan vs TorchRec export
-            "row_bytes_per_gpu": {"plan": plan_bytes.tolist(), "export": export_bytes.tolist()},
-            "remap_encoding": "new = remap[id]; new < hot_rows: row new of <table>__hot (feature "
-                              "<feature>__hot); else row new - hot_rows of <table>__cold (feature "
-                              "<feature>__cold)",
-            "files": {"constraints": CONSTRAINTS_FILE, "embedding_configs": CONFIGS_FILE},
-            "tables": entries}
-        _write_json(tmp / CONSTRAINTS_FILE, {
-            "format": "torchrec.ParameterConstraints", "torchrec_version": TORCHREC_VERSION,
-            "schema_version": EXPORT_SCHEMA_VERSION, "constraints": constraints})
-        _write_json(tmp / CONFIGS_FILE, {
-            "format": "torchrec.EmbeddingConfigs", "torchrec_version": TORCHREC_VERSION,
-            "schema_version": EXPORT_SCHEMA_VERSION, "tables": configs})
-        _write_json(tmp / MANIFEST_FILE, manifest)
-        load_torchrec_export(tmp)  # verify before publishing
-        replace_directory(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest
+
+@dataclass
+class _TableExport:
+    """One original table, exported: its manifest entry, the constraints and embedding configs
+    of its new tables, and the bytes of stored rows per GPU under the plan and under TorchRec."""
+
+    entry: dict[str, Any]
+    constraints: dict[str, dict[str, Any]]
+    configs: list[dict[str, Any]]
+    plan_row_bytes: np.ndarray          # bytes per GPU
+    export_row_bytes: np.ndarray        # bytes per GPU
+
+
+def _export_table(tmp: Path, index: int, name: str, tp: TablePlan, topo: Topology,
+                  cold_sharding: str, node_replicas: str,
+                  summaries: Mapping[str, FrequencySummary],
+                  mean_lengths: Mapping[str, float]) -> _TableExport:
+    """Split table ``name`` into its hot and cold TorchRec tables and write its remap array into
+    ``tmp``."""
+    t = tp.table
+    m = _table_mapping(tp, topo, cold_sharding, node_replicas)
+    rows = np.full(topo.num_gpus, m["K"], np.int64)
+    if m["cold"] is not None:
+        rows[np.asarray(m["cold"]["ranks"])] += np.asarray(m["cold"]["shard_rows"])
+    pb = tp.rows_per_gpu(topo) * float(t.row_bytes)
+    eb = rows * float(t.row_bytes)
+    L, share = _length_and_hot_share(name, tp, m, summaries, mean_lengths)
+    pf_hot = pf_cold = None
+    if L is not None and share is not None:
+        pf_hot, pf_cold = float(L) * share, float(L) * (1.0 - share)
+    notes = list(m["notes"])
+    if pf_hot is None:
+        notes.append("pooling_factors: TorchRec's default [1.0] (pass summaries= to split "
+                     "the mean length by access share)")
+    fn = f"{name}.remap.npy" if _SAFE_NAME.match(name) else f"t{index}.remap.npy"
+    sha = write_npy(tmp / fn, m["remap"], mode=0o644)
+    out = _TableExport({}, {}, [], pb, eb)
+    hot = _hot_table(out, name, t, m, pf_hot) if m["K"] else None
+    cold = _cold_table(out, name, tp, topo, m, pf_cold) if m["cold"] is not None else None
+    out.entry = {
+        "table": name, "source_table": dataclasses.asdict(t),
+        "hot_rows": m["K"], "hot": hot, "cold": cold,
+        "node_replicas": node_replicas if tp.node_ids.size else None,
+        "hot_access_share": share,
+        "row_bytes_per_gpu_max": {"plan": float(pb.max()), "export": float(eb.max())},
+        "mean_length": None if L is None else float(L),
+        "plan_cold": tp.cold.to_dict(), "plan_tiers": tp.tier_sizes(),
+        "remap": {"file": fn, "dtype": "int64", "shape": [t.num_rows], "sha256": sha},
+        "notes": notes}
+    return out
+
+
+def _length_and_hot_share(name: str, tp: TablePlan, m: Mapping[str, Any],
+                          summaries: Mapping[str, FrequencySummary],
+                          mean_lengths: Mapping[str, float]) -> tuple[float | None, float | None]:
+    """IDs per sample (given by table name or feature, else the summary's mean length) and the
+    hot rows' access probability (1 when every row is hot; None without a summary)."""
+    t = tp.table
+    s = summaries_by_table([t], summaries, required=False)[t.name]
+    L = mean_lengths.get(name, mean_lengths.get(t.feature))
+    if L is None and s is not None:
+        L = s.mean_length or None
+    share = _hot_share(tp, m["hot_ids"], s) if m["K"] < t.num_rows else 1.0
+    return L, share
+
+
+def _hot_table(out: _TableExport, name: str, t: EmbeddingTable, m: Mapping[str, Any],
+               pooling: float | None) -> dict[str, Any]:
+    """``<name>__hot``: data-parallel, dense kernel; its constraints and config go into ``out``;
+    returns its manifest entry."""
+    hname, hfeat = name + HOT_SUFFIX, t.feature + HOT_SUFFIX
+    out.constraints[hname] = _constraints(_DATA_PARALLEL, _DENSE, hfeat, pooling)
+    out.configs.append(_config(t, hname, m["K"], hfeat))
+    return {"table": hname, "feature": hfeat, "rows": m["K"],
+            "sharding_type": _DATA_PARALLEL, "global_rows": m["K0"],
+            "node_rows": m["K1_hot"],
+            # DDP all-reduces the dense gradient of a data-parallel table every
+            # iteration (model_parallel.py l.163-190), touched or not
+            "dense_grad_bytes": m["K"] * t.embedding_bytes}
+
+
+def _cold_table(out: _TableExport, name: str, tp: TablePlan, topo: Topology,
+                m: Mapping[str, Any], pooling: float | None) -> dict[str, Any]:
+    """``<name>__cold``: the mapping's sharding type, fused kernel (UVM caching when the plan
+    has a host memory tier); its constraints and config go into ``out``; returns its manifest
+    entry."""
+    t = tp.table
+    cname, cfeat = name + COLD_SUFFIX, t.feature + COLD_SUFFIX
+    cons = _constraints(m["cold"]["sharding_type"], _FUSED, cfeat, pooling)
+    out.constraints[cname] = cons
+    out.configs.append(_config(t, cname, m["cold"]["rows"], cfeat))
+    cold = {"table": cname, "feature": cfeat, **m["cold"]}
+    if tp.has_host_tier:
+        # the RecShard tier: TorchRec keeps such a table in UVM with an HBM cache; its load
+        # factor is the plan's share of the cold rows kept in HBM (the cache picks rows by
+        # frequency, as the plan's split does)
+        host = float(tp.host_rows_per_gpu(topo).sum())
+        lf = min(1.0, max(0.0, 1.0 - host / max(m["cold"]["rows"], 1)))
+        cons["compute_kernels"] = [_UVM_CACHING]
+        cons["cache_params"] = {"algorithm": "LFU", "load_factor": lf}
+        cold["host_rows"] = host
+        cold["hbm_load_factor"] = lf
+    return cold
+
+
+def _manifest(plan: Plan, cold_sharding: str, node_replicas: str,
+              parts: list[_TableExport]) -> dict[str, Any]:
+    """``torchrec_export.json``: the export's own format (see the module docstring)."""
+    topo = plan.topology
+    plan_bytes, export_bytes = np.zeros(topo.num_gpus), np.zeros(topo.num_gpus)
+    for p in parts:
+        plan_bytes += p.plan_row_bytes
+        export_bytes += p.export_row_bytes
+    return {
+        "format": EXPORT_FORMAT, "schema_version": EXPORT_SCHEMA_VERSION,
+        "torchrec_version": TORCHREC_VERSION, "strategy": plan.strategy,
+        "topology": topo.to_dict(), "world_size": topo.num_gpus,
+        "local_world_size": topo.gpus_per_node, "cold_sharding": cold_sharding,
+        "node_replicas": node_replicas,
+        # stored rows (embedding + optimizer state) per GPU, plan vs TorchRec export
+        "row_bytes_per_gpu": {"plan": plan_bytes.tolist(), "export": export_bytes.tolist()},
+        "remap_encoding": "new = remap[id]; new < hot_rows: row new of <table>__hot (feature "
+                          "<feature>__hot); else row new - hot_rows of <table>__cold (feature "
+                          "<feature>__cold)",
+        "files": {"constraints": CONSTRAINTS_FILE, "embedding_configs": CONFIGS_FILE},
+        "tables": [p.entry for p in parts]}
 
 
 def _write_json(path: Path, doc: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    """An export JSON file (atomically, ``0o644``; non-finite numbers kept, as ever)."""
+    write_json(path, doc, indent=1, allow_nonfinite=True, mode=0o644)
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no {what} file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FormatError(f"{path}: not valid JSON ({e})") from None
+    """An export JSON file with a ``schema_version`` this module reads; FormatError naming the
+    file otherwise."""
+    if not path.exists():
+        raise FormatError(f"{path}: no {what} file")
+    doc = read_json(path, what, allow_nonfinite=True)
     if not isinstance(doc, dict) or "schema_version" not in doc:
         raise FormatError(f"{path}: not a flexshard_stream {what} (no schema_version)")
     if doc["schema_version"] != EXPORT_SCHEMA_VERSION:
@@ -546,17 +597,8 @@ def load_torchrec_export(path: str | os.PathLike) -> TorchRecExport:
     try:
         for e in doc["tables"]:
             spec = e["remap"]
-            if Path(spec["file"]).name != spec["file"]:
-                raise FormatError(f"{path}: remap file {spec['file']!r} is not a plain name")
+            arr = read_npy(path, spec["file"], spec["sha256"], "remap file")
             f = path / spec["file"]
-            try:
-                raw = f.read_bytes()
-            except FileNotFoundError:
-                raise FormatError(f"{path}: missing remap file {spec['file']}") from None
-            if hashlib.sha256(raw).hexdigest() != spec["sha256"]:
-                raise FormatError(f"{f}: checksum mismatch: the export is damaged")
-            with open(f, "rb") as fh:
-                arr = np.load(fh, allow_pickle=False)
             if arr.dtype != np.int64 or list(arr.shape) != spec["shape"]:
                 raise FormatError(f"{f}: {arr.dtype} {list(arr.shape)}, expected int64 "
                                   f"{spec['shape']}")

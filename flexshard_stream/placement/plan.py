@@ -23,12 +23,8 @@ routing function. Plans are saved as a directory: ``plan.json`` plus ``.npy`` ID
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -37,8 +33,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..formats.container import replace_directory
-from ..formats.files import jsonable
+from ..formats.files import jsonable, read_json, read_npy, staging_directory, write_json, write_npy
 from ..kernels.hashing import host_u_np
 from ..kernels.routing import (
     COLD_HASH,
@@ -545,40 +540,21 @@ class Plan:
 
     # ------------------------------------------------------------------ files
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write ``plan.json`` and the ``.npy`` ID arrays into ``directory`` atomically."""
+        """Write ``plan.json`` and the ``.npy`` ID arrays into ``directory`` atomically: built in a
+        temporary sibling, verified by :meth:`load`, then renamed into place
+        (:func:`~flexshard_stream.formats.files.staging_directory`)."""
         directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-        try:
-            tables = []
-            for i, (name, tp) in enumerate(self.tables.items()):
-                arrays = {}
-                for a in ("global_ids", "node_ids", "node_local", "placed_ids", "placed_gpus",
-                          "hbm_fraction"):
-                    fn = f"t{i}.{a}.npy"
-                    arr = getattr(tp, a)
-                    with open(tmp / fn, "wb") as f:
-                        np.save(f, arr, allow_pickle=False)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    arrays[a] = {"file": fn, "dtype": arr.dtype.name, "shape": list(arr.shape),
-                                 "sha256": hashlib.sha256((tmp / fn).read_bytes()).hexdigest()}
-                tables.append({"table": dataclasses.asdict(tp.table), "cold": tp.cold.to_dict(),
-                               "tiers": tp.tier_sizes(), "arrays": arrays})
+        with staging_directory(directory) as tmp:
+            tables = [{"table": dataclasses.asdict(tp.table), "cold": tp.cold.to_dict(),
+                       "tiers": tp.tier_sizes(), "arrays": _save_arrays(tmp, i, tp)}
+                      for i, tp in enumerate(self.tables.values())]
             doc = {"schema_version": PLAN_SCHEMA_VERSION, "strategy": self.strategy,
                    "topology": self.topology.to_dict(), "tables": tables,
                    "memory_per_gpu_bytes": self.row_bytes_per_gpu.tolist(),
                    "host_memory_per_gpu_bytes": self.host_bytes_per_gpu.tolist(),
                    "meta": _meta_json(self.meta)}
-            with open(tmp / "plan.json", "w") as f:
-                json.dump(doc, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
+            write_json(tmp / "plan.json", doc, indent=1, allow_nonfinite=True, mode=0o644)
             Plan.load(tmp)  # verify before publishing
-            replace_directory(tmp, directory)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return directory
 
     @classmethod
@@ -586,12 +562,9 @@ class Plan:
         """Read a plan directory, verifying version, shapes, dtypes and checksums."""
         directory = Path(directory)
         pj = directory / "plan.json"
-        try:
-            doc = json.loads(pj.read_text())
-        except FileNotFoundError:
-            raise FormatError(f"{directory}: not a plan directory (no plan.json)") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise FormatError(f"{pj}: not valid JSON ({e})") from None
+        if not pj.exists():
+            raise FormatError(f"{directory}: not a plan directory (no plan.json)")
+        doc = read_json(pj, "plan.json", allow_nonfinite=True)
         if not isinstance(doc, dict) or "schema_version" not in doc:
             raise FormatError(f"{pj}: not a flexshard_stream plan (no schema_version)")
         if doc["schema_version"] != PLAN_SCHEMA_VERSION:
@@ -599,33 +572,45 @@ class Plan:
                               f"(this flexshard_stream reads version {PLAN_SCHEMA_VERSION})")
         try:
             topo = Topology.from_dict(doc["topology"])
-            tps = []
-            for entry in doc["tables"]:
-                table = EmbeddingTable(**entry["table"])
-                arrs = {}
-                for a, spec in entry["arrays"].items():
-                    f = directory / spec["file"]
-                    if Path(spec["file"]).name != spec["file"]:
-                        raise FormatError(f"{pj}: array file {spec['file']!r} is not a plain name")
-                    try:
-                        raw = f.read_bytes()
-                    except FileNotFoundError:
-                        raise FormatError(f"{directory}: missing array file {spec['file']}") from None
-                    if hashlib.sha256(raw).hexdigest() != spec["sha256"]:
-                        raise FormatError(f"{f}: checksum mismatch: the plan is damaged")
-                    with open(f, "rb") as fh:
-                        arr = np.load(fh, allow_pickle=False)
-                    if arr.dtype.name != spec["dtype"] or list(arr.shape) != spec["shape"]:
-                        raise FormatError(f"{f}: shape {arr.shape} {arr.dtype} does not match "
-                                          f"plan.json ({spec['shape']} {spec['dtype']})")
-                    arrs[a] = arr
-                tps.append(TablePlan(table, ColdSharding.from_dict(entry["cold"]), **arrs))
+            tps = [TablePlan(EmbeddingTable(**entry["table"]),
+                             ColdSharding.from_dict(entry["cold"]),
+                             **_load_arrays(directory, entry["arrays"]))
+                   for entry in doc["tables"]]
             plan = cls(doc["strategy"], topo, tps, doc.get("meta", {}))
         except FormatError:
             raise
         except (KeyError, TypeError, ValueError) as e:
             raise FormatError(f"{pj}: inconsistent plan ({type(e).__name__}: {e})") from None
         return plan
+
+
+_TABLE_ARRAYS = ("global_ids", "node_ids", "node_local", "placed_ids", "placed_gpus",
+                 "hbm_fraction")
+
+
+def _save_arrays(directory: Path, index: int, tp: TablePlan) -> dict[str, dict[str, Any]]:
+    """Write table ``index``'s tier arrays as ``t<index>.<array>.npy`` into ``directory``; returns
+    their ``plan.json`` entries (file, dtype, shape, SHA-256 of the file's bytes)."""
+    out = {}
+    for a in _TABLE_ARRAYS:
+        fn = f"t{index}.{a}.npy"
+        arr = getattr(tp, a)
+        sha = write_npy(directory / fn, arr, mode=0o644)
+        out[a] = {"file": fn, "dtype": arr.dtype.name, "shape": list(arr.shape), "sha256": sha}
+    return out
+
+
+def _load_arrays(directory: Path, specs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The tier arrays of one table, each checked against its ``plan.json`` entry (plain file
+    name, checksum, dtype, shape); FormatError naming the file otherwise."""
+    arrs = {}
+    for a, spec in specs.items():
+        arr = read_npy(directory, spec["file"], spec["sha256"], "plan array file")
+        if arr.dtype.name != spec["dtype"] or list(arr.shape) != spec["shape"]:
+            raise FormatError(f"{directory / spec['file']}: shape {arr.shape} {arr.dtype} does "
+                              f"not match plan.json ({spec['shape']} {spec['dtype']})")
+        arrs[a] = arr
+    return arrs
 
 
 def _meta_json(meta: Any) -> Any:

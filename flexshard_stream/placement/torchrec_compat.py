@@ -52,7 +52,7 @@ planner's ``NoopPerfModel`` rates a plan as the maximum over ranks of the summed
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -176,27 +176,16 @@ def _positive_float(name: str, value: Any) -> float:
     return v
 
 
-def torchrec_shard_comm(sharding: str,
-                        kind: str,
-                        batch_size: int,
-                        world_size: int,
-                        local_world_size: int,
-                        num_rows: int,
-                        dim: int,
-                        element_bytes: int,
-                        mean_length: float,
-                        num_shards: int | None = None,
-                        *,
+def torchrec_shard_comm(sharding: str, kind: str, batch_size: int, world_size: int,
+                        local_world_size: int, num_rows: int, dim: int, element_bytes: int,
+                        mean_length: float, num_shards: int | None = None, *,
                         intra_host_bw: float = TORCHREC_INTRA_HOST_BW,
                         inter_host_bw: float = TORCHREC_INTER_HOST_BW,
-                        device_bw: float = TORCHREC_HBM_MEM_BW,
-                        pod_size: int | None = None,
-                        num_poolings: float = 1.0,
-                        is_weighted: bool = False,
-                        fwd_a2a_bytes: float | None = None,
-                        bwd_a2a_bytes: float | None = None,
-                        fwd_rs_bytes: float | None = None,
-                        bwd_rs_bytes: float | None = None) -> dict[str, Any]:
+                        device_bw: float = TORCHREC_HBM_MEM_BW, pod_size: int | None = None,
+                        num_poolings: float = 1.0, is_weighted: bool = False,
+                        fwd_a2a_bytes: float | None = None, bwd_a2a_bytes: float | None = None,
+                        fwd_rs_bytes: float | None = None, bwd_rs_bytes: float | None = None
+                        ) -> dict[str, Any]:
     """Communication bytes and times TorchRec 1.8 charges ONE shard of a table, and the table.
 
     Parameters
@@ -247,6 +236,76 @@ def torchrec_shard_comm(sharding: str,
     ``note``
         what was modelled and what TorchRec leaves out.
     """
+    _check_shard(sharding, kind, batch_size, world_size, local_world_size, num_rows, dim,
+                 element_bytes, pod_size)
+    L = _mean_length(mean_length)
+    num_poolings = _positive_float("num_poolings", num_poolings)
+    comms = _Collectives(_positive_float("intra_host_bw", intra_host_bw),
+                         _positive_float("inter_host_bw", inter_host_bw))
+    device_bw = _positive_float("device_bw", device_bw)
+    dt = _CommDtypes.of(element_bytes, fwd_a2a_bytes, bwd_a2a_bytes, fwd_rs_bytes, bwd_rs_bytes)
+    num_shards = _num_shards(sharding, world_size, local_world_size, pod_size, num_shards)
+    pooled = kind == "pooled"
+    W, LW = world_size, local_world_size
+    batch_inputs = torchrec_batch_inputs(batch_size, L, num_poolings)
+    batch_outputs = torchrec_batch_outputs(batch_size, L, pooled, num_poolings)
+    if sharding == "table_wise":
+        copy_bytes = _table_wise_comms(comms, batch_outputs, W, LW, dim, dt)
+    elif sharding == "row_wise":
+        copy_bytes = _row_wise_comms(comms, batch_outputs, pooled, W, LW, dim, dt)
+    else:
+        copy_bytes = _table_row_wise_comms(comms, batch_outputs, pooled, W, LW, dim, dt,
+                                           pod_size)
+    result: dict[str, Any] = {
+        "sharding": sharding, "kind": kind, "num_rows": num_rows, "num_shards": num_shards,
+        "batch_inputs": batch_inputs, "batch_outputs": batch_outputs,
+        **_shard_totals(comms, copy_bytes, device_bw, batch_inputs, W, LW),
+        "note": _shard_note(sharding, kind, W > LW),
+    }
+    for key in ("fwd_comm", "bwd_comm", "bwd_network", "bwd_batched_copy", "input_dist",
+                "score_comm"):
+        result[f"{key}_ms"] = result[f"{key}_s"] * 1000.0
+    for key in ("fwd_comm_bytes", "bwd_comm_bytes", "input_dist_bytes", "fwd_comm_s",
+                "bwd_comm_s", "input_dist_s", "score_comm_s"):
+        result[f"table_{key}"] = result[key] * num_shards
+    return result
+
+
+def _shard_totals(comms: _Collectives, copy_bytes: float, device_bw: float,
+                  batch_inputs: float, W: int, LW: int) -> dict[str, Any]:
+    """Bytes (per iteration) and seconds of one shard's forward and backward passes, its batched
+    copy and its input dist, from the collectives charged (see :func:`torchrec_shard_comm`)."""
+    # estimator.py l.111-130 (_compute_batched_copy), used by RW l.1306-1313 and TWRW l.1497-1505:
+    #   return output_size * BATCHED_COPY_PERF_FACTOR / device_bw   (added into bwd_comms)
+    bwd_copy_s = copy_bytes * TORCHREC_BATCHED_COPY_PERF_FACTOR / device_bw
+    # estimator.py l.1027-1072 (_default_input_dist_comms), same for TW, RW and TWRW:
+    #   input_read_size = math.ceil(ctx.batch_inputs * ctx.world_size * ctx.input_data_type_size)
+    #   comms_bw = get_bw(world_size=ctx.world_size, local_world_size=..., ALL_TO_ALL)
+    # computed without the is_weighted doubling, and NOT part of Perf.total (types.py l.99-105).
+    input_dist_bytes = float(math.ceil(batch_inputs * W * TORCHREC_BIGINT_DTYPE))
+    input_dist_s = input_dist_bytes / torchrec_comms_bw(_A2A, W, LW, comms.intra_host_bw,
+                                                        comms.inter_host_bw)
+    fwd = [c for c in comms.components if c["pass"] == "fwd"]
+    bwd = [c for c in comms.components if c["pass"] == "bwd"]
+    fwd_s = sum(c["seconds"] for c in fwd)
+    bwd_net_s = sum(c["seconds"] for c in bwd)
+    bwd_s = bwd_net_s + bwd_copy_s
+    return {"fwd_comm_bytes": sum(c["bytes"] for c in fwd),
+            "bwd_comm_bytes": sum(c["bytes"] for c in bwd),
+            "input_dist_bytes": input_dist_bytes, "bwd_batched_copy_bytes": copy_bytes,
+            "fwd_comm_s": fwd_s, "bwd_comm_s": bwd_s, "bwd_network_s": bwd_net_s,
+            "bwd_batched_copy_s": bwd_copy_s, "input_dist_s": input_dist_s,
+            "score_comm_s": fwd_s + bwd_s,
+            "fwd_links": tuple(c["link"] for c in fwd),
+            "bwd_links": tuple(c["link"] for c in bwd),
+            "components": tuple(comms.components)}
+
+
+def _check_shard(sharding: str, kind: str, batch_size: Any, world_size: Any,
+                 local_world_size: Any, num_rows: Any, dim: Any, element_bytes: Any,
+                 pod_size: Any) -> None:
+    """The shape arguments of :func:`torchrec_shard_comm` (ConfigError naming the bad one):
+    hosts hold equal numbers of ranks, a pod divides the job."""
     _check_sharding(sharding)
     if kind not in KINDS:
         raise ConfigError(f"kind {kind!r} is not modelled; expected 'sequence' or 'pooled'")
@@ -264,137 +323,137 @@ def torchrec_shard_comm(sharding: str,
         if pod_size * local_world_size > world_size or world_size % (pod_size * local_world_size):
             raise ConfigError(f"pod_size {pod_size} x local_world_size {local_world_size} must "
                               f"divide world_size {world_size}")
+
+
+def _mean_length(mean_length: Any) -> float:
+    """``mean_length`` as a finite number >= 0 (IDs per sample)."""
     try:
         L = float(mean_length)
     except (TypeError, ValueError):
         raise ConfigError(f"mean_length must be a number, got {mean_length!r}") from None
     if not math.isfinite(L) or L < 0:
         raise ConfigError(f"mean_length must be a finite number >= 0, got {mean_length!r}")
-    num_poolings = _positive_float("num_poolings", num_poolings)
-    intra_host_bw = _positive_float("intra_host_bw", intra_host_bw)
-    inter_host_bw = _positive_float("inter_host_bw", inter_host_bw)
-    device_bw = _positive_float("device_bw", device_bw)
-    e = float(element_bytes)
-    fwd_a2a = e if fwd_a2a_bytes is None else _positive_float("fwd_a2a_bytes", fwd_a2a_bytes)
-    bwd_a2a = e if bwd_a2a_bytes is None else _positive_float("bwd_a2a_bytes", bwd_a2a_bytes)
-    fwd_rs = e if fwd_rs_bytes is None else _positive_float("fwd_rs_bytes", fwd_rs_bytes)
-    bwd_rs = e if bwd_rs_bytes is None else _positive_float("bwd_rs_bytes", bwd_rs_bytes)
+    return L
 
+
+def _num_shards(sharding: str, world_size: int, local_world_size: int, pod_size: int | None,
+                num_shards: Any) -> int:
+    """TorchRec's own shard count (TW 1, RW ``world_size``, TWRW ``intra_group_size``); any
+    other ``num_shards`` is refused (TorchRec's per-shard formulas do not depend on it)."""
     default_shards = torchrec_default_num_shards(sharding, world_size, local_world_size, pod_size)
     if num_shards is None:
-        num_shards = default_shards
-    elif _positive_int("num_shards", num_shards) != default_shards:
+        return default_shards
+    if _positive_int("num_shards", num_shards) != default_shards:
         raise ConfigError(f"num_shards {num_shards} for {sharding}: TorchRec 1.8 always makes "
                           f"{default_shards} shard(s) here (TW 1, RW world_size, TWRW "
                           f"intra_group_size); pass None")
+    return num_shards
 
-    pooled = kind == "pooled"
-    W, LW, D = world_size, local_world_size, dim
-    batch_inputs = torchrec_batch_inputs(batch_size, L, num_poolings)
-    batch_outputs = torchrec_batch_outputs(batch_size, L, pooled, num_poolings)
-    components: list[dict[str, Any]] = []
 
-    def charge(pass_: str, collective: str, nbytes: float, coll_world: int, coll_local: int) -> None:
+class _CommDtypes(NamedTuple):
+    """Bytes per element of the comms (qcomm codecs): forward / backward all-to-all and
+    reduce-scatter (TorchRec's SR dtype)."""
+
+    fwd_a2a: float
+    bwd_a2a: float
+    fwd_rs: float
+    bwd_rs: float
+
+    @classmethod
+    def of(cls, element_bytes: int, fwd_a2a: Any, bwd_a2a: Any, fwd_rs: Any, bwd_rs: Any
+           ) -> "_CommDtypes":
+        """The given sizes (checked), ``element_bytes`` where None (no qcomm codec)."""
+        e = float(element_bytes)
+        return cls(*(e if v is None else _positive_float(f"{n}_bytes", v) for n, v in (
+            ("fwd_a2a", fwd_a2a), ("bwd_a2a", bwd_a2a), ("fwd_rs", fwd_rs), ("bwd_rs", bwd_rs))))
+
+
+class _Collectives:
+    """The collectives of one shard as TorchRec charges them, with the bandwidths (bytes/s)."""
+
+    def __init__(self, intra_host_bw: float, inter_host_bw: float):
+        self.intra_host_bw = intra_host_bw
+        self.inter_host_bw = inter_host_bw
+        self.components: list[dict[str, Any]] = []
+
+    def charge(self, pass_: str, collective: str, nbytes: float, coll_world: int,
+               coll_local: int) -> None:
+        """One collective of ``nbytes`` bytes over ``coll_world`` ranks, ``coll_local`` per host."""
         # estimator.py l.102-109 (_compute_collective_comms): comms_bw = get_bw(world_size=...,
         # local_world_size=..., collective_type=...); return output_size / comms_bw
-        bandwidth = torchrec_comms_bw(collective, coll_world, coll_local, intra_host_bw,
-                                      inter_host_bw)
+        bandwidth = torchrec_comms_bw(collective, coll_world, coll_local, self.intra_host_bw,
+                                      self.inter_host_bw)
         link = "intra" if coll_world <= coll_local else "inter"
-        components.append({"pass": pass_, "collective": collective, "link": link,
-                           "bytes": float(nbytes), "bandwidth": bandwidth,
-                           "seconds": float(nbytes) / bandwidth})
+        self.components.append({"pass": pass_, "collective": collective, "link": link,
+                                "bytes": float(nbytes), "bandwidth": bandwidth,
+                                "seconds": float(nbytes) / bandwidth})
 
-    if sharding == "table_wise":
-        # TableWiseEvaluator, estimator.py l.1132-1155, with the base _get_output_write_size l.581:
-        #   return ctx.batch_outputs * ctx.world_size * ctx.emb_dim * data_type_size
-        # and _get_comm_data_type_size l.583-601 (A2A dtype); one world-wide ALL_TO_ALL each way.
-        charge("fwd", _A2A, batch_outputs * W * D * fwd_a2a, W, LW)
-        charge("bwd", _A2A, batch_outputs * W * D * bwd_a2a, W, LW)
-        copy_bytes = 0.0
-    elif sharding == "row_wise":
-        # RowWiseEvaluator, estimator.py l.1207-1238 (_get_output_write_size):
-        #   pooled:   ctx.batch_outputs * ctx.world_size * ctx.emb_dim * data_type_size
-        #   sequence: ctx.batch_outputs / world_size * ctx.world_size * ctx.emb_dim * data_type_size
-        # l.1240-1253: SR dtype if pooled else A2A dtype.
-        # l.1281-1313: fwd REDUCE_SCATTER, bwd ALL_GATHER (+ batched copy), world-wide.
-        f_dt, b_dt = (fwd_rs, bwd_rs) if pooled else (fwd_a2a, bwd_a2a)
-        out = batch_outputs * W * D if pooled else batch_outputs / W * W * D
-        charge("fwd", _RS, out * f_dt, W, LW)
-        charge("bwd", _AG, out * b_dt, W, LW)
-        copy_bytes = out * b_dt
-    else:  # table_row_wise
-        # TableRowWiseEvaluator, estimator.py l.1319-1509. Group = intra_group_size ranks
-        # (estimator/types.py l.803-805: num_twrw_groups = max(1, world_size // intra_group_size)).
-        igs = _intra_group_size(LW, pod_size)
-        groups = max(1, W // igs)
-        # l.1372-1388: pooled batch_outputs * world_size * emb_dim * dt;
-        #              sequence batch_outputs / intra_group_size * world_size * emb_dim * dt
-        # l.1390-1395: always the SR dtype for this intra-group part.
-        out = batch_outputs * W * D if pooled else batch_outputs / igs * W * D
-        intra_local = min(igs, LW)  # l.1433: intra_local_world_size = min(igs, lws)
-        # l.1434-1439 fwd: REDUCE_SCATTER(world_size=igs, local_world_size=min(igs, lws))
-        charge("fwd", _RS, out * fwd_rs, igs, intra_local)
-        if groups > 1:
-            # l.1445-1457: if num_groups > 1: batch_outputs * num_groups * emb_dim * fwd_a2a,
-            # ALL_TO_ALL(world_size=num_groups, local_world_size=1). NB: batch_outputs is NOT
-            # divided by the group size here, for sequence tables either.
-            charge("fwd", _A2A, batch_outputs * groups * D * fwd_a2a, groups, 1)
-            # l.1473-1485: same for bwd with bwd_a2a
-            charge("bwd", _A2A, batch_outputs * groups * D * bwd_a2a, groups, 1)
-        # l.1489-1494 bwd: ALL_GATHER(world_size=igs, local_world_size=min(igs, lws)); + copy
-        charge("bwd", _AG, out * bwd_rs, igs, intra_local)
-        copy_bytes = out * bwd_rs
 
-    # estimator.py l.111-130 (_compute_batched_copy), used by RW l.1306-1313 and TWRW l.1497-1505:
-    #   return output_size * BATCHED_COPY_PERF_FACTOR / device_bw   (added into bwd_comms)
-    bwd_copy_s = copy_bytes * TORCHREC_BATCHED_COPY_PERF_FACTOR / device_bw
+def _table_wise_comms(c: _Collectives, batch_outputs: float, W: int, LW: int, D: int,
+                      dt: _CommDtypes) -> float:
+    """TW: one world-wide all-to-all each way; no batched copy (returns 0 bytes)."""
+    # TableWiseEvaluator, estimator.py l.1132-1155, with the base _get_output_write_size l.581:
+    #   return ctx.batch_outputs * ctx.world_size * ctx.emb_dim * data_type_size
+    # and _get_comm_data_type_size l.583-601 (A2A dtype); one world-wide ALL_TO_ALL each way.
+    c.charge("fwd", _A2A, batch_outputs * W * D * dt.fwd_a2a, W, LW)
+    c.charge("bwd", _A2A, batch_outputs * W * D * dt.bwd_a2a, W, LW)
+    return 0.0
 
-    # estimator.py l.1027-1072 (_default_input_dist_comms), same for TW, RW and TWRW:
-    #   input_read_size = math.ceil(ctx.batch_inputs * ctx.world_size * ctx.input_data_type_size)
-    #   comms_bw = get_bw(world_size=ctx.world_size, local_world_size=..., ALL_TO_ALL)
-    # computed without the is_weighted doubling, and NOT part of Perf.total (types.py l.99-105).
-    input_dist_bytes = float(math.ceil(batch_inputs * W * TORCHREC_BIGINT_DTYPE))
-    input_bw = torchrec_comms_bw(_A2A, W, LW, intra_host_bw, inter_host_bw)
-    input_dist_s = input_dist_bytes / input_bw
 
-    fwd = [c for c in components if c["pass"] == "fwd"]
-    bwd = [c for c in components if c["pass"] == "bwd"]
-    fwd_bytes = sum(c["bytes"] for c in fwd)
-    bwd_bytes = sum(c["bytes"] for c in bwd)
-    fwd_s = sum(c["seconds"] for c in fwd)
-    bwd_net_s = sum(c["seconds"] for c in bwd)
-    bwd_s = bwd_net_s + bwd_copy_s
+def _row_wise_comms(c: _Collectives, batch_outputs: float, pooled: bool, W: int, LW: int,
+                    D: int, dt: _CommDtypes) -> float:
+    """RW: world-wide reduce-scatter forward, all-gather backward; returns the bytes of the
+    backward batched copy."""
+    # RowWiseEvaluator, estimator.py l.1207-1238 (_get_output_write_size):
+    #   pooled:   ctx.batch_outputs * ctx.world_size * ctx.emb_dim * data_type_size
+    #   sequence: ctx.batch_outputs / world_size * ctx.world_size * ctx.emb_dim * data_type_size
+    # l.1240-1253: SR dtype if pooled else A2A dtype.
+    # l.1281-1313: fwd REDUCE_SCATTER, bwd ALL_GATHER (+ batched copy), world-wide.
+    f_dt, b_dt = (dt.fwd_rs, dt.bwd_rs) if pooled else (dt.fwd_a2a, dt.bwd_a2a)
+    out = batch_outputs * W * D if pooled else batch_outputs / W * W * D
+    c.charge("fwd", _RS, out * f_dt, W, LW)
+    c.charge("bwd", _AG, out * b_dt, W, LW)
+    return out * b_dt
 
-    spans_hosts = W > LW
-    note = (f"TorchRec {TORCHREC_VERSION} ({sharding}, {kind}): per-shard Perf comm terms, uniform "
-            f"access, no de-duplication; "
+
+def _table_row_wise_comms(c: _Collectives, batch_outputs: float, pooled: bool, W: int, LW: int,
+                          D: int, dt: _CommDtypes, pod_size: int | None) -> float:
+    """TWRW: reduce-scatter / all-gather inside a group, all-to-all between groups; returns the
+    bytes of the backward batched copy."""
+    # TableRowWiseEvaluator, estimator.py l.1319-1509. Group = intra_group_size ranks
+    # (estimator/types.py l.803-805: num_twrw_groups = max(1, world_size // intra_group_size)).
+    igs = _intra_group_size(LW, pod_size)
+    groups = max(1, W // igs)
+    # l.1372-1388: pooled batch_outputs * world_size * emb_dim * dt;
+    #              sequence batch_outputs / intra_group_size * world_size * emb_dim * dt
+    # l.1390-1395: always the SR dtype for this intra-group part.
+    out = batch_outputs * W * D if pooled else batch_outputs / igs * W * D
+    intra_local = min(igs, LW)  # l.1433: intra_local_world_size = min(igs, lws)
+    # l.1434-1439 fwd: REDUCE_SCATTER(world_size=igs, local_world_size=min(igs, lws))
+    c.charge("fwd", _RS, out * dt.fwd_rs, igs, intra_local)
+    if groups > 1:
+        # l.1445-1457: if num_groups > 1: batch_outputs * num_groups * emb_dim * fwd_a2a,
+        # ALL_TO_ALL(world_size=num_groups, local_world_size=1). NB: batch_outputs is NOT
+        # divided by the group size here, for sequence tables either.
+        c.charge("fwd", _A2A, batch_outputs * groups * D * dt.fwd_a2a, groups, 1)
+        # l.1473-1485: same for bwd with bwd_a2a
+        c.charge("bwd", _A2A, batch_outputs * groups * D * dt.bwd_a2a, groups, 1)
+    # l.1489-1494 bwd: ALL_GATHER(world_size=igs, local_world_size=min(igs, lws)); + copy
+    c.charge("bwd", _AG, out * dt.bwd_rs, igs, intra_local)
+    return out * dt.bwd_rs
+
+
+def _shard_note(sharding: str, kind: str, spans_hosts: bool) -> str:
+    """What :func:`torchrec_shard_comm` modelled and what TorchRec leaves out."""
+    return (f"TorchRec {TORCHREC_VERSION} ({sharding}, {kind}): per-shard Perf comm terms, "
+            f"uniform access, no de-duplication; "
             + ("job spans hosts, so world-wide collectives are charged at inter_host_bw; "
                if spans_hosts else "single host, all collectives at intra_host_bw; ")
             + "input dist (8 B/index) computed but excluded from Perf.total; "
               "bwd_comm includes the device batched copy for RW/TWRW"
             + ("; NB: TorchRec 1.8's EmbeddingCollectionSharder does not offer table_row_wise, "
                "so the planner never proposes this (formula evaluated as written)"
-               if sharding == "table_row_wise" and not pooled else ""))
-
-    result: dict[str, Any] = {
-        "sharding": sharding, "kind": kind, "num_rows": num_rows, "num_shards": num_shards,
-        "batch_inputs": batch_inputs, "batch_outputs": batch_outputs,
-        "fwd_comm_bytes": fwd_bytes, "bwd_comm_bytes": bwd_bytes,
-        "input_dist_bytes": input_dist_bytes, "bwd_batched_copy_bytes": copy_bytes,
-        "fwd_comm_s": fwd_s, "bwd_comm_s": bwd_s, "bwd_network_s": bwd_net_s,
-        "bwd_batched_copy_s": bwd_copy_s, "input_dist_s": input_dist_s,
-        "score_comm_s": fwd_s + bwd_s,
-        "fwd_links": tuple(c["link"] for c in fwd), "bwd_links": tuple(c["link"] for c in bwd),
-        "components": tuple(components),
-        "note": note,
-    }
-    for key in ("fwd_comm", "bwd_comm", "bwd_network", "bwd_batched_copy", "input_dist",
-                "score_comm"):
-        result[f"{key}_ms"] = result[f"{key}_s"] * 1000.0
-    for key in ("fwd_comm_bytes", "bwd_comm_bytes", "input_dist_bytes", "fwd_comm_s",
-                "bwd_comm_s", "input_dist_s", "score_comm_s"):
-        result[f"table_{key}"] = result[key] * num_shards
-    return result
+               if sharding == "table_row_wise" and kind != "pooled" else ""))
 
 
 def torchrec_sharding_of(tp: Any, topo: Any) -> str:

@@ -2,7 +2,7 @@
 
 A trace is cut into *windows* of ``samples_per_window`` samples; window ``w`` is drawn from a
 distribution that depends on the scenario and on ``w`` only (never on how many windows are asked for,
-nor on the batch size). Scenarios (:data:`SCENARIOS`):
+nor on the samples per batch). Scenarios (:data:`SCENARIOS`):
 
 - ``"stationary"``: no drift (the control). Same distribution and same rank -> ID permutation as
   :func:`flexshard_stream.sources.synth.generate` with the same seed.
@@ -35,6 +35,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..compat import renamed_keywords
 from ..errors import ConfigError
 from ..stats.batch import Batch
 from .synth import (
@@ -265,12 +266,12 @@ def scenario(name: str, **params: Any) -> DriftSpec:
 
 # ================================================================== rank <-> ID maps
 def _derived_seed(table: TableSpec, seed: int, j: int) -> int:
-    ss = np.random.SeedSequence(seed, spawn_key=(3, *table._key(), j))
+    ss = np.random.SeedSequence(seed, spawn_key=(3, *table.seed_key, j))
     return int(ss.generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def _window_rng(table: TableSpec, seed: int, window: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2, *table._key(), window)))
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2, *table.seed_key, window)))
 
 
 class _Maps:
@@ -349,17 +350,19 @@ def _sample_ids(maps: _Maps, window: int, n: int, rng: np.random.Generator) -> n
 
 
 # ================================================================== generation
+@renamed_keywords(batch_size="samples_per_batch")
 def generate_windows(tables: Sequence[TableSpec], spec: DriftSpec, num_windows: int,
-                     samples_per_window: int, batch_size: int, seed: int = 0, *,
+                     samples_per_window: int, samples_per_batch: int, seed: int = 0, *,
                      start_ts: float = 0.0, samples_per_second: float = 1000.0
                      ) -> Iterator[list[Batch]]:
     """Generate a drifting trace lazily, one window (a list of batches) at a time.
 
     Window ``w`` holds samples ``w * samples_per_window ...`` of the trace, cut into batches of
-    ``batch_size`` samples (the window's last batch may be shorter; batches never straddle windows).
-    Each sample has, per table, a length from the table's length distribution and that many IDs
-    drawn from the window's distribution. Window ``w`` depends only on ``(tables[i], spec, w,
-    samples_per_window, seed)``: not on ``num_windows``, ``batch_size`` or the other tables.
+    ``samples_per_batch`` samples (the window's last batch may be shorter; batches never straddle
+    windows). Each sample has, per table, a length from the table's length distribution and that
+    many IDs drawn from the window's distribution. Window ``w`` depends only on ``(tables[i], spec,
+    w, samples_per_window, seed)``: not on ``num_windows``, ``samples_per_batch`` or the other
+    tables.
 
     Parameters
     ----------
@@ -371,8 +374,8 @@ def generate_windows(tables: Sequence[TableSpec], spec: DriftSpec, num_windows: 
         Windows to generate, >= 0.
     samples_per_window : int
         Samples per window, >= 1.
-    batch_size : int
-        Samples per batch, >= 1.
+    samples_per_batch : int
+        Samples per yielded batch, >= 1 (``batch_size``: its deprecated name, one release).
     seed : int
         Trace seed, >= 0.
     start_ts : float
@@ -400,16 +403,16 @@ def generate_windows(tables: Sequence[TableSpec], spec: DriftSpec, num_windows: 
         spec.check_table(t)
     num_windows = checked_int(num_windows, "num_windows", 0)
     samples_per_window = checked_int(samples_per_window, "samples_per_window", 1)
-    batch_size = checked_int(batch_size, "batch_size", 1)
+    samples_per_batch = checked_int(samples_per_batch, "samples_per_batch", 1)
     seed = checked_int(seed, "seed", 0)
     start_ts = _float(start_ts, "start_ts (seconds)")
     sps = _float(samples_per_second, "samples_per_second", 0.0, lo_open=True)
-    return _generate_windows(tables, spec, num_windows, samples_per_window, batch_size, seed,
-                             start_ts, sps)
+    return _generate_windows(tables, spec, num_windows, samples_per_window, samples_per_batch,
+                             seed, start_ts, sps)
 
 
 def _generate_windows(tables: tuple[TableSpec, ...], spec: DriftSpec, num_windows: int, spw: int,
-                      batch_size: int, seed: int, start_ts: float, sps: float
+                      samples_per_batch: int, seed: int, start_ts: float, sps: float
                       ) -> Iterator[list[Batch]]:
     keys = tuple(t.name for t in tables)
     maps = [_Maps(t, spec, seed) for t in tables]
@@ -423,8 +426,8 @@ def _generate_windows(tables: tuple[TableSpec, ...], spec: DriftSpec, num_window
         offs = [np.concatenate([[0], np.cumsum(l)]) for l in lens_all]
         ts_all = start_ts + np.arange(w * spw, (w + 1) * spw, dtype=np.float64) / sps
         window = []
-        for start in range(0, spw, batch_size):
-            stop = min(start + batch_size, spw)
+        for start in range(0, spw, samples_per_batch):
+            stop = min(start + samples_per_batch, spw)
             lengths = np.concatenate([l[start:stop] for l in lens_all])
             values = np.concatenate([v[o[start]:o[stop]] for v, o in zip(vals_all, offs)])
             window.append(Batch(keys, values, lengths, timestamp=ts_all[start:stop]))

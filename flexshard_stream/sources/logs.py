@@ -59,11 +59,12 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from ..compat import renamed_keywords, renamed_property
 from ..errors import LogError
 from ..stats.batch import Batch
 
-__all__ = ["LogSchema", "LogReader", "inspect_log", "read_log", "log_max_ids", "REASONS",
-           "TS_COLUMN"]
+__all__ = ["LogSchema", "LogFileInfo", "LogReader", "inspect_log", "read_log", "log_max_ids",
+           "REASONS", "TS_COLUMN"]
 
 Kind = Literal["single", "sequence"]
 PathLike = Union[str, "os.PathLike[str]"]
@@ -105,6 +106,29 @@ class LogSchema:
     def keys(self) -> tuple[str, ...]:
         """Feature names, in order (the ``keys`` of the batches)."""
         return tuple(self.features)
+
+
+@dataclass(frozen=True)
+class LogFileInfo:
+    """One file of a log, as the reader found it (:attr:`LogReader.file_infos`).
+
+    Attributes
+    ----------
+    path : Path
+    format : {"parquet", "csv"}
+    num_rows : int or None
+        Data rows from the parquet footer (bad rows included); None for CSV (count them with
+        :meth:`data_rows`).
+    """
+
+    path: Path
+    format: str
+    num_rows: int | None
+
+    def data_rows(self) -> int:
+        """Data rows of the file, bad rows included: the parquet footer, or the CSV line count
+        (:func:`csv_data_rows`, one pass over the file)."""
+        return int(self.num_rows) if self.num_rows is not None else csv_data_rows(self.path)
 
 
 @dataclass
@@ -629,11 +653,11 @@ class _Part:
 
 
 class _Rebatcher:
-    """Cuts a stream of parts into batches of exactly ``batch_size`` samples (the last smaller)."""
+    """Cuts a stream of parts into batches of exactly ``size`` samples (the last smaller)."""
 
-    def __init__(self, keys: tuple[str, ...], batch_size: int):
+    def __init__(self, keys: tuple[str, ...], size: int):
         self.keys = keys
-        self.batch_size = batch_size
+        self.size = size
         self.parts: deque[_Part] = deque()
         self.n = 0
 
@@ -641,8 +665,8 @@ class _Rebatcher:
         if part.n:
             self.parts.append(part)
             self.n += part.n
-        while self.n >= self.batch_size:
-            yield self._take(self.batch_size)
+        while self.n >= self.size:
+            yield self._take(self.size)
 
     def flush(self) -> Iterator[Batch]:
         if self.n:
@@ -688,10 +712,11 @@ def _fmt_value(v: Any, limit: int = 80) -> str:
 
 
 # ----------------------------------------------------------------------------- reader
+@renamed_keywords(batch_size="read_batch_size")
 class LogReader:
     """Stream a log (parquet / CSV files) as :class:`~.batch.Batch` objects.
 
-    Iterating yields batches of exactly ``batch_size`` samples (the last one may be smaller), in
+    Iterating yields batches of exactly ``read_batch_size`` samples (the last one may be smaller), in
     file order; batches span file boundaries. Each batch has ``keys`` = the feature names, and
     per-sample ``timestamp`` (float64 seconds) when the log has ``ts``. Iterating again re-reads
     the files and resets the counters. A batch's arrays may be read-only views of arrow memory
@@ -703,8 +728,9 @@ class LogReader:
         Log files, read in the given order (a directory or a glob in sorted name order).
     features : str, sequence of str, or mapping of str to {"single", "sequence"}, optional
         Feature columns to read; default: inferred by :func:`inspect_log`.
-    batch_size : int
-        Samples per batch.
+    read_batch_size : int
+        Samples per batch read (the read chunk: memory is bounded by it). ``batch_size`` is its
+        deprecated name (one release).
     skip_bad_rows : bool
         Drop bad rows and count them instead of raising :class:`LogError`.
     null_as_empty : bool
@@ -722,6 +748,9 @@ class LogReader:
     ----------
     schema : LogSchema
     files : list of Path
+    file_infos : tuple of LogFileInfo
+        Format and footer row count of every file, in reading order.
+    read_batch_size : int
     skipped : dict of str to int
         Rows dropped per reason (see :data:`REASONS`), all files.
     skipped_by_file : dict of str to dict of str to int
@@ -732,13 +761,16 @@ class LogReader:
         Samples yielded.
     """
 
-    def __init__(self, paths: Paths, features: FeatureSpec = None, batch_size: int = 65536, *,
-                 skip_bad_rows: bool = False, null_as_empty: bool = False,
+    batch_size = renamed_property("batch_size", "read_batch_size")
+
+    def __init__(self, paths: Paths, features: FeatureSpec = None, read_batch_size: int = 65536,
+                 *, skip_bad_rows: bool = False, null_as_empty: bool = False,
                  ts: bool | None = None, ignore: Iterable[str] = (),
                  row_groups: Sequence[int] | None = None):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
-            raise LogError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if isinstance(read_batch_size, bool) or not isinstance(read_batch_size, (int, np.integer)) \
+                or read_batch_size < 1:
+            raise LogError(f"read_batch_size must be a positive integer (samples per batch read), "
+                           f"got {read_batch_size!r}")
         self.files = _expand_paths(paths)
         self._infos = [_inspect_file(p) for p in self.files]
         self.row_groups = None if row_groups is None else [int(g) for g in row_groups]
@@ -761,7 +793,7 @@ class LogReader:
             self.use_ts = True
         else:
             self.use_ts = False
-        self.batch_size = int(batch_size)
+        self.read_batch_size = int(read_batch_size)
         self.skip_bad_rows = bool(skip_bad_rows)
         self.null_as_empty = bool(null_as_empty)
         self._reset()
@@ -771,6 +803,16 @@ class LogReader:
             str(p): dict.fromkeys(REASONS, 0) for p in self.files}
         self.rows_read = 0
         self.samples = 0
+
+    @property
+    def file_infos(self) -> tuple[LogFileInfo, ...]:
+        """Path, format and footer row count of every file, in reading order."""
+        return tuple(LogFileInfo(i.path, i.fmt, i.num_rows) for i in self._infos)
+
+    def data_rows(self) -> int:
+        """Data rows of the whole log, bad rows included, without reading it: parquet footers and
+        CSV line counts (:meth:`LogFileInfo.data_rows`)."""
+        return sum(f.data_rows() for f in self.file_infos)
 
     @property
     def skipped(self) -> dict[str, int]:
@@ -783,11 +825,11 @@ class LogReader:
 
     def __repr__(self) -> str:
         return (f"LogReader({len(self.files)} file(s), features={dict(self.schema.features)}, "
-                f"ts={self.use_ts}, batch_size={self.batch_size})")
+                f"ts={self.use_ts}, read_batch_size={self.read_batch_size})")
 
     def __iter__(self) -> Iterator[Batch]:
         self._reset()
-        reb = _Rebatcher(self.schema.keys, self.batch_size)
+        reb = _Rebatcher(self.schema.keys, self.read_batch_size)
         for info in self._infos:
             for part in self._file_parts(info):
                 for b in reb.add(part):
@@ -812,7 +854,7 @@ class LogReader:
         pf = open_parquet(info.path)
         try:
             if self.row_groups is None:
-                it = pf.iter_batches(batch_size=self.batch_size, columns=self._columns(),
+                it = pf.iter_batches(batch_size=self.read_batch_size, columns=self._columns(),
                                      use_threads=True)
                 row = 0
             else:
@@ -821,7 +863,7 @@ class LogReader:
                                             and max(self.row_groups) < md.num_row_groups):
                     raise _fail(info.path, f"row groups {self.row_groups} out of range: the file "
                                            f"has {md.num_row_groups}")
-                it = pf.iter_batches(batch_size=self.batch_size, row_groups=self.row_groups,
+                it = pf.iter_batches(batch_size=self.read_batch_size, row_groups=self.row_groups,
                                      columns=self._columns(), use_threads=True)
                 row = sum(md.row_group(i).num_rows for i in range(self.row_groups[0])) \
                     if self.row_groups else 0
@@ -1054,7 +1096,8 @@ class LogReader:
                                 f"{what}; pass skip_bad_rows=True to drop and count bad rows")
 
 
-def read_log(paths: Paths, features: FeatureSpec = None, batch_size: int = 65536, *,
+@renamed_keywords(batch_size="read_batch_size")
+def read_log(paths: Paths, features: FeatureSpec = None, read_batch_size: int = 65536, *,
              skip_bad_rows: bool = False, null_as_empty: bool = False, ts: bool | None = None,
              ignore: Iterable[str] = ()) -> Iterator[Batch]:
     """Stream a log as batches; a thin wrapper over :class:`LogReader` (use it for the counts).
@@ -1066,10 +1109,10 @@ def read_log(paths: Paths, features: FeatureSpec = None, batch_size: int = 65536
     Yields
     ------
     Batch
-        ``batch_size`` samples each (the last may be smaller), keys = feature names, per-sample
-        timestamps (float64 seconds) if the log has ``ts``.
+        ``read_batch_size`` samples each (the last may be smaller), keys = feature names,
+        per-sample timestamps (float64 seconds) if the log has ``ts``.
     """
-    return iter(LogReader(paths, features, batch_size, skip_bad_rows=skip_bad_rows,
+    return iter(LogReader(paths, features, read_batch_size, skip_bad_rows=skip_bad_rows,
                           null_as_empty=null_as_empty, ts=ts, ignore=ignore))
 
 

@@ -10,7 +10,7 @@ The pieces, bottom-up:
 - :class:`TableSpec` and :func:`generate`: a stream of :class:`~flexshard_stream.stats.batch.Batch` objects.
   The stream is cut into fixed internal blocks of :data:`BLOCK_SAMPLES` samples, each drawn from its own
   seed derived from ``(seed, table name, seed_offset, block index)``: the same seed gives the same
-  samples whatever the batch size, and adding a table does not change the others.
+  samples whatever the samples per batch, and adding a table does not change the others.
 - :func:`write_log`: a parquet log, one row per sample, streamed in row groups.
 - :func:`load_published_histogram`, :func:`reuse_histogram`, :func:`calibration_distance`: Meta's
   published reuse histogram (``dlrm-locality-stats``) and how close the ``"production"`` preset gets.
@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ..compat import renamed_keywords, renamed_property
 from ..errors import ConfigError, FormatError, LogError
 from ..stats.batch import Batch
 
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 #: Samples per internal generation block. Part of the stream's definition: changing it changes the
-#: IDs generated for a seed (batch size does not).
+#: IDs generated for a seed (samples per batch do not).
 BLOCK_SAMPLES = 1024
 
 #: Largest supported table, rows (the permutation works on at most 62 bits).
@@ -445,17 +446,21 @@ class TableSpec:
         """True when every sample has exactly one ID (pooled, fixed length 1)."""
         return self.kind == "pooled" and self.length == "fixed" and self.mean_length == 1.0
 
-    def _key(self) -> tuple[int, int]:
+    @property
+    def seed_key(self) -> tuple[int, int]:
+        """``(crc32(name), seed_offset)``: what this table mixes into every seed it derives (its
+        permutation, its blocks, the drift scenarios' windows), so tables draw independent
+        streams."""
         return zlib.crc32(self.name.encode("utf-8")), self.seed_offset
 
     def permutation(self, seed: int) -> IdPermutation:
         """The rank -> ID permutation this table uses under trace seed ``seed``."""
-        ss = np.random.SeedSequence(seed, spawn_key=(1, *self._key()))
+        ss = np.random.SeedSequence(seed, spawn_key=(1, *self.seed_key))
         return IdPermutation(self.num_rows, int(ss.generate_state(1, dtype=np.uint64)[0] >> 1))
 
     def block_rng(self, seed: int, block: int) -> np.random.Generator:
         """The generator of internal block ``block`` (samples ``block * BLOCK_SAMPLES ...``)."""
-        return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0, *self._key(), block)))
+        return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0, *self.seed_key, block)))
 
     def sample_block(self, seed: int, block: int, n: int, perm: IdPermutation | None = None
                      ) -> tuple[np.ndarray, np.ndarray]:
@@ -487,14 +492,16 @@ def checked_tables(tables: Any) -> tuple[TableSpec, ...]:
     return tables
 
 
-def generate(tables: Sequence[TableSpec], num_samples: int, batch_size: int, seed: int = 0,
+@renamed_keywords(batch_size="samples_per_batch")
+def generate(tables: Sequence[TableSpec], num_samples: int, samples_per_batch: int, seed: int = 0,
              start_ts: float = 0.0, samples_per_second: float = 1000.0) -> Iterator[Batch]:
     """Generate a seeded synthetic trace as a stream of batches.
 
     Sample ``i`` (0-based, over the whole trace) has timestamp ``start_ts + i / samples_per_second``
     seconds and, for each table, a length from the table's length distribution and that many IDs
     ``permutation(zipf rank)``. Samples are drawn in internal blocks of :data:`BLOCK_SAMPLES` with
-    per-block seeds, so the concatenation of the batches does not depend on ``batch_size``.
+    per-block seeds, so the concatenation of the batches does not depend on
+    ``samples_per_batch``.
 
     Parameters
     ----------
@@ -502,8 +509,9 @@ def generate(tables: Sequence[TableSpec], num_samples: int, batch_size: int, see
         The features, in key order.
     num_samples : int
         Samples in the trace, >= 0.
-    batch_size : int
-        Samples per batch, >= 1 (the last batch may be smaller).
+    samples_per_batch : int
+        Samples per yielded batch, >= 1 (the last batch may be smaller). ``batch_size`` is its
+        deprecated name (one release).
     seed : int
         Trace seed, >= 0.
     start_ts : float
@@ -518,17 +526,17 @@ def generate(tables: Sequence[TableSpec], num_samples: int, batch_size: int, see
     """
     tables = checked_tables(tables)
     num_samples = checked_int(num_samples, "num_samples", 0)
-    batch_size = checked_int(batch_size, "batch_size", 1)
+    samples_per_batch = checked_int(samples_per_batch, "samples_per_batch", 1)
     seed = checked_int(seed, "seed", 0)
     if not math.isfinite(float(start_ts)):
         raise ConfigError(f"start_ts must be finite seconds, got {start_ts!r}")
     sps = float(samples_per_second)
     if not math.isfinite(sps) or sps <= 0:
         raise ConfigError(f"samples_per_second must be finite and > 0, got {samples_per_second!r}")
-    return _generate(tables, num_samples, batch_size, seed, float(start_ts), sps)
+    return _generate(tables, num_samples, samples_per_batch, seed, float(start_ts), sps)
 
 
-def _generate(tables: tuple[TableSpec, ...], num_samples: int, batch_size: int, seed: int,
+def _generate(tables: tuple[TableSpec, ...], num_samples: int, samples_per_batch: int, seed: int,
               start_ts: float, sps: float) -> Iterator[Batch]:
     keys = tuple(t.name for t in tables)
     perms = [t.permutation(seed) for t in tables]
@@ -546,14 +554,14 @@ def _generate(tables: tuple[TableSpec, ...], num_samples: int, batch_size: int, 
             pend_vals[j].append(vals)
         pending += n
         last = b == nblocks - 1
-        if pending < batch_size and not last:
+        if pending < samples_per_batch and not last:
             continue
         lens_all = [np.concatenate(x) for x in pend_lens]
         vals_all = [np.concatenate(x) for x in pend_vals]
         offs = [np.concatenate([[0], np.cumsum(l)]) for l in lens_all]
         start = 0
-        while pending - start >= batch_size or (last and start < pending):
-            stop = min(start + batch_size, pending)
+        while pending - start >= samples_per_batch or (last and start < pending):
+            stop = min(start + samples_per_batch, pending)
             lengths = np.concatenate([lens_all[j][start:stop] for j in range(nt)])
             values = np.concatenate([vals_all[j][offs[j][start]:offs[j][stop]] for j in range(nt)])
             ts = start_ts + np.arange(emitted, emitted + stop - start, dtype=np.float64) / sps
@@ -565,32 +573,38 @@ def _generate(tables: tuple[TableSpec, ...], num_samples: int, batch_size: int, 
         pending -= start
 
 
+@renamed_keywords(batch_size="samples_per_batch")
 @dataclass(frozen=True)
 class TraceSpec:
-    """A named family of tables with its reference batch size.
+    """A named family of tables with its reference batch.
 
     Attributes
     ----------
     name : str
     tables : tuple of TableSpec
-    batch_size : int
-        Reference batch size, samples (for ``"production"``: the batch the calibration is made at).
+    samples_per_batch : int
+        Samples of the reference batch (for ``"production"``: the batch the calibration is made
+        at; the default of :meth:`generate`). ``batch_size`` is its deprecated name (one release).
     samples_per_second : float
     description : str
     """
 
     name: str
     tables: tuple[TableSpec, ...]
-    batch_size: int
+    samples_per_batch: int
     samples_per_second: float = 1000.0
     description: str = ""
 
-    def generate(self, num_samples: int, batch_size: int | None = None, seed: int = 0,
+    batch_size = renamed_property("batch_size", "samples_per_batch")
+
+    @renamed_keywords(batch_size="samples_per_batch")
+    def generate(self, num_samples: int, samples_per_batch: int | None = None, seed: int = 0,
                  start_ts: float = 0.0) -> Iterator[Batch]:
-        """:func:`generate` with this spec's tables (``batch_size`` defaults to the reference)."""
+        """:func:`generate` with this spec's tables (``samples_per_batch`` defaults to the
+        reference batch)."""
         return generate(self.tables, num_samples,
-                        self.batch_size if batch_size is None else batch_size, seed, start_ts,
-                        self.samples_per_second)
+                        self.samples_per_batch if samples_per_batch is None else samples_per_batch,
+                        seed, start_ts, self.samples_per_second)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description (tables as dicts)."""
@@ -631,112 +645,172 @@ def write_log(batches: Iterable[Batch], path: str | Path, tables: Sequence[Table
     Raises
     ------
     LogError
-        No batches and no ``tables``, keys change between batches, a batch has no timestamp, or a single-ID column gets
-        a sample with another number of IDs. The partial file is removed.
+        No batches and no ``tables``, keys change between batches, a batch has no timestamp, or
+        a single-ID column gets a sample with another number of IDs. The partial file is removed.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     row_group_size = checked_int(row_group_size, "row_group_size", 1)
     spec = {t.name: t for t in checked_tables(tables)} if tables is not None else None
-    path = Path(path)
-    writer = None
-    keys: tuple[str, ...] | None = None
-    single: dict[str, bool] = {}
-    pending: list[Any] = []  # pyarrow tables not yet written
-    buffered = 0
-    stats = {"samples": 0, "ids": 0, "row_groups": 0}
-
-    def to_table(b: Batch) -> Any:
-        ts = b.timestamp if b.timestamp.size == b.batch_size else np.repeat(b.timestamp, b.batch_size)
-        cols = [pa.array(ts, type=pa.float64())]
-        for k in keys:
-            vals = b.feature_values(k)
-            if single[k]:
-                cols.append(pa.array(vals, type=pa.int64()))
-            else:
-                if vals.size >= 2 ** 31:
-                    raise LogError(f"feature {k!r}: {vals.size} IDs in one batch; list offsets are "
-                                   f"int32, split the batch")
-                offsets = np.zeros(b.batch_size + 1, dtype=np.int32)
-                np.cumsum(b.feature_lengths(k), out=offsets[1:])
-                cols.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(vals)))
-        return pa.Table.from_arrays(cols, names=["ts", *keys])
-
-    def flush(final: bool) -> None:
-        nonlocal pending, buffered, writer
-        if not pending:
-            return
-        table = pa.concat_tables(pending)
-        n_out = table.num_rows if final else (table.num_rows // row_group_size) * row_group_size
-        if writer is None:
-            meta = {"flexshard_stream": json.dumps({
-                "format": "flexshard_stream.sources.synth log", "version": 1,
-                "tables": [asdict(spec[k]) for k in keys] if spec else None,
-                **(metadata or {})})}
-            writer = pq.ParquetWriter(str(path), table.schema.with_metadata(meta),
-                                      compression="zstd")
-        for start in range(0, n_out, row_group_size):
-            chunk = table.slice(start, min(row_group_size, n_out - start))
-            writer.write_table(chunk, row_group_size=row_group_size)
-            stats["row_groups"] += 1
-        stats["samples"] += n_out
-        rest = table.slice(n_out)
-        pending, buffered = ([rest] if rest.num_rows else []), rest.num_rows
-
+    log = _LogWriter(Path(path), row_group_size, spec, metadata)
     try:
         for i, b in enumerate(batches):
-            if keys is None:
-                keys = b.keys
-                if "ts" in keys:
-                    raise LogError("a feature may not be called 'ts' (the timestamp column)")
-                for k in keys:
-                    if spec is not None:
-                        if k not in spec:
-                            raise LogError(f"batch feature {k!r} has no TableSpec")
-                        single[k] = spec[k].single_id
-                    else:
-                        single[k] = bool(b.batch_size) and bool(np.all(b.feature_lengths(k) == 1))
-            elif b.keys != keys:
-                raise LogError(f"batch {i} has keys {list(b.keys)}, expected {list(keys)}")
-            if b.batch_size == 0:
-                continue
-            if b.timestamp is None:
-                raise LogError(f"batch {i} has no timestamp; the log needs one per sample")
-            for k in keys:
-                bad = np.flatnonzero(b.feature_lengths(k) != 1) if single[k] else ()
-                if len(bad):
-                    raise LogError(f"feature {k!r} is written as a single-ID int64 column but batch "
-                                   f"{i} sample {int(bad[0])} has "
-                                   f"{int(b.feature_lengths(k)[bad[0]])} IDs")
-            pending.append(to_table(b))
-            buffered += b.batch_size
-            stats["ids"] += b.num_values
-            if buffered >= row_group_size:
-                flush(final=False)
-        if keys is None:
-            if spec is None:
-                raise LogError("no batches to write (pass tables= to write an empty log)")
-            keys = tuple(spec)
-            single.update({k: spec[k].single_id for k in keys})
-        flush(final=True)
-        if writer is None:  # only empty batches: write an empty table with the schema
-            pending = [to_table(Batch(keys, np.zeros(0, np.int64), np.zeros(0, np.int64),
-                                      timestamp=np.zeros(0)))]
-            flush(final=True)
+            log.add(i, b)
+        log.finish()
     except BaseException:
-        if writer is not None:  # we created the file: remove the partial log
-            writer.close()
-            writer = None
-            path.unlink(missing_ok=True)
+        log.abort()
         raise
     finally:
-        if writer is not None:
-            writer.close()
-    return stats
+        log.close()
+    return log.stats
+
+
+class _LogWriter:
+    """The state of one :func:`write_log` call: the parquet writer (opened on the first rows),
+    the column layout (fixed by the first batch or the specs) and the rows not yet written.
+
+    Parameters
+    ----------
+    path : Path
+        Output file.
+    row_group_size : int
+        Samples per row group (every group but the last).
+    spec : dict of str to TableSpec, or None
+        Column types and metadata by feature.
+    metadata : dict or None
+        Extra JSON metadata under the ``flexshard_stream`` key.
+    """
+
+    def __init__(self, path: Path, row_group_size: int, spec: dict[str, TableSpec] | None,
+                 metadata: dict[str, Any] | None):
+        self.path = path
+        self.row_group_size = row_group_size
+        self.spec = spec
+        self.metadata = metadata
+        self.writer: Any = None                 # pyarrow ParquetWriter once rows are written
+        self.keys: tuple[str, ...] | None = None
+        self.single: dict[str, bool] = {}       # feature -> written as an int64 column
+        self.pending: list[Any] = []            # pyarrow tables not yet written
+        self.buffered = 0                       # samples in ``pending``
+        self.stats = {"samples": 0, "ids": 0, "row_groups": 0}
+
+    def add(self, i: int, b: Batch) -> None:
+        """Buffer batch number ``i`` (checked) and write the whole row groups it completes."""
+        if self.keys is None:
+            self._set_layout(b)
+        elif b.keys != self.keys:
+            raise LogError(f"batch {i} has keys {list(b.keys)}, expected {list(self.keys)}")
+        if b.batch_size == 0:
+            return
+        self._check_batch(i, b)
+        self.pending.append(self._to_table(b))
+        self.buffered += b.batch_size
+        self.stats["ids"] += b.num_values
+        if self.buffered >= self.row_group_size:
+            self._flush(final=False)
+
+    def finish(self) -> None:
+        """Write the rows left, or an empty table with the schema when no batch had a sample."""
+        if self.keys is None:
+            if self.spec is None:
+                raise LogError("no batches to write (pass tables= to write an empty log)")
+            self.keys = tuple(self.spec)
+            self.single.update({k: self.spec[k].single_id for k in self.keys})
+        self._flush(final=True)
+        if self.writer is None:
+            self.pending = [self._to_table(Batch(self.keys, np.zeros(0, np.int64),
+                                                 np.zeros(0, np.int64), timestamp=np.zeros(0)))]
+            self._flush(final=True)
+
+    def abort(self) -> None:
+        """Remove the partial file, if this call created it."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+            self.path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Close the parquet writer (the file is complete once closed)."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def _set_layout(self, b: Batch) -> None:
+        """Keys and column types from the first batch (and the specs, when given)."""
+        self.keys = b.keys
+        if "ts" in self.keys:
+            raise LogError("a feature may not be called 'ts' (the timestamp column)")
+        for k in self.keys:
+            if self.spec is not None:
+                if k not in self.spec:
+                    raise LogError(f"batch feature {k!r} has no TableSpec")
+                self.single[k] = self.spec[k].single_id
+            else:
+                self.single[k] = bool(b.batch_size) and bool(np.all(b.feature_lengths(k) == 1))
+
+    def _check_batch(self, i: int, b: Batch) -> None:
+        """A timestamp, and one ID per sample in every single-ID column."""
+        if b.timestamp is None:
+            raise LogError(f"batch {i} has no timestamp; the log needs one per sample")
+        for k in self.keys:
+            bad = np.flatnonzero(b.feature_lengths(k) != 1) if self.single[k] else ()
+            if len(bad):
+                raise LogError(f"feature {k!r} is written as a single-ID int64 column but batch "
+                               f"{i} sample {int(bad[0])} has "
+                               f"{int(b.feature_lengths(k)[bad[0]])} IDs")
+
+    def _to_table(self, b: Batch) -> Any:
+        """The batch as a pyarrow table: ``ts`` then one column per feature."""
+        import pyarrow as pa
+
+        ts = b.timestamp if b.timestamp.size == b.batch_size else np.repeat(b.timestamp,
+                                                                              b.batch_size)
+        cols = [pa.array(ts, type=pa.float64())]
+        for k in self.keys:
+            vals = b.feature_values(k)
+            if self.single[k]:
+                cols.append(pa.array(vals, type=pa.int64()))
+                continue
+            if vals.size >= 2 ** 31:
+                raise LogError(f"feature {k!r}: {vals.size} IDs in one batch; list offsets are "
+                               f"int32, split the batch")
+            offsets = np.zeros(b.batch_size + 1, dtype=np.int32)
+            np.cumsum(b.feature_lengths(k), out=offsets[1:])
+            cols.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(vals)))
+        return pa.Table.from_arrays(cols, names=["ts", *self.keys])
+
+    def _open(self, schema: Any) -> None:
+        """Create the file with the schema and the ``flexshard_stream`` JSON metadata."""
+        import pyarrow.parquet as pq
+
+        spec = self.spec
+        meta = {"flexshard_stream": json.dumps({
+            "format": "flexshard_stream.sources.synth log", "version": 1,
+            "tables": [asdict(spec[k]) for k in self.keys] if spec else None,
+            **(self.metadata or {})})}
+        self.writer = pq.ParquetWriter(str(self.path), schema.with_metadata(meta),
+                                       compression="zstd")
+
+    def _flush(self, final: bool) -> None:
+        """Write the whole row groups buffered (every row when ``final``); keep the rest."""
+        import pyarrow as pa
+
+        if not self.pending:
+            return
+        table = pa.concat_tables(self.pending)
+        size = self.row_group_size
+        n_out = table.num_rows if final else (table.num_rows // size) * size
+        if self.writer is None:
+            self._open(table.schema)
+        for start in range(0, n_out, size):
+            self.writer.write_table(table.slice(start, min(size, n_out - start)),
+                                    row_group_size=size)
+            self.stats["row_groups"] += 1
+        self.stats["samples"] += n_out
+        rest = table.slice(n_out)
+        self.pending, self.buffered = ([rest] if rest.num_rows else []), rest.num_rows
 
 
 # ================================================================== published statistics
+@renamed_keywords(batch_size="samples_per_batch")
 @dataclass(frozen=True)
 class PublishedHistogram:
     """Reuse statistics of the published trace batches (``dlrm-locality-stats``), averaged.
@@ -747,8 +821,8 @@ class PublishedHistogram:
         File parsed (or ``"embedded"``).
     batches : tuple of str
         Batch file names, e.g. ``fbgemm_t788_bs131072_0.pt``.
-    batch_size : int
-        Samples per batch.
+    samples_per_batch : int
+        Samples per published batch (``batch_size``: its deprecated name, one release).
     num_tables : int
         Tables (features) per batch.
     lookups : float
@@ -766,7 +840,7 @@ class PublishedHistogram:
 
     source: str
     batches: tuple[str, ...]
-    batch_size: int
+    samples_per_batch: int
     num_tables: int
     lookups: float
     unique_rows: float
@@ -774,6 +848,8 @@ class PublishedHistogram:
     lookups_by_bucket: np.ndarray = field(repr=False)
     per_batch_rows: np.ndarray = field(repr=False)
     per_batch_lookups: np.ndarray = field(repr=False)
+
+    batch_size = renamed_property("batch_size", "samples_per_batch")
 
     @property
     def once_fraction(self) -> float:
@@ -844,7 +920,7 @@ def load_published_histogram(path: str | Path) -> PublishedHistogram:
     rows = np.array([r["rows"] for r in recs])
     lk = np.array([r["lk"] for r in recs])
     return PublishedHistogram(
-        source=str(path), batches=tuple(r["name"] for r in recs), batch_size=common[1],
+        source=str(path), batches=tuple(r["name"] for r in recs), samples_per_batch=common[1],
         num_tables=common[0], lookups=float(np.mean([r["lookups"] for r in recs])),
         unique_rows=float(np.mean([r["unique"] for r in recs])), rows=rows.mean(axis=0),
         lookups_by_bucket=lk.mean(axis=0), per_batch_rows=rows, per_batch_lookups=lk)
@@ -859,7 +935,8 @@ _P22_LOOKUPS = [0.027, 0.023, 0.040, 0.068, 0.105, 0.120, 0.099, 0.070, 0.059, 0
 #: :func:`load_published_histogram` from ``locality_stats_2022.txt``; embedded so calibration works
 #: without the data folder. The tests check it against the file.
 PUBLISHED_2022 = PublishedHistogram(
-    source="embedded: dlrm-locality-stats/locality_stats_2022.txt", batches=(), batch_size=131072,
+    source="embedded: dlrm-locality-stats/locality_stats_2022.txt", batches=(),
+    samples_per_batch=131072,
     num_tables=788, lookups=1405446070.9375, unique_rows=110259894.6875, rows=np.array(_P22_ROWS),
     lookups_by_bucket=np.array(_P22_LOOKUPS), per_batch_rows=np.array([_P22_ROWS]),
     per_batch_lookups=np.array([_P22_LOOKUPS]))
@@ -918,9 +995,9 @@ def tv_distance(p: Any, q: Any) -> float:
 # ================================================================== presets
 #: Calibrated "production" table groups: (tables, Zipf alpha, mean IDs per sample, log2d), where
 #: 2**log2d is the mean number of lookups per row in a batch: a table gets
-#: ``num_rows = batch_size * mean / 2**log2d`` rows (see :func:`_group_table`), so the expected count
-#: of a row depends on its rank quantile, not on the scale. Output of ``fit_table_family()`` (default
-#: arguments) against :data:`PUBLISHED_2022`; docs/SYNTHETIC.md.
+#: ``num_rows = samples_per_batch * mean / 2**log2d`` rows (see :func:`_group_table`), so the
+#: expected count of a row depends on its rank quantile, not on the scale. Output of
+#: ``fit_table_family()`` (default arguments) against :data:`PUBLISHED_2022`; docs/SYNTHETIC.md.
 _PRODUCTION_GROUPS: tuple[tuple[int, float, int, int], ...] = (
     (3, 0.0, 1, 1), (1, 1.1, 1, -2), (1, 1.2, 1, 1),
     (1, 0.0, 4, -1), (2, 0.0, 4, 5), (1, 0.0, 4, 8), (2, 0.3, 4, 4), (1, 0.3, 4, 12),
@@ -933,11 +1010,14 @@ _PRODUCTION_GROUPS: tuple[tuple[int, float, int, int], ...] = (
 _PRODUCTION_REF_BATCH = 131072
 
 
-def _group_table(name: str, alpha: float, mean: int, log2d: int, batch_size: int) -> TableSpec:
-    """One table of a calibrated family: ``num_rows = batch_size * mean / 2**log2d``; single ID for
-    mean 1, poisson lengths below 16, lognormal (sigma 1, cap 16 x mean) from 16 IDs per sample."""
+def _group_table(name: str, alpha: float, mean: int, log2d: int, samples_per_batch: int
+                 ) -> TableSpec:
+    """One table of a calibrated family: ``num_rows = samples_per_batch * mean / 2**log2d``;
+    single ID for mean 1, poisson lengths below 16, lognormal (sigma 1, cap 16 x mean) from 16 IDs
+    per sample."""
     dist = "fixed" if mean == 1 else "poisson" if mean < 16 else "lognormal"
-    return TableSpec(name, int(min(MAX_ROWS, max(1, round(batch_size * mean / 2.0 ** log2d)))),
+    rows = round(samples_per_batch * mean / 2.0 ** log2d)
+    return TableSpec(name, int(min(MAX_ROWS, max(1, rows))),
                      float(alpha), "pooled", dist, float(mean), None if mean == 1 else 16 * mean,
                      1.0)
 
@@ -965,8 +1045,9 @@ def _nnls(A: np.ndarray, b: np.ndarray, max_iter: int = 500) -> np.ndarray:
     return x
 
 
+@renamed_keywords(batch_sizes="samples_per_batch")
 def fit_table_family(target: PublishedHistogram | None = None,
-                     batch_sizes: Sequence[int] = (1024, 4096, 16384),
+                     samples_per_batch: Sequence[int] = (1024, 4096, 16384),
                      alphas: Sequence[float] = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4,
                                                 1.7),
                      log2ds: Sequence[int] = tuple(range(-6, 15)),
@@ -977,8 +1058,9 @@ def fit_table_family(target: PublishedHistogram | None = None,
     preset was made).
 
     Every candidate table (``alpha`` x ``log2d`` x ``mean``; see :func:`_group_table`) is simulated
-    once per batch size. The multiset of tables (at most ``max_tables``) minimizes, summed over the
-    batch sizes, ``TV(rows) + lookup_weight * TV(lookups) + table_cost * tables``: a non-negative
+    once per batch of each of ``samples_per_batch`` samples (``batch_sizes``: its deprecated name,
+    one release). The multiset of tables (at most ``max_tables``) minimizes, summed over the
+    batches, ``TV(rows) + lookup_weight * TV(lookups) + table_cost * tables``: a non-negative
     least-squares relaxation (mixed histograms proportional to the targets) is rounded, then improved
     by local search (add, remove or swap one table) with ``restarts`` random kicks (iterated local
     search; swap 3 tables, keep the result when it is better). About a minute on 2 cores.
@@ -988,20 +1070,20 @@ def fit_table_family(target: PublishedHistogram | None = None,
     tuple of (tables, alpha, mean IDs per sample, log2d)
         The groups, in the format of the production preset.
     """
-    cands, H, G = _candidate_histograms(batch_sizes, alphas, log2ds, means, seed)
+    cands, H, G = _candidate_histograms(samples_per_batch, alphas, log2ds, means, seed)
     return _search_family(target, cands, H, G, max_tables, lookup_weight, table_cost, restarts,
                           seed)
 
 
-def _candidate_histograms(batch_sizes, alphas, log2ds, means, seed):
+def _candidate_histograms(samples_per_batch, alphas, log2ds, means, seed):
     import itertools
 
     cands = list(itertools.product(alphas, log2ds, means))
     rng = np.random.default_rng(seed)
-    H = {B: np.zeros((len(cands), len(REUSE_BUCKETS))) for B in batch_sizes}
-    G = {B: np.zeros((len(cands), len(REUSE_BUCKETS))) for B in batch_sizes}
+    H = {B: np.zeros((len(cands), len(REUSE_BUCKETS))) for B in samples_per_batch}
+    G = {B: np.zeros((len(cands), len(REUSE_BUCKETS))) for B in samples_per_batch}
     for i, (a, ld, m) in enumerate(cands):
-        for B in batch_sizes:
+        for B in samples_per_batch:
             t = _group_table("c", a, m, ld, B)
             lens = sample_lengths(B, t.length, t.mean_length, rng, t.max_length, t.sigma)
             counts = np.unique(zipf_ranks(int(lens.sum()), t.num_rows, a, rng),
@@ -1095,7 +1177,7 @@ def preset(name: str, scale: float = 1.0) -> TraceSpec:
         ``"sequence"``: four long-history sequence tables (hundreds to ~1000 IDs per sample).
         ``"default"``: the four tables of the embedded default trace.
     scale : float
-        Multiplies row counts (and the production reference batch size), > 0. Lengths (IDs per
+        Multiplies row counts (and the samples of the production reference batch), > 0. Lengths (IDs per
         sample) do not scale.
     """
     try:
@@ -1145,13 +1227,15 @@ def preset(name: str, scale: float = 1.0) -> TraceSpec:
     raise ConfigError(f"unknown preset {name!r}; expected 'production', 'sequence' or 'default'")
 
 
+@renamed_keywords(batch_size="samples_per_batch")
 @dataclass(frozen=True)
 class CalibrationReport:
-    """Generated vs published reuse histograms of one batch of the ``"production"`` preset."""
+    """Generated vs published reuse histograms of one batch of the ``"production"`` preset
+    (``samples_per_batch`` samples; ``batch_size`` is its deprecated name, one release)."""
 
     scale: float
     seed: int
-    batch_size: int
+    samples_per_batch: int
     lookups: int
     unique_rows: int
     rows: np.ndarray = field(repr=False)
@@ -1160,6 +1244,8 @@ class CalibrationReport:
     lookups_by_bucket: np.ndarray = field(repr=False, default=None)
     published_lookups: np.ndarray = field(repr=False, default=None)
     tv_lookups: float = 0.0
+
+    batch_size = renamed_property("batch_size", "samples_per_batch")
 
     @property
     def mean_reuse(self) -> float:
@@ -1192,12 +1278,13 @@ def calibration_distance(scale: float = 1 / 32, seed: int = 0,
     """
     pub = published if published is not None else PUBLISHED_2022
     spec = preset("production", scale)
-    batch = next(spec.generate(spec.batch_size, spec.batch_size, seed))
+    batch = next(spec.generate(spec.samples_per_batch, spec.samples_per_batch, seed))
     counts = _row_counts(batch)
     b = _bucket_of(counts)
     rows = np.bincount(b, minlength=len(REUSE_BUCKETS)) / counts.size
     lk = np.bincount(b, weights=counts, minlength=len(REUSE_BUCKETS)) / counts.sum()
-    return CalibrationReport(scale=float(scale), seed=seed, batch_size=spec.batch_size,
+    return CalibrationReport(scale=float(scale), seed=seed,
+                             samples_per_batch=spec.samples_per_batch,
                              lookups=int(counts.sum()), unique_rows=int(counts.size), rows=rows,
                              published_rows=pub.rows / pub.rows.sum(),
                              tv_rows=tv_distance(rows, pub.rows), lookups_by_bucket=lk,
@@ -1206,17 +1293,19 @@ def calibration_distance(scale: float = 1 / 32, seed: int = 0,
 
 
 # ================================================================== default trace and CLI
+@renamed_keywords(batch_size="samples_per_batch")
 def make_default_trace(path: str | Path, num_samples: int = 30000, seed: int = 20240501,
-                       batch_size: int = 1024) -> dict[str, int]:
+                       samples_per_batch: int = 1024) -> dict[str, int]:
     """Write the embedded default trace (``preset("default")``) to ``path`` (parquet).
 
-    Returns :func:`write_log`'s counts.
+    ``samples_per_batch``: samples generated per batch (memory only: the trace does not depend on
+    it). Returns :func:`write_log`'s counts.
     """
     spec = preset("default")
     meta = {"preset": "default", "seed": seed, "num_samples": num_samples,
             "samples_per_second": spec.samples_per_second, "block_samples": BLOCK_SAMPLES,
             "command": f"python -m flexshard_stream.sources.synth default {path}"}
-    return write_log(spec.generate(num_samples, batch_size, seed), path, spec.tables,
+    return write_log(spec.generate(num_samples, samples_per_batch, seed), path, spec.tables,
                      row_group_size=8192, metadata=meta)
 
 
@@ -1235,7 +1324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--scale", type=float, default=None,
                    help="row-count scale (default: 1/32 for production, 1 otherwise)")
     p.add_argument("--samples", type=int, default=8192)
-    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--samples-per-batch", type=int, default=1024,
+                   help="samples generated per batch (memory only; the trace does not depend on it)")
+    p.add_argument("--batch-size", dest="samples_per_batch", type=int, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0)
     f = sub.add_parser("fit", help="re-run the production calibration search (about a minute)")
     f.add_argument("--published", default=None, help="a locality_stats_*.txt file")
@@ -1253,7 +1344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             scale = args.scale if args.scale is not None else (
                 1 / 32 if args.name == "production" else 1.0)
             spec = preset(args.name, scale)
-            out = write_log(spec.generate(args.samples, args.batch_size, args.seed), args.path,
+            out = write_log(spec.generate(args.samples, args.samples_per_batch, args.seed), args.path,
                             spec.tables, metadata={"preset": args.name, "scale": scale,
                                                    "seed": args.seed})
             print(json.dumps({"path": args.path, **out}))
@@ -1265,7 +1356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pub = load_published_histogram(args.published) if args.published else None
             rep = calibration_distance(args.scale, args.seed, pub)
             print(rep.to_markdown())
-            print(json.dumps({"scale": rep.scale, "batch_size": rep.batch_size,
+            print(json.dumps({"scale": rep.scale, "samples_per_batch": rep.samples_per_batch,
                               "lookups": rep.lookups, "unique_rows": rep.unique_rows,
                               "mean_reuse": round(rep.mean_reuse, 2), "tv_rows": rep.tv_rows,
                               "tv_lookups": rep.tv_lookups}))

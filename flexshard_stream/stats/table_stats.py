@@ -410,6 +410,19 @@ class TableStats:
         return frequent_items_image(lg, self._mg_keys[live], self._mg_vals[live],
                                     int(self._mg_meta[2]), int(self._mg_meta[1]))
 
+    # ------------------------------------------------------------- exact rows (read-only)
+    def nonzero_rows(self) -> np.ndarray:
+        """Rows looked up at least once (int64, ascending), from the exact counts.
+
+        Exact tables only (a sketched table keeps no per-row counts): raises
+        :class:`~flexshard_stream.errors.ConfigError` otherwise.
+        """
+        if not self.exact:
+            from ..errors import ConfigError
+            raise ConfigError(f"table {self.name!r} is sketched: it keeps no per-row counts, so "
+                              f"its looked-up rows are not known (only exact tables list them)")
+        return np.flatnonzero(self._counts).astype(np.int64)
+
     def __repr__(self) -> str:
         mode = "exact" if self.exact else "sketch"
         return (f"TableStats({self.name!r}, {mode}, total={self.total}, samples={self.samples}, "
