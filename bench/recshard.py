@@ -218,7 +218,7 @@ def main(argv=None):
     args.iterations = args.iterations or (3 if args.quick else 6)
     args.topk = args.topk or ((1 << 15) if args.quick else (1 << 17))
     if args.batch_size is None:
-        ref = synth.preset("production", args.scale).batch_size
+        ref = synth.preset("production", args.scale).samples_per_batch
         args.batch_size = max(1, ref // Topology.preset(args.topology).num_gpus)
     t_start = time.perf_counter()
     tables, topo, sums, ev, B, info = workload(args)

@@ -95,6 +95,19 @@ def test_no_private_name_imported_across_modules():
     assert not bad, "\n".join(bad)
 
 
+def test_no_long_functions_outside_kernels():
+    bad = []
+    for mod, path in MODULES.items():
+        if mod.startswith("kernels"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines")
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.parametrize("old,new", [("planner", "placement.planner"), ("stream", "stats.stream"),
                                      ("container", "formats.container"),
                                      ("replay", "online.replay")])

@@ -47,7 +47,8 @@ def test_topk_recall_default_sizes(shared_data, name):
 
 
 def test_movielens_through_batches_and_windows(shared_data):
-    from flexshard_stream import WindowedStats, datasets
+    from flexshard_stream import WindowedStats
+    from flexshard_stream.sources import datasets
     df = datasets.movielens_ratings()
     movies = df["movie"].to_numpy().astype(np.int64)
     ts = df["ts"].to_numpy()
