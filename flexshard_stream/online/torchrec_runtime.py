@@ -34,7 +34,7 @@ from ..stats.batch import Batch, slice_batch
 __all__ = ["SHARDING_TYPES", "CPU_SHARDING_TYPES", "OPENED_SHARDING_TYPES", "TableSharding",
            "table_shardings", "sharding_plan", "CollectiveRecord", "CollectiveCounter",
            "RunResult", "RunError", "run_sharded", "run_unsharded", "initial_weights",
-           "upstream_gradient", "torchrec_row_blocks", "expected_collectives", "CaseJob", "RankJob",
+           "upstream_gradient", "torchrec_row_blocks", "torchrec_column_block", "expected_collectives", "CaseJob", "RankJob",
            "RankResult", "run_sharded_cases"]
 
 #: Every sharding type this module builds plans for (TorchRec's ``ShardingType`` values).
@@ -148,9 +148,12 @@ class TableSharding:
             if len(set(self.ranks)) != len(self.ranks):
                 raise ConfigError(f"{where}: one column shard per rank, got ranks "
                                   f"{list(self.ranks)}")
-            if table.dim % len(self.ranks):
-                raise ConfigError(f"{where}: dim {table.dim} does not split evenly over "
-                                  f"{len(self.ranks)} ranks")
+            width = torchrec_column_block(table.dim, len(self.ranks))
+            if width * len(self.ranks) != table.dim:
+                raise ConfigError(f"{where}: TorchRec cuts dim {table.dim} into shards of "
+                                  f"{width} columns (the smallest multiple of 4 dividing the "
+                                  f"dim, at least dim / {len(self.ranks)}), not into "
+                                  f"{len(self.ranks)} shards; give dim / ranks a multiple of 4")
         if self.sharding_type == "table_column_wise" and \
                 len({r // local_world_size for r in self.ranks}) != 1:
             raise ConfigError(f"{where}: ranks {list(self.ranks)} span nodes; table-column-wise "
@@ -169,6 +172,17 @@ class TableSharding:
                               f"lookups (PoolingMode.NONE is ignored on CPU); sequence tables "
                               f"need the fused kernel, so sequence data-parallel cannot run "
                               f"on CPU")
+
+
+def torchrec_column_block(dim: int, n: int) -> int:
+    """Columns per shard of TorchRec's ``column_wise(ranks)`` over ``n`` ranks: the smallest
+    ``w >= dim // n`` dividing ``dim`` that is a multiple of 4, else ``dim``
+    (``sharding_plan.py`` ``_find_base_dim``, ``_get_block_size_for_cw_shard``); TorchRec then
+    makes ``dim // w`` shards on the first ranks and leaves the other ranks out."""
+    for w in range(max(1, dim // n), dim):
+        if dim % w == 0 and w % 4 == 0:
+            return w
+    return dim
 
 
 def torchrec_row_blocks(num_rows: int, n: int) -> np.ndarray:
@@ -691,6 +705,13 @@ class RankJob:
     open_row_wise: bool = True
     timeout_s: float = 120.0
     work_dir: str = ""
+    fake: bool = False
+    ranks: tuple[int, ...] = ()
+
+    @property
+    def run_ranks(self) -> tuple[int, ...]:
+        """The ranks started: :attr:`ranks`, or every rank when empty."""
+        return self.ranks or tuple(range(self.world_size))
 
     @property
     def local_batch_size(self) -> int:
@@ -731,8 +752,11 @@ class RunResult:
         ``grads[iteration][table]``: float32[H, D], the gradient every trainer applies (the loss
         of all ranks divided by ``world_size``: TorchRec and DDP average over ranks).
     counter : CollectiveCounter
-        Every collective of every rank (empty for unsharded runs).
+        Every collective of every rank run (empty for unsharded runs).
     world_size, local_world_size : int
+    ranks : tuple of int
+        The ranks run, in order: every rank, or the simulated ones of a fake world (whose
+        ``outputs`` and ``grads`` are empty).
     """
 
     outputs: list[list[dict[str, np.ndarray]]]
@@ -740,6 +764,7 @@ class RunResult:
     counter: CollectiveCounter = field(default_factory=CollectiveCounter)
     world_size: int = 1
     local_world_size: int = 1
+    ranks: tuple[int, ...] = ()
 
 
 def _as_batches(batches: Iterable[Any], world_size: int) -> list[Batch]:
@@ -810,27 +835,44 @@ def _assemble_grads(tables: Sequence[EmbeddingTable], results: Sequence[RankResu
 
 
 def _run_result(case: CaseJob, results: Sequence[RankResult], job: RankJob) -> RunResult:
-    n = len(job.batches)
+    n = 0 if job.fake else len(job.batches)
     return RunResult(outputs=[[res.outputs[i] for res in results] for i in range(n)],
                      grads=[_assemble_grads(case.tables, results, i) for i in range(n)],
                      counter=CollectiveCounter(r for res in results for r in res.records),
-                     world_size=job.world_size, local_world_size=job.local_world_size)
+                     world_size=job.world_size, local_world_size=job.local_world_size,
+                     ranks=job.run_ranks)
 
 
 def run_sharded_cases(cases: Sequence[tuple[Sequence[EmbeddingTable], Any]],
                       batches: Iterable[Any], *, world_size: int = 4, local_world_size: int = 2,
                       weights: Mapping[str, np.ndarray] | None = None, seed: int = 0,
                       values_dtype: str = "int64", lengths_dtype: str = "int64",
-                      open_row_wise: bool = True, timeout_s: float = 120.0) -> list[RunResult]:
+                      open_row_wise: bool = True, timeout_s: float = 120.0,
+                      fake_ranks: Sequence[int] | None = None) -> list[RunResult]:
     """:func:`run_sharded` for several (tables, shardings) cases in one spawned world, one
     after the other (each case its own ``DistributedModelParallel``); starting the processes
-    costs seconds, a case a fraction of that. Returns one :class:`RunResult` per case."""
+    costs seconds, a case a fraction of that. Returns one :class:`RunResult` per case.
+
+    ``fake_ranks``: start only these ranks, each alone in a world of ``world_size`` on torch's
+    fake process group, in which every rank holds the simulated rank's local batch (see
+    ``torchrec_world.CountingProcessGroup``; pooled tables only): larger worlds than the
+    machine can run, exact
+    bytes for that world (:func:`expected_collectives` of the batch made of ``world_size``
+    copies of the local one); no outputs or gradients (other ranks' embeddings are unknown)."""
     _check_dtypes(values_dtype, lengths_dtype)
+    fake = tuple(int(r) for r in fake_ranks) if fake_ranks is not None else ()
+    if fake_ranks is not None and (not fake or any(not 0 <= r < world_size for r in fake)):
+        raise ConfigError(f"fake_ranks {list(fake)} must be ranks in [0, {world_size})")
     bs = _as_batches(batches, world_size)
     jobs = []
     for tables, shardings in cases:
         tables, world_size, local_world_size = _resolve_world(shardings, tables, world_size,
                                                               local_world_size)
+        if fake and any(t.kind == "sequence" for t in tables):
+            raise ConfigError("a fake world runs pooled tables only: TorchRec 1.8's sharded "
+                              "EmbeddingCollection all-gathers every rank's shard metadata "
+                              "(embedding.py _initialize_torch_state), which one fake rank "
+                              "cannot know")
         sh = table_shardings(shardings, tables)
         for t in tables:
             sh[t.name].check(t, world_size, local_world_size)
@@ -838,10 +880,9 @@ def run_sharded_cases(cases: Sequence[tuple[Sequence[EmbeddingTable], Any]],
     world = _torchrec_world()
     with tempfile.TemporaryDirectory(prefix="fs-torchrec-") as tmp:
         job = RankJob(jobs, bs, world_size, local_world_size, seed, values_dtype, lengths_dtype,
-                      open_row_wise, timeout_s, tmp)
+                      open_row_wise, timeout_s, tmp, fake=bool(fake), ranks=fake)
         per_rank = world.spawn_ranks(job)
-    return [_run_result(c, [per_rank[r][i] for r in range(world_size)], job)
-            for i, c in enumerate(jobs)]
+    return [_run_result(c, [res[i] for res in per_rank], job) for i, c in enumerate(jobs)]
 
 
 def run_sharded(tables: Sequence[EmbeddingTable], shardings: Plan | Mapping[str, Any],

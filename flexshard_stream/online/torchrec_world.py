@@ -120,104 +120,143 @@ def _split_bytes(t: torch.Tensor, splits: Sequence[int], n: int) -> tuple[int, .
     return tuple(row * int(s) for s in splits)
 
 
-def _counting_pg_class() -> type:
-    class CountingProcessGroup(dist.ProcessGroup):
-        """A process group that records each collective, then runs it on the wrapped group.
+def _mirror_all_to_all(out: torch.Tensor, inp: torch.Tensor, in_splits: Sequence[int], me: int,
+                       n: int) -> None:
+    rows = list(in_splits) if in_splits else [inp.size(0) // n] * n
+    mine = inp.narrow(0, sum(rows[:me]), rows[me])
+    out.copy_(torch.cat([mine] * n).view_as(out))
 
-        Parameters
-        ----------
-        inner : torch.distributed.Backend
-            The group doing the work (``ProcessGroupGloo``, or torch's ``FakeProcessGroup``).
-        rank, size : int
-            This rank in the group and the group size.
-        """
 
-        def __init__(self, inner: Any, rank: int, size: int):
-            super().__init__(rank, size)
-            self._inner = inner
-            self._ranks: tuple[int, ...] | None = None
+def _done_with(value: Any) -> Any:
+    """A completed ``Work`` whose future holds ``value``."""
+    from torch._C._distributed_c10d import _create_work_from_future
 
-        def getBackendName(self) -> str:  # noqa: N802  (torch's name)
-            return BACKEND
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(value)
+    return _create_work_from_future(fut)
 
-        @property
-        def group_name(self) -> str:
-            return dist.distributed_c10d._world.pg_names[self]
 
-        def _record(self, op: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-                    send: tuple[int, ...] = (), recv: tuple[int, ...] = ()) -> None:
-            if self._ranks is None:
-                self._ranks = tuple(dist.get_process_group_ranks(self))
-            t = inputs[0] if inputs else outputs[0]
-            RECORDER.records.append(CollectiveRecord(
-                rank=dist.get_rank(), group=self._ranks, op=op, component=_component(op),
-                phase=RECORDER.phase, iteration=RECORDER.iteration, dtype=str(t.dtype).split(".")[-1],
-                elem_bytes=t.element_size(), input_bytes=sum(_nbytes(x) for x in inputs),
-                output_bytes=sum(_nbytes(x) for x in outputs), send_bytes=send, recv_bytes=recv))
+class CountingProcessGroup(dist.ProcessGroup):
+    """A process group that records each collective, then runs it on the wrapped group.
 
-        def all_to_all_single(self, out, inp, out_splits, in_splits, opts):
-            n = self.size()
-            self._record("all_to_all", [inp], [out], _split_bytes(inp, in_splits, n),
-                         _split_bytes(out, out_splits, n))
-            return self._inner.alltoall_base(out, inp, out_splits, in_splits, opts)
+    With ``fake=True`` the wrapped group is torch's ``FakeProcessGroup`` (no communication, one
+    process per simulated rank) and the world simulated is one in which every rank holds this
+    rank's local batch. There, what any rank sends this one in the KJT all-to-all is what this
+    rank sends itself, so the input dist is mirrored exactly (this rank's own chunk from every
+    peer) and every size TorchRec derives from it is right; embeddings held by other ranks are
+    not known, so the other collectives get zeros (all-to-all), ``n`` copies of this rank's part
+    (reduce-scatter, all-reduce) or the repeated input (all-gather). Byte counts are exact for
+    that world; outputs and gradients are not.
 
-        def alltoall(self, outs, ins, opts):
-            self._record("all_to_all", ins, outs, tuple(_nbytes(x) for x in ins),
-                         tuple(_nbytes(x) for x in outs))
-            return self._inner.alltoall(outs, ins, opts)
+    Parameters
+    ----------
+    inner : torch.distributed.Backend
+        The group doing the work (``ProcessGroupGloo`` or ``FakeProcessGroup``).
+    rank, size : int
+        This rank in the group and the group size.
+    fake : bool
+        Mirror this rank's inputs instead of communicating.
+    """
 
-        def reduce_scatter_single(self, out, inp, opts):
-            n = self.size()
-            self._record("reduce_scatter", [inp], [out], (_nbytes(inp) // n,) * n,
-                         (_nbytes(out),) * n)
-            return self._inner._reduce_scatter_base(out, inp, opts)
+    def __init__(self, inner: Any, rank: int, size: int, fake: bool = False):
+        super().__init__(rank, size)
+        self._inner = inner
+        self._fake = fake
+        self._ranks: tuple[int, ...] | None = None
 
-        def reduce_scatter(self, outs, in_lists, opts):
-            ins = list(in_lists[0])
-            self._record("reduce_scatter", ins, outs, tuple(_nbytes(x) for x in ins),
-                         (_nbytes(outs[0]),) * len(ins))
-            return self._inner.reduce_scatter(outs, in_lists, opts)
+    def getBackendName(self) -> str:  # noqa: N802  (torch's name)
+        return BACKEND
 
-        def all_gather_single(self, out, inp, opts):
-            n = self.size()
-            self._record("all_gather", [inp], [out], (_nbytes(inp),) * n, (_nbytes(out) // n,) * n)
-            return self._inner._allgather_base(out, inp, opts)
+    @property
+    def group_name(self) -> str:
+        return dist.distributed_c10d._world.pg_names[self]
 
-        def allgather(self, out_lists, ins, opts):
-            outs = list(out_lists[0])
-            self._record("all_gather", ins, outs, (_nbytes(ins[0]),) * len(outs),
-                         tuple(_nbytes(x) for x in outs))
-            return self._inner.allgather(out_lists, ins, opts)
+    def _record(self, op: str, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                send: tuple[int, ...] = (), recv: tuple[int, ...] = ()) -> str:
+        """File one collective with :data:`RECORDER`; returns its component."""
+        if self._ranks is None:
+            self._ranks = tuple(dist.get_process_group_ranks(self))
+        t = inputs[0] if inputs else outputs[0]
+        component = _component(op)
+        RECORDER.records.append(CollectiveRecord(
+            rank=dist.get_rank(), group=self._ranks, op=op, component=component,
+            phase=RECORDER.phase, iteration=RECORDER.iteration, dtype=str(t.dtype).split(".")[-1],
+            elem_bytes=t.element_size(), input_bytes=sum(_nbytes(x) for x in inputs),
+            output_bytes=sum(_nbytes(x) for x in outputs), send_bytes=send, recv_bytes=recv))
+        return component
 
-        def allreduce(self, tensors, opts):
-            self._record("all_reduce", tensors, tensors)
+    def _done(self) -> Any:
+        return self._inner.barrier(dist.BarrierOptions())
+
+    def all_to_all_single(self, out, inp, out_splits, in_splits, opts):
+        n = self.size()
+        component = self._record("all_to_all", [inp], [out], _split_bytes(inp, in_splits, n),
+                                 _split_bytes(out, out_splits, n))
+        if self._fake:
+            if component.startswith("input_"):
+                _mirror_all_to_all(out, inp, in_splits, self.rank(), n)
+            else:
+                out.zero_()
+            return self._done()
+        return self._inner.alltoall_base(out, inp, out_splits, in_splits, opts)
+
+    def reduce_scatter_single(self, out, inp, opts):
+        n = self.size()
+        self._record("reduce_scatter", [inp], [out], (_nbytes(inp) // n,) * n,
+                     (_nbytes(out),) * n)
+        if self._fake:
+            out.copy_(inp.reshape(n, -1)[self.rank()].view_as(out) * n)
+            return self._done()
+        return self._inner._reduce_scatter_base(out, inp, opts)
+
+    def all_gather_single(self, out, inp, opts):
+        n = self.size()
+        self._record("all_gather", [inp], [out], (_nbytes(inp),) * n, (_nbytes(out) // n,) * n)
+        if self._fake:
+            out.copy_(torch.cat([inp.reshape(-1)] * n).view_as(out))
+            return self._done()
+        return self._inner._allgather_base(out, inp, opts)
+
+    def allgather(self, out_lists, ins, opts):
+        outs = list(out_lists[0])
+        self._record("all_gather", ins, outs, (_nbytes(ins[0]),) * len(outs),
+                     tuple(_nbytes(x) for x in outs))
+        if self._fake:
+            for o in outs:
+                o.copy_(ins[0])
+            return self._done()
+        return self._inner.allgather(out_lists, ins, opts)
+
+    def allreduce(self, tensors, opts):
+        self._record("all_reduce", tensors, tensors)
+        if not self._fake:
             return self._inner.allreduce(tensors, opts)
+        if opts.reduceOp == dist.ReduceOp.SUM:
+            for t in tensors:
+                t.mul_(self.size())
+        return _done_with(list(tensors))  # DDP's reducer reads the result from the future
 
-        def allreduce_coalesced(self, tensors, opts):
-            self._record("all_reduce", tensors, tensors)
-            return self._inner.allreduce_coalesced(tensors, opts)
+    def broadcast(self, tensors, opts):
+        self._record("broadcast", tensors, tensors)
+        return self._done() if self._fake else self._inner.broadcast(tensors, opts)
 
-        def broadcast(self, tensors, opts):
-            self._record("broadcast", tensors, tensors)
-            return self._inner.broadcast(tensors, opts)
-
-        def barrier(self, opts):
-            return self._inner.barrier(opts)
-
-    return CountingProcessGroup
+    def barrier(self, opts):
+        return self._inner.barrier(opts)
 
 
-CountingProcessGroup = _counting_pg_class()
+#: Set in a rank process that simulates a fake world (see :class:`CountingProcessGroup`).
+FAKE_WORLD = {"on": False}
 
 
 def _create_counting_pg(opts: Any, backend_options: Any) -> Any:
-    """``torch.distributed`` backend factory: gloo, or the fake group when ``FS_FAKE_PG`` is set."""
-    if os.environ.get("FS_FAKE_PG"):
+    """``torch.distributed`` backend factory: gloo, or the fake group in a fake world."""
+    if FAKE_WORLD["on"]:
         from torch._C._distributed_c10d import FakeProcessGroup
+
         inner = FakeProcessGroup._create_internal(opts.group_rank, opts.group_size,
                                                   FakeProcessGroup.Options())
-    else:
-        inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+        return CountingProcessGroup(inner, opts.group_rank, opts.group_size, fake=True)
+    inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     return CountingProcessGroup(inner, opts.group_rank, opts.group_size)
 
 
@@ -387,13 +426,33 @@ def _loss(outputs: Mapping[str, torch.Tensor], job: RankJob, iteration: int,
 
 
 # ----------------------------------------------------------------------------- one rank
+def _skip_collective_validation() -> None:
+    """In a fake world, skip the one TorchRec collective a fake rank cannot mirror: DMP's
+    start-up broadcast of rank 0's collective-validation setting (``collective_utils.py``
+    ``init_collective_validation``, a ``broadcast_object_list`` whose size a non-root rank
+    cannot know). Validation stays off, its default."""
+    from torchrec.distributed import collective_utils
+
+    collective_utils._INITIALIZED = True
+    collective_utils._USE_COLLECTIVE_VALIDATION = False
+
+
 def _init_rank(rank: int, job: RankJob) -> None:
     os.environ.update(LOCAL_WORLD_SIZE=str(job.local_world_size),
                       LOCAL_RANK=str(rank % job.local_world_size), RANK=str(rank),
                       WORLD_SIZE=str(job.world_size))
     register_backend()
-    dist.init_process_group(BACKEND, init_method=f"file://{job.store_path}", rank=rank,
-                            world_size=job.world_size, timeout=timedelta(seconds=job.timeout_s))
+    timeout = timedelta(seconds=job.timeout_s)
+    if job.fake:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        FAKE_WORLD["on"] = True
+        _skip_collective_validation()
+        dist.init_process_group(BACKEND, store=FakeStore(), rank=rank, world_size=job.world_size,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(BACKEND, init_method=f"file://{job.store_path}", rank=rank,
+                                world_size=job.world_size, timeout=timeout)
 
 
 def _local_shards(dmp: nn.Module) -> dict[str, list[tuple[tuple[int, int], Any]]]:
@@ -534,11 +593,11 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _stop(procs: Sequence[subprocess.Popen]) -> None:
-    for p in procs:
+def _stop(procs: Mapping[int, subprocess.Popen]) -> None:
+    for p in procs.values():
         if p.poll() is None:
             p.kill()
-    for p in procs:
+    for p in procs.values():
         p.wait()
 
 
@@ -549,8 +608,24 @@ def _failure(job: RankJob, rank: int, code: int | None) -> RunError:
     return RunError(f"TorchRec rank {rank} of {job.world_size} {what}:\n{tail}")
 
 
+def _wait(job: RankJob, procs: Mapping[int, subprocess.Popen], deadline: float) -> None:
+    """Wait for every rank; :class:`RunError` for the first that fails or outlives
+    ``deadline`` (``time.monotonic`` seconds)."""
+    while True:
+        codes = {r: p.poll() for r, p in procs.items()}
+        failed = [r for r, c in codes.items() if c not in (None, 0)]
+        if failed:
+            raise _failure(job, failed[0], codes[failed[0]])
+        running = [r for r, c in codes.items() if c is None]
+        if not running:
+            return
+        if time.monotonic() > deadline:
+            raise _failure(job, running[0], None)
+        time.sleep(0.05)
+
+
 def spawn_ranks(job: RankJob) -> list[list[RankResult]]:
-    """Start ``job.world_size`` Python processes (one per rank, ``python -m`` this module), wait
+    """Start one Python process per rank of ``job.run_ranks`` (``python -m`` this module), wait
     for them and return each rank's results (one per case).
 
     Raises :class:`RunError` with the log of the first rank that fails; the others are killed.
@@ -558,26 +633,16 @@ def spawn_ranks(job: RankJob) -> list[list[RankResult]]:
     work = Path(job.work_dir)
     job_path = work / "job.pkl"
     job_path.write_bytes(pickle.dumps(job))
-    procs = []
-    for r in range(job.world_size):
-        with open(work / f"rank{r}.log", "wb") as log:
-            procs.append(subprocess.Popen(_rank_command(job_path, r), env=_child_env(),
-                                          stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + job.timeout_s + 60.0 * (1 + len(job.cases))
+    procs: dict[int, subprocess.Popen] = {}
     try:
-        while any(p.poll() is None for p in procs):
-            failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-            if failed:
-                raise _failure(job, failed[0], procs[failed[0]].returncode)
-            if time.monotonic() > deadline:
-                raise _failure(job, next(r for r, p in enumerate(procs) if p.poll() is None), None)
-            time.sleep(0.05)
-        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
-        if failed:
-            raise _failure(job, failed[0], procs[failed[0]].returncode)
+        for r in job.run_ranks:
+            with open(work / f"rank{r}.log", "wb") as log:
+                procs[r] = subprocess.Popen(_rank_command(job_path, r), env=_child_env(),
+                                            stdout=log, stderr=subprocess.STDOUT)
+        _wait(job, procs, time.monotonic() + job.timeout_s + 60.0 * (1 + len(job.cases)))
     finally:
         _stop(procs)
-    return [pickle.loads(Path(job.result_path(r)).read_bytes()) for r in range(job.world_size)]
+    return [pickle.loads(Path(job.result_path(r)).read_bytes()) for r in job.run_ranks]
 
 
 def run_reference(job: RankJob, case: CaseJob) -> list[RankResult]:
