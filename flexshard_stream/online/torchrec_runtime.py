@@ -251,7 +251,7 @@ def table_shardings(plan: Plan | Mapping[str, TableSharding | str],
         ranges, an arbitrary set of GPUs), or a mapping that misses or adds tables.
     """
     if isinstance(plan, Plan):
-        return {tp.name: _table_sharding_of(tp, plan) for tp in plan.tables}
+        return {name: _table_sharding_of(tp, plan) for name, tp in plan.tables.items()}
     out = {name: TableSharding.parse(s) for name, s in plan.items()}
     if tables is not None:
         names = [t.name for t in tables]
@@ -300,7 +300,7 @@ def sharding_plan(plan: Plan | Mapping[str, TableSharding | str],
 def _resolve_world(plan: Any, tables: Sequence[EmbeddingTable] | None, world_size: int | None,
                    local_world_size: int | None) -> tuple[list[EmbeddingTable], int, int]:
     if isinstance(plan, Plan):
-        tables = tables or [tp.table for tp in plan.tables]
+        tables = tables or [tp.table for tp in plan.tables.values()]
         world_size = world_size or plan.topology.num_gpus
         local_world_size = local_world_size or plan.topology.gpus_per_node
     if tables is None or world_size is None or local_world_size is None:
@@ -912,8 +912,9 @@ def run_sharded(tables: Sequence[EmbeddingTable], shardings: Plan | Mapping[str,
     values_dtype, lengths_dtype : {"int64", "int32"}
         dtypes of the KJT's values and lengths.
     open_row_wise : bool
-        Use the CPU sharder that offers pooled row-wise and table-row-wise
-        (:data:`OPENED_SHARDING_TYPES`); False keeps TorchRec's own.
+        Give DMP the CPU sharder that offers pooled row-wise and table-row-wise
+        (:data:`OPENED_SHARDING_TYPES`); False gives TorchRec's own, which runs them too under
+        an explicit plan (the difference matters to TorchRec's planner, not to a run).
     timeout_s : float
         Collective timeout of the process group, seconds.
 

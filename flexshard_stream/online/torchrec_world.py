@@ -272,8 +272,11 @@ class CpuEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     """TorchRec's pooled sharder, offering row-wise and table-row-wise on CPU as well.
 
     TorchRec 1.8 lists them for ``cuda`` (and ``mtia``) only (``embedding_types.py``,
-    ``BaseEmbeddingSharder.sharding_types``); their CPU code paths (fbgemm's CPU block
-    bucketization, gloo's reduce-scatter) run, which this sharder makes reachable."""
+    ``BaseEmbeddingSharder.sharding_types``), so its planner refuses them on CPU
+    (``planner/enumerators.py``: "No available sharding type and compute kernel combination").
+    Their CPU code paths (fbgemm's CPU block bucketization, gloo's reduce-scatter) run; an
+    explicit ``plan=`` reaches them with TorchRec's own sharder too (``DistributedModelParallel``
+    does not check a plan against the sharder's list). Give this sharder to the planner."""
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return list(dict.fromkeys(super().sharding_types(compute_device_type)
@@ -293,13 +296,6 @@ def cpu_sharders(open_row_wise: bool = True) -> list[Any]:
     fused = dict(FUSED_PARAMS, optimizer=EmbOptimType.EXACT_SGD)
     pooled = CpuEmbeddingBagCollectionSharder if open_row_wise else EmbeddingBagCollectionSharder
     return [pooled(fused_params=fused), EmbeddingCollectionSharder(fused_params=fused)]
-
-
-def _check_offered(sharder: Any, table: EmbeddingTable, sh: TableSharding) -> None:
-    offered = sharder.sharding_types("cpu")
-    if sh.sharding_type not in offered:
-        raise ValueError(f"table {table.name!r}: {sh.sharding_type} is not offered on CPU by "
-                         f"{type(sharder).__name__} (offers {offered})")
 
 
 def parameter_sharding(table: EmbeddingTable, sh: TableSharding, world_size: int,
@@ -328,7 +324,6 @@ def parameter_sharding(table: EmbeddingTable, sh: TableSharding, world_size: int
         raise ValueError(f"table {table.name!r}: unknown sharding type {st!r}")
     param = nn.Parameter(torch.empty(table.num_rows, table.dim, device="meta"))
     sharder = cpu_sharders()[0 if table.kind == "pooled" else 1]
-    _check_offered(sharder, table, sh)
     ps = gen(param, local_world_size, world_size, "cpu", sharder)
     return dataclasses.replace(ps, sharding_type=st, compute_kernel=kernel)
 
