@@ -249,7 +249,8 @@ def test_fake_world_counts_equal_the_formulas(fake_runs, name):
                                         lengths_dtype="int32", weighted=True)
         got = run.counter.select(iteration=it).summary()
         if it == 0:
-            got = {k: v for k, v in got.items() if k[5] != "int32" or k[3] != "data_parallel_all_reduce"}
+            got = {k: v for k, v in got.items()
+                   if k[5] != "int32" or k[3] != "data_parallel_all_reduce"}
         assert got == expected.select(rank=FAKE_RANK).summary()
         assert any(k[3] == "input_weights" and k[5] == "float32" for k in got)
 
@@ -302,6 +303,25 @@ def test_torchrec_planner_refuses_pooled_row_wise_on_cpu_unless_the_sharder_offe
         assert plan.plan[""]["t"].sharding_type == st
 
 
+def test_sharding_plan_of_our_plan_has_ranks_and_offsets():
+    pytest.importorskip("torchrec")
+    from flexshard_stream.online.torchrec_runtime import sharding_plan
+
+    topo = Topology.uniform(2, 2)
+    tables = [EmbeddingTable("p", 10, 8, kind="pooled"), EmbeddingTable("s", 7, 8)]
+    twrw = baselines.table_row_wise(tables[:1], topo)
+    plan = sharding_plan(twrw)
+    node = twrw.meta["node_of_table"]["p"]
+    ps = plan.plan["ebc"]["p"]
+    assert ps.sharding_type == "table_row_wise" and ps.ranks == [2 * node, 2 * node + 1]
+    assert [s.shard_offsets for s in ps.sharding_spec.shards] == [[0, 0], [5, 0]]
+    with pytest.raises(ConfigError, match="no table_row_wise for sequence"):   # TorchRec's EC
+        sharding_plan(baselines.table_row_wise(tables, topo))
+    rw = sharding_plan(baselines.row_wise(tables, topo))
+    assert [s.shard_sizes for s in rw.plan["ec"]["s"].sharding_spec.shards] == \
+        [[2, 8], [2, 8], [2, 8], [1, 8]]
+
+
 def test_fake_world_runs_pooled_tables_only():
     t = EmbeddingTable("s", 10, 4, kind="sequence")
     with pytest.raises(ConfigError, match="pooled tables only"):
@@ -331,8 +351,8 @@ def test_table_shardings_refuse_what_torchrec_cannot_express():
     cases = {
         "hashed rows": TablePlan(t, ColdSharding.hashed(range(4))),
         "weighted ranges": TablePlan(t, ColdSharding.ranges(range(4), 100, [1, 2, 3, 4])),
-        "replicated, node or explicitly placed rows": TablePlan(t, ColdSharding.ranges(range(4), 100),
-                                                                global_ids=[3]),
+        "replicated, node or explicitly placed rows":
+            TablePlan(t, ColdSharding.ranges(range(4), 100), global_ids=[3]),
         "neither every GPU": TablePlan(t, ColdSharding.ranges([0, 3], 100)),
     }
     for why, tp in cases.items():
@@ -343,7 +363,8 @@ def test_table_shardings_refuse_what_torchrec_cannot_express():
 def test_sharding_checks():
     t = EmbeddingTable("t", 100, 8, kind="pooled")
     TableSharding.parse("table_column_wise:2,3").check(t, W, M)
-    for spec, why in [("table_column_wise:1,2", "span nodes"), ("column_wise:0,1,2,3", "multiple of 4"),
+    for spec, why in [("table_column_wise:1,2", "span nodes"),
+                      ("column_wise:0,1,2,3", "multiple of 4"),
                       ("column_wise:0,0", "one column shard per rank"), ("table_wise:4", "not in"),
                       ("table_row_wise:2", "host 2")]:
         with pytest.raises(ConfigError, match=why):

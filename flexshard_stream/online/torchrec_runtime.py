@@ -33,9 +33,9 @@ from ..stats.batch import Batch, slice_batch
 
 __all__ = ["SHARDING_TYPES", "CPU_SHARDING_TYPES", "OPENED_SHARDING_TYPES", "TableSharding",
            "table_shardings", "sharding_plan", "CollectiveRecord", "CollectiveCounter",
-           "RunResult", "RunError", "run_sharded", "run_unsharded", "initial_weights",
-           "upstream_gradient", "torchrec_row_blocks", "torchrec_column_block", "expected_collectives", "CaseJob", "RankJob",
-           "RankResult", "run_sharded_cases"]
+           "expected_collectives", "RunResult", "RunError", "run_sharded", "run_sharded_cases",
+           "run_unsharded", "initial_weights", "upstream_gradient", "torchrec_row_blocks",
+           "torchrec_column_block", "CaseJob", "RankJob", "RankResult"]
 
 #: Every sharding type this module builds plans for (TorchRec's ``ShardingType`` values).
 SHARDING_TYPES: tuple[str, ...] = ("data_parallel", "table_wise", "column_wise",
@@ -137,7 +137,8 @@ class TableSharding:
         if self.sharding_type not in offered:
             raise ConfigError(f"{where}: TorchRec 1.8 has no {self.sharding_type} for "
                               f"{table.kind} tables on CPU (offered: {list(offered)})")
-        if self.sharding_type == "table_row_wise" and not 0 <= self.host < world_size // local_world_size:
+        nodes = world_size // local_world_size
+        if self.sharding_type == "table_row_wise" and not 0 <= self.host < nodes:
             raise ConfigError(f"{where}: host {self.host} not in [0, "
                               f"{world_size // local_world_size})")
         self._check_kernel(table, where)

@@ -348,12 +348,15 @@ class Collections(nn.Module):
     def __init__(self, tables: Sequence[EmbeddingTable], weighted: bool = False,
                  device: str = "cpu"):
         super().__init__()
-        pooled = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.num_rows,
-                                     feature_names=[t.feature]) for t in tables if t.kind == "pooled"]
-        seq = [EmbeddingConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.num_rows,
-                               feature_names=[t.feature]) for t in tables if t.kind == "sequence"]
+        def config(cls: type, t: EmbeddingTable) -> Any:
+            return cls(name=t.name, embedding_dim=t.dim, num_embeddings=t.num_rows,
+                       feature_names=[t.feature])
+
+        pooled = [config(EmbeddingBagConfig, t) for t in tables if t.kind == "pooled"]
+        seq = [config(EmbeddingConfig, t) for t in tables if t.kind == "sequence"]
         dev = torch.device(device)
-        self.ebc = EmbeddingBagCollection(pooled, is_weighted=weighted, device=dev) if pooled else None
+        self.ebc = (EmbeddingBagCollection(pooled, is_weighted=weighted, device=dev) if pooled
+                    else None)
         self.ec = EmbeddingCollection(seq, device=dev) if seq else None
 
     def forward(self, pooled: KeyedJaggedTensor | None,
@@ -374,7 +377,8 @@ def build_collections(tables: Sequence[EmbeddingTable], weighted: bool = False,
 
 
 def kjt_from_batch(batch: Batch, keys: Sequence[str], values_dtype: str = "int64",
-                   lengths_dtype: str = "int64", weighted: bool = False) -> KeyedJaggedTensor | None:
+                   lengths_dtype: str = "int64",
+                   weighted: bool = False) -> KeyedJaggedTensor | None:
     """The ``KeyedJaggedTensor`` of the features ``keys`` of ``batch`` (None if ``keys`` is empty).
 
     Values and lengths are cast to ``values_dtype`` / ``lengths_dtype`` (``"int64"`` or
