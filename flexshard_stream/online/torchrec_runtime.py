@@ -98,8 +98,7 @@ class TableSharding:
             raise ConfigError(f"sharding type {self.sharding_type!r} unknown; expected one of "
                               f"{list(SHARDING_TYPES)}")
         object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
-        need = {"table_wise": 1}.get(self.sharding_type)
-        if need is not None and len(self.ranks) != need:
+        if self.sharding_type == "table_wise" and len(self.ranks) != 1:
             raise ConfigError(f"table_wise needs exactly one rank, got {list(self.ranks)}")
         if self.sharding_type in ("column_wise", "table_column_wise") and not self.ranks:
             raise ConfigError(f"{self.sharding_type} needs the ranks of its column shards")
@@ -114,7 +113,11 @@ class TableSharding:
         if isinstance(spec, TableSharding):
             return spec
         kind, _, arg = str(spec).partition(":")
-        nums = tuple(int(x) for x in arg.split(",") if x.strip()) if arg else ()
+        try:
+            nums = tuple(int(x) for x in arg.split(",") if x.strip())
+        except ValueError:
+            raise ConfigError(f"sharding {spec!r}: expected 'type' or 'type:n[,n...]' with "
+                              f"integer ranks (or the host)") from None
         if kind == "table_row_wise":
             return cls(kind, host=nums[0] if nums else None)
         return cls(kind, nums)
@@ -480,17 +483,17 @@ class _Group:
     kind: str
     sharding_type: str
     slots: list[_Slot]
-    locals: list[Batch]
+    local_batches: list[Batch]
     world_size: int
     local_world_size: int
 
     @property
     def batch_size(self) -> int:
-        return self.locals[0].batch_size
+        return self.local_batches[0].batch_size
 
     def ids(self, rank: int, s: _Slot) -> int:
         """IDs of rank ``rank``'s local batch that go to slot ``s``."""
-        v = self.locals[rank].feature_values(s.table.feature)
+        v = self.local_batches[rank].feature_values(s.table.feature)
         return int(np.count_nonzero((v >= s.lo) & (v < s.hi)))
 
     def to(self, dst: int) -> list[_Slot]:
@@ -500,7 +503,7 @@ class _Group:
 def _record(rank: int, group: Sequence[int], op: str, component: str, phase: str, dtype: str,
             send: Sequence[int], recv: Sequence[int], elem: int) -> CollectiveRecord:
     return CollectiveRecord(rank, tuple(group), op, component, phase, None, dtype, elem,
-                            sum(send), sum(recv), tuple(int(x) for x in send),
+                            int(sum(send)), int(sum(recv)), tuple(int(x) for x in send),
                             tuple(int(x) for x in recv))
 
 
@@ -645,7 +648,7 @@ def expected_collectives(tables: Sequence[EmbeddingTable],
     sh = table_shardings(shardings, tables)
     batch = _as_batches([batch], world_size)[0]
     b = batch.batch_size // world_size
-    locals_ = [slice_batch(batch, r * b, (r + 1) * b) for r in range(world_size)]
+    local_batches = [slice_batch(batch, r * b, (r + 1) * b) for r in range(world_size)]
     records: list[CollectiveRecord] = []
     for kind in ("pooled", "sequence"):
         for st in SHARDING_TYPES:
@@ -653,7 +656,7 @@ def expected_collectives(tables: Sequence[EmbeddingTable],
             if not ts or st == "data_parallel":
                 continue
             slots = [s for t in ts for s in _slots(t, sh[t.name], world_size, local_world_size)]
-            g = _Group(kind, st, slots, locals_, world_size, local_world_size)
+            g = _Group(kind, st, slots, local_batches, world_size, local_world_size)
             records += _input_dist(g, values_dtype, lengths_dtype, weighted and kind == "pooled")
             records += _output_dist(g)
     dp = [t for t in tables if sh[t.name].sharding_type == "data_parallel"]
