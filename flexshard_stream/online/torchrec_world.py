@@ -42,7 +42,8 @@ from ..stats.batch import Batch, slice_batch
 from .torchrec_runtime import (OPENED_SHARDING_TYPES, CaseJob, CollectiveRecord, RankJob,
                                RankResult, RunError, TableSharding, upstream_gradient)
 
-__all__ = ["CountingProcessGroup", "BACKEND", "register_backend", "cpu_sharders",
+__all__ = ["CountingProcessGroup", "BACKEND", "FAKE_WORLD", "register_backend",
+           "CpuEmbeddingBagCollectionSharder", "cpu_sharders", "FUSED_PARAMS", "Collections",
            "build_collections", "parameter_sharding", "module_sharding_plan", "kjt_from_batch",
            "load_weights", "rank_main", "spawn_ranks", "run_reference"]
 
