@@ -20,6 +20,7 @@ from flexshard_stream.placement.export_torchrec import (
     CONSTRAINTS_FILE,
     MANIFEST_FILE,
     PARAMETER_CONSTRAINTS_FIELDS,
+    SHARDING_PLAN_FILE,
     export_torchrec,
     load_torchrec_export,
     plan_from_export,
@@ -81,7 +82,7 @@ def _check_export(plan, ex, node_replicas):
     for name, tp in plan.tables.items():
         e = ex.entry(name)
         H, K = tp.table.num_rows, e["hot_rows"]
-        remap = ex.remaps[name]
+        remap = ex.remaps[name].dense()
         # a bijection of [0, H) onto hot [0, K) + cold [0, H - K)
         assert np.array_equal(np.sort(remap), np.arange(H))
         if tp.replicated:
@@ -103,12 +104,16 @@ def _check_export(plan, ex, node_replicas):
         cold_ids = np.flatnonzero(remap >= K)
         cidx = remap[cold_ids] - K
         block = cidx // -(-C // len(c["ranks"]))
-        # within each TorchRec block the rows keep their original (plan) order
+        # within each TorchRec block: its explicitly placed rows by ID, then the other rows by ID
         by_cidx = np.empty(C, np.int64)
         by_cidx[cidx] = cold_ids
         blk = np.arange(C) // -(-C // len(c["ranks"]))
+        placed = np.isin(by_cidx, tp.placed_ids)
         for b in np.unique(blk):
-            assert np.all(np.diff(by_cidx[blk == b]) > 0)
+            inb = blk == b
+            p = placed[inb]
+            assert not np.any(p[1:] & ~p[:-1]), "placed rows first in a block"
+            assert np.all(np.diff(by_cidx[inb][p]) > 0) and np.all(np.diff(by_cidx[inb][~p]) > 0)
         # routing the remapped IDs: the rebuilt plan serves cold rows from TorchRec's block owner
         # and hot rows locally, from every GPU
         owner = np.asarray(c["ranks"])[block]
@@ -123,10 +128,18 @@ def _check_export(plan, ex, node_replicas):
         plan_owner[keep] = plan.route(name, ids[keep], 0)
         if node_replicas == "cold" and tp.node_ids.size:
             plan_owner[tp.node_ids] = plan_from_cold_function(tp, plan.topology, tp.node_ids)
-        assert c["rows_on_plan_gpu"] == int(np.sum(plan_owner[cold_ids] == owner))
-        n_g = np.bincount(plan_owner[cold_ids], minlength=G)
         caps = np.zeros(G, np.int64)
         caps[c["ranks"]] = c["shard_rows"]
+        placed = np.isin(cold_ids, tp.placed_ids)
+        n_p = np.bincount(plan_owner[cold_ids[placed]], minlength=G)
+        assert c["placed_on_plan_gpu"] == int(np.sum(plan_owner[cold_ids[placed]]
+                                                     == owner[placed]))
+        assert c["placed_on_plan_gpu"] == int(np.minimum(n_p, caps).sum())
+        if tp.cold.kind == "hash":   # a hash's rows are laid out in ID order: not counted
+            assert c["rows_on_plan_gpu"] is None
+            continue
+        assert c["rows_on_plan_gpu"] == int(np.sum(plan_owner[cold_ids] == owner))
+        n_g = np.bincount(plan_owner[cold_ids], minlength=G)
         assert c["rows_on_plan_gpu"] == int(np.minimum(n_g, caps).sum())
     # the manifest's memory figures are those of the rebuilt plan
     assert np.allclose(ex.manifest["row_bytes_per_gpu"]["export"], rebuilt.row_bytes_per_gpu)
@@ -194,7 +207,8 @@ def test_row_wise_baseline_is_identity(tmp_path):
     e = m["tables"][0]
     assert e["hot"] is None and e["hot_rows"] == 0
     assert e["cold"]["sharding_type"] == "row_wise" and e["cold"]["rows_on_plan_gpu"] == 64
-    assert np.array_equal(ex.remaps["a"], np.arange(64))
+    assert np.array_equal(ex.remaps["a"].dense(), np.arange(64))
+    assert ex.remaps["a"].nbytes == 16                   # one run: no per-row memory
     rebuilt = _check_export(plan, ex, "hot")
     for src in range(8):
         assert np.array_equal(rebuilt.route("a", np.arange(64), src),
@@ -228,7 +242,7 @@ def test_tiers_survive(tmp_path, node_replicas, cold):
     assert e["hot"]["node_rows"] == (4 if node_replicas == "hot" else 0)
     assert e["cold"]["node_rows"] == (4 if node_replicas == "cold" else 0)
     # explicitly placed rows stay on their GPU (they are kept first)
-    remap = ex.remaps["t"]
+    remap = ex.remaps["t"].dense()
     C = H - K
     owner = np.asarray(e["cold"]["ranks"])[(remap[[7, 8, 100]] - K) // -(-C // 8)]
     assert owner.tolist() == [6, 6, 2]
@@ -304,7 +318,7 @@ def test_data_parallel_table_exports_whole(tmp_path):
     m, ex = _export(plan, tmp_path)
     e = m["tables"][0]
     assert e["hot_rows"] == 30 and e["cold"] is None and e["hot"]["sharding_type"] == "data_parallel"
-    assert np.array_equal(ex.remaps["d"], np.arange(30))
+    assert np.array_equal(ex.remaps["d"].dense(), np.arange(30))
     rebuilt = plan_from_export(ex)
     assert rebuilt["d"].replicated
     assert np.allclose(rebuilt.row_bytes_per_gpu, plan.row_bytes_per_gpu)
@@ -433,8 +447,9 @@ def test_reexport_replaces_and_damage_is_detected(tmp_path):
     export_torchrec(plan, tmp_path / "x")
     export_torchrec(row_wise([EmbeddingTable("b", 16, 4)], TOPO), tmp_path / "x")
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == sorted(
-        [MANIFEST_FILE, CONSTRAINTS_FILE, CONFIGS_FILE, "b.remap.npy"])
-    f = tmp_path / "x" / "b.remap.npy"
+        [MANIFEST_FILE, CONSTRAINTS_FILE, CONFIGS_FILE, SHARDING_PLAN_FILE,
+         "b.remap_exceptions.npy", "b.remap_segments.npy"])
+    f = tmp_path / "x" / "b.remap_segments.npy"
     raw = bytearray(f.read_bytes())
     raw[-1] ^= 1
     f.write_bytes(bytes(raw))
@@ -453,8 +468,9 @@ def test_reexport_replaces_and_damage_is_detected(tmp_path):
 def test_odd_table_names_get_safe_files(tmp_path):
     t = EmbeddingTable("../evil name", 8, 4)
     m, ex = _export(row_wise([t], TOPO), tmp_path)
-    assert m["tables"][0]["remap"]["file"] == "t0.remap.npy"
-    assert np.array_equal(ex.remaps["../evil name"], np.arange(8))
+    assert m["tables"][0]["remap"]["exceptions"]["file"] == "t0.remap_exceptions.npy"
+    assert m["tables"][0]["remap"]["segments"]["file"] == "t0.remap_segments.npy"
+    assert np.array_equal(ex.remaps["../evil name"].dense(), np.arange(8))
 
 
 # ------------------------------------------------------------------ TorchRec loaders

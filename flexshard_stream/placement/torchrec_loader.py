@@ -1,0 +1,329 @@
+"""The torch side of a TorchRec export: the ID remap on a ``KeyedJaggedTensor``, the model, the plan.
+
+This module imports torch and torchrec at the top; :mod:`flexshard_stream.placement.export_torchrec`
+imports it only inside its loaders, so the package (and ``flexshard-stream export``) works without
+torch. What a training script needs from an export directory ``out``::
+
+    remap, model, plan = exported_modules(out, device="cuda")
+    dmp = DistributedModelParallel(model, plan=plan, ...)     # placement: ours, not TorchRec's
+    for kjt in loader:                                        # original IDs and keys
+        split, is_hot = remap.split(kjt)                      # <feature>__hot / <feature>__cold
+        outputs = remap.merge(dmp(split), is_hot)             # back to the original features
+
+- :class:`TableRemap`: the remap of one table on a tensor of IDs, the torch twin of
+  :meth:`flexshard_stream.placement.id_remap.IdRemap.apply` (same arrays, the same two
+  ``torch.searchsorted``, identical IDs; TorchScript-able);
+- :class:`KJTRemap`: every exported feature of a ``KeyedJaggedTensor`` split into its hot and cold
+  features (lengths per sample, weights along), and :meth:`KJTRemap.merge` to put the embeddings
+  back in the original order (sequence) or add them (pooled, SUM);
+- :class:`ExportedEmbeddings`: the exported tables as an ``EmbeddingBagCollection`` (``ebc``) and an
+  ``EmbeddingCollection`` (``ec``), plus, with ``dense_sequence_hot``, the data-parallel tables of
+  sequence features as plain ``nn.Embedding`` modules (``dense``): fbgemm-gpu-cpu 1.8's dense
+  kernel pools sequence lookups, so on CPU TorchRec cannot run them; ``DistributedModelParallel``
+  replicates such a module and DDP all-reduces its gradient, exactly what TorchRec's data-parallel
+  sharding does (docs/TORCHREC_EXPORT.md);
+- :func:`sharding_plan_from_doc`: the ``ShardingPlan`` of ``sharding_plan.json``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from ..errors import ConfigError
+from .export_torchrec import (
+    TorchRecExport,
+    load_torchrec_export,
+    torchrec_embedding_configs,
+    torchrec_sharding_plan,
+)
+from .id_remap import IdRemap
+
+__all__ = ["TableRemap", "KJTRemap", "ExportedEmbeddings", "exported_modules",
+           "sharding_plan_from_doc", "MODULE_PATHS"]
+
+#: Default module paths of the two collections in :class:`ExportedEmbeddings`.
+MODULE_PATHS: Dict[str, str] = {"EmbeddingBagCollection": "ebc", "EmbeddingCollection": "ec"}
+_INT32_ROWS = 2**31
+
+
+class TableRemap(nn.Module):
+    """The remap of one table on a tensor of original IDs: new indices (int64, same shape).
+
+    The torch twin of :meth:`IdRemap.apply`: ``p = searchsorted(exception IDs, x)``, an exception
+    if it is there, else regular rank ``x - p`` and the run ``searchsorted(run starts, rank,
+    right=True) - 1``. Buffers are not saved in ``state_dict`` (the export directory is the
+    source). IDs outside ``[0, num_rows)`` raise ``ValueError``.
+    """
+
+    def __init__(self, remap: IdRemap):
+        super().__init__()
+        exc, seg = remap.exceptions, remap.segments
+        if not seg.shape[0]:           # every row an exception: a run no ID reaches
+            seg = np.zeros((1, 2), np.int64)
+        self.num_rows = int(remap.num_rows)
+        self.num_exceptions = int(exc.shape[0])
+        self.register_buffer("exc_ids", torch.from_numpy(np.ascontiguousarray(exc[:, 0])),
+                             persistent=False)
+        self.register_buffer("exc_new", torch.from_numpy(np.ascontiguousarray(exc[:, 1])),
+                             persistent=False)
+        self.register_buffer("seg_rank", torch.from_numpy(np.ascontiguousarray(seg[:, 0])),
+                             persistent=False)
+        self.register_buffer("seg_new", torch.from_numpy(np.ascontiguousarray(seg[:, 1])),
+                             persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = ids.to(torch.int64)
+        if x.numel() > 0:
+            lo, hi = int(x.min()), int(x.max())
+            if lo < 0 or hi >= self.num_rows:
+                raise ValueError(f"IDs must lie in [0, {self.num_rows}), got {lo}..{hi}")
+        r = x
+        if self.num_exceptions > 0:
+            p = torch.searchsorted(self.exc_ids, x)
+            r = x - p
+            pc = p.clamp(max=self.num_exceptions - 1)
+            hit = self.exc_ids[pc] == x
+            s = torch.searchsorted(self.seg_rank, r, right=True) - 1
+            return torch.where(hit, self.exc_new[pc], self.seg_new[s] + (r - self.seg_rank[s]))
+        s = torch.searchsorted(self.seg_rank, r, right=True) - 1
+        return self.seg_new[s] + (r - self.seg_rank[s])
+
+
+class KJTRemap(nn.Module):
+    """Split every exported feature of a ``KeyedJaggedTensor`` into ``<feature>__hot`` and
+    ``<feature>__cold`` (the parts the table has, hot first; other keys pass through).
+
+    Parameters
+    ----------
+    export : TorchRecExport or path
+        A loaded export or its directory.
+
+    Notes
+    -----
+    The output keeps the input's lengths dtype, and its values dtype unless an exported table has
+    more than 2**31 rows (then int64); weights follow their IDs. A KJT with a variable batch per
+    feature is refused (``ValueError``). :meth:`TorchRecExport.remap_batch` is the numpy twin.
+    """
+
+    def __init__(self, export: "TorchRecExport | str | os.PathLike"):
+        super().__init__()
+        ex = export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
+        self.tables = nn.ModuleList()
+        self.index: Dict[str, int] = {}
+        self.hot_key: List[str] = []
+        self.cold_key: List[str] = []
+        self.hot_rows: List[int] = []
+        self.pooled: List[bool] = []
+        widest = 0
+        for e in ex.manifest["tables"]:
+            feature = e["source_table"]["feature"] or e["table"]
+            self.index[feature] = len(self.tables)
+            self.tables.append(TableRemap(ex.remaps[e["table"]]))
+            self.hot_key.append(e["hot"]["feature"] if e["hot"] else "")
+            self.cold_key.append(e["cold"]["feature"] if e["cold"] else "")
+            self.hot_rows.append(int(e["hot_rows"]))
+            self.pooled.append(e["source_table"]["kind"] == "pooled")
+            widest = max(widest, int(e["source_table"]["num_rows"]))
+        self.keep_int32 = widest <= _INT32_ROWS
+
+    def forward(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        return self.split(kjt)[0]
+
+    def split(self, kjt: KeyedJaggedTensor
+              ) -> Tuple[KeyedJaggedTensor, Dict[str, torch.Tensor]]:
+        """The split KJT and, per exported feature, ``is_hot`` (bool per value, in order)."""
+        if kjt.variable_stride_per_key():
+            raise ValueError("KJTRemap: the KJT has a variable batch size per feature; give one "
+                             "batch size for all features")
+        keys = kjt.keys()
+        stride = kjt.stride()
+        values, lengths, weights = kjt.values(), kjt.lengths(), kjt.weights_or_none()
+        per_key = kjt.length_per_key()
+        out_keys: List[str] = []
+        vals: List[torch.Tensor] = []
+        lens: List[torch.Tensor] = []
+        wts: List[torch.Tensor] = []
+        masks: Dict[str, torch.Tensor] = {}
+        start = 0
+        for i, key in enumerate(keys):
+            v = values[start:start + per_key[i]]
+            ln = lengths[i * stride:(i + 1) * stride]
+            w = weights[start:start + per_key[i]] if weights is not None else None
+            start += per_key[i]
+            j = self.index.get(key, -1)
+            if j < 0:
+                out_keys.append(key)
+                vals.append(v.to(torch.int64))
+                lens.append(ln)
+                if w is not None:
+                    wts.append(w)
+                continue
+            new = self.tables[j](v)
+            hot = new < self.hot_rows[j]
+            masks[key] = hot
+            ends = torch.cumsum(ln.to(torch.int64), 0)
+            csum = torch.cat([torch.zeros(1, dtype=torch.int64, device=v.device),
+                              torch.cumsum(hot.to(torch.int64), 0)])
+            hl = (csum[ends] - csum[ends - ln.to(torch.int64)]).to(ln.dtype)
+            for part, sel, shift, plen in ((self.hot_key[j], hot, 0, hl),
+                                           (self.cold_key[j], ~hot, self.hot_rows[j], ln - hl)):
+                if part:
+                    out_keys.append(part)
+                    vals.append(new[sel] - shift)
+                    lens.append(plen)
+                    if w is not None:
+                        wts.append(w[sel])
+        vdtype = values.dtype if (values.dtype == torch.int64 or self.keep_int32) else torch.int64
+        return KeyedJaggedTensor(keys=out_keys, values=torch.cat(vals).to(vdtype),
+                                 lengths=torch.cat(lens), weights=torch.cat(wts) if wts else None,
+                                 stride=stride), masks
+
+    def merge(self, outputs: Mapping[str, torch.Tensor], is_hot: Mapping[str, torch.Tensor]
+              ) -> Dict[str, torch.Tensor]:
+        """Outputs per original feature from the outputs per exported feature: pooled features
+        add their two parts (SUM pooling); sequence features put each row back where its ID was
+        (``is_hot`` from :meth:`split`). Other outputs pass through. Differentiable."""
+        out = {k: v for k, v in outputs.items()}
+        for feature, j in self.index.items():
+            hk, ck = self.hot_key[j], self.cold_key[j]
+            if not (hk in outputs or ck in outputs):
+                continue
+            if not (hk and ck):             # one part: the table is all hot or all cold
+                out[feature] = out.pop(hk or ck)
+            elif self.pooled[j]:
+                out[feature] = out.pop(hk) + out.pop(ck)
+            else:
+                mask = is_hot[feature]
+                order = torch.cat([torch.nonzero(mask).flatten(),
+                                   torch.nonzero(~mask).flatten()])
+                inverse = torch.empty_like(order)
+                inverse[order] = torch.arange(order.numel(), device=order.device)
+                out[feature] = torch.cat([out.pop(hk), out.pop(ck)])[inverse]
+        return out
+
+
+class ExportedEmbeddings(nn.Module):
+    """The exported tables as TorchRec modules: ``ebc`` (pooled), ``ec`` (sequence) and, with
+    ``dense_sequence_hot``, ``dense`` (the sequence features' data-parallel tables as
+    ``nn.Embedding``). ``forward(kjt)`` takes :class:`KJTRemap`'s output and returns, per exported
+    feature, the pooled ``[B, D]`` or sequence ``[n, D]`` embeddings.
+
+    Parameters
+    ----------
+    export : TorchRecExport or path
+    device : str
+        Device of the modules (``"meta"`` before ``DistributedModelParallel`` shards them).
+    is_weighted : bool
+        Pooled inputs carry per-sample weights.
+    dense_sequence_hot : bool, optional
+        Default: on CPU (and meta) devices, where fbgemm's dense kernel cannot look sequences up.
+    """
+
+    def __init__(self, export: "TorchRecExport | str | os.PathLike", device: str = "cpu",
+                 is_weighted: bool = False, dense_sequence_hot: Optional[bool] = None):
+        super().__init__()
+        ex = export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
+        if dense_sequence_hot is None:
+            dense_sequence_hot = torch.device(device).type in ("cpu", "meta")
+        dp = {n for n, e in ex.sharding_plan_doc()["tables"].items()
+              if e["sharding_type"] == "data_parallel"}
+        configs = torchrec_embedding_configs(ex.path)
+        pooled = [c for c in configs if isinstance(c, EmbeddingBagConfig)]
+        seq = [c for c in configs if not isinstance(c, EmbeddingBagConfig)]
+        dense = [c for c in seq if dense_sequence_hot and c.name in dp]
+        seq = [c for c in seq if c not in dense]
+        dev = torch.device(device)
+        self.ebc = EmbeddingBagCollection(pooled, is_weighted=is_weighted, device=dev) \
+            if pooled else None
+        self.ec = EmbeddingCollection(seq, device=dev) if seq else None
+        self.dense = nn.ModuleDict({c.name: _embedding(c, dev) for c in dense})
+        self.dense_feature = {c.name: c.feature_names[0] for c in dense}
+
+    def forward(self, kjt: KeyedJaggedTensor) -> Dict[str, torch.Tensor]:
+        out: Dict[str, torch.Tensor] = {}
+        if self.ebc is not None:
+            out.update(self.ebc(kjt).to_dict())
+        if self.ec is not None:
+            out.update({k: jt.values() for k, jt in self.ec(kjt).items()})
+        if len(self.dense):
+            jts = kjt.to_dict()
+            for name, emb in self.dense.items():
+                f = self.dense_feature[name]
+                out[f] = emb(jts[f].values().to(torch.int64))
+        return out
+
+
+def _embedding(config: Any, device: torch.device) -> nn.Embedding:
+    """A plain ``nn.Embedding`` for one exported table, initialized like TorchRec would
+    (uniform in the config's ``weight_init_min`` .. ``weight_init_max``)."""
+    emb = nn.Embedding(config.num_embeddings, config.embedding_dim, device=device)
+    if device.type != "meta":
+        with torch.no_grad():
+            emb.weight.uniform_(config.weight_init_min, config.weight_init_max)
+    return emb
+
+
+def sharding_plan_from_doc(doc: Mapping[str, Any], *, device: str = "cuda",
+                           module_paths: Optional[Mapping[str, str]] = None,
+                           dense_sequence_hot: bool = False) -> Any:
+    """The ``ShardingPlan`` of a ``sharding_plan.json`` document (see
+    :func:`~flexshard_stream.placement.export_torchrec.torchrec_sharding_plan`)."""
+    from torchrec.distributed.sharding_plan import placement
+    from torchrec.distributed.types import (
+        CacheAlgorithm,
+        CacheParams,
+        EmbeddingModuleShardingPlan,
+        EnumerableShardingSpec,
+        ParameterSharding,
+        ShardingPlan,
+        ShardMetadata,
+    )
+
+    paths = dict(MODULE_PATHS, **(module_paths or {}))
+    local = int(doc["local_world_size"])
+    plans: Dict[str, Dict[str, Any]] = {}
+    for name, e in doc["tables"].items():
+        if dense_sequence_hot and e["module"] == "EmbeddingCollection" and \
+                e["sharding_type"] == "data_parallel":
+            continue
+        spec = None
+        if e["shards"] is not None:
+            spec = EnumerableShardingSpec([
+                ShardMetadata(shard_offsets=list(s["offsets"]), shard_sizes=list(s["sizes"]),
+                              placement=placement(device, int(s["rank"]), local))
+                for s in e["shards"]])
+        cache = None
+        if e.get("cache_params"):
+            c = e["cache_params"]
+            cache = CacheParams(algorithm=CacheAlgorithm[c["algorithm"]],
+                                load_factor=c["load_factor"])
+        if e["module"] not in paths:
+            raise ConfigError(f"sharding plan table {name!r}: unknown module {e['module']!r}")
+        plans.setdefault(paths[e["module"]], {})[name] = ParameterSharding(
+            sharding_type=e["sharding_type"], compute_kernel=e["compute_kernel"],
+            ranks=list(e["ranks"]), sharding_spec=spec, cache_params=cache)
+    return ShardingPlan({p: EmbeddingModuleShardingPlan(d) for p, d in plans.items()})
+
+
+def exported_modules(path: "str | os.PathLike", *, device: str = "cuda",
+                     is_weighted: bool = False, dense_sequence_hot: Optional[bool] = None
+                     ) -> Tuple[KJTRemap, ExportedEmbeddings, Any]:
+    """Everything a training script needs from an export directory: the :class:`KJTRemap`
+    (for the data loader), the :class:`ExportedEmbeddings` model (built on ``"meta"`` for
+    ``DistributedModelParallel`` to materialize on a GPU, on the CPU otherwise) and its
+    ``ShardingPlan``."""
+    ex = load_torchrec_export(path)
+    if dense_sequence_hot is None:
+        dense_sequence_hot = device == "cpu"
+    model = ExportedEmbeddings(ex, device="cpu" if device == "cpu" else "meta",
+                               is_weighted=is_weighted,
+                               dense_sequence_hot=dense_sequence_hot)
+    plan = torchrec_sharding_plan(ex.path, device=device, dense_sequence_hot=dense_sequence_hot)
+    return KJTRemap(ex), model, plan
