@@ -867,7 +867,7 @@ def torchrec_sharding_plan(path: str | os.PathLike, *, device: str = "cuda",
     module_paths : mapping, optional
         Module path of the ``EmbeddingBagCollection`` and ``EmbeddingCollection`` in the model
         (keys ``"EmbeddingBagCollection"``, ``"EmbeddingCollection"``); default ``"ebc"`` and
-        ``"ec"``, the modules of ``torchrec_loader.ExportedEmbeddings``.
+        ``"ec"``, the modules of ``torchrec_loader.EmbeddingModules``.
     dense_sequence_hot : bool, optional
         Leave the data-parallel tables of sequence features out of the plan: they run as plain
         ``nn.Embedding`` modules that ``DistributedModelParallel`` replicates and DDP keeps in

@@ -16,12 +16,12 @@ torch. What a training script needs from an export directory ``out``::
 - :class:`KJTRemap`: every exported feature of a ``KeyedJaggedTensor`` split into its hot and cold
   features (lengths per sample, weights along), and :meth:`KJTRemap.merge` to put the embeddings
   back in the original order (sequence) or add them (pooled, SUM);
-- :class:`ExportedEmbeddings`: the exported tables as an ``EmbeddingBagCollection`` (``ebc``) and an
-  ``EmbeddingCollection`` (``ec``), plus, with ``dense_sequence_hot``, the data-parallel tables of
-  sequence features as plain ``nn.Embedding`` modules (``dense``): fbgemm-gpu-cpu 1.8's dense
-  kernel pools sequence lookups, so on CPU TorchRec cannot run them; ``DistributedModelParallel``
-  replicates such a module and DDP all-reduces its gradient, exactly what TorchRec's data-parallel
-  sharding does (docs/TORCHREC_EXPORT.md);
+- :class:`EmbeddingModules` (:func:`exported_embeddings`): the exported tables as an
+  ``EmbeddingBagCollection`` (``ebc``) and an ``EmbeddingCollection`` (``ec``), plus, with
+  ``dense_sequence_hot``, the data-parallel tables of sequence features as plain ``nn.Embedding``
+  modules (``plain``): fbgemm-gpu-cpu 1.8's dense kernel pools sequence lookups, so on CPU TorchRec
+  cannot run them; ``DistributedModelParallel`` replicates such a module and DDP all-reduces its
+  gradient, exactly what TorchRec's data-parallel sharding does (docs/TORCHREC_EXPORT.md);
 - :func:`sharding_plan_from_doc`: the ``ShardingPlan`` of ``sharding_plan.json``.
 """
 
@@ -45,10 +45,10 @@ from .export_torchrec import (
 )
 from .id_remap import IdRemap
 
-__all__ = ["TableRemap", "KJTRemap", "ExportedEmbeddings", "exported_modules",
+__all__ = ["TableRemap", "KJTRemap", "EmbeddingModules", "exported_embeddings", "exported_modules",
            "sharding_plan_from_doc", "MODULE_PATHS"]
 
-#: Default module paths of the two collections in :class:`ExportedEmbeddings`.
+#: Default module paths of the two collections in :class:`EmbeddingModules`.
 MODULE_PATHS: Dict[str, str] = {"EmbeddingBagCollection": "ebc", "EmbeddingCollection": "ec"}
 _INT32_ROWS = 2**31
 
@@ -209,65 +209,95 @@ class KJTRemap(nn.Module):
         return out
 
 
-class ExportedEmbeddings(nn.Module):
-    """The exported tables as TorchRec modules: ``ebc`` (pooled), ``ec`` (sequence) and, with
-    ``dense_sequence_hot``, ``dense`` (the sequence features' data-parallel tables as
-    ``nn.Embedding``). ``forward(kjt)`` takes :class:`KJTRemap`'s output and returns, per exported
-    feature, the pooled ``[B, D]`` or sequence ``[n, D]`` embeddings.
+class EmbeddingModules(nn.Module):
+    """Embedding tables as TorchRec modules: ``ebc`` (an ``EmbeddingBagCollection``, SUM pooling),
+    ``ec`` (an ``EmbeddingCollection``) and ``plain`` (tables as plain ``nn.EmbeddingBag`` /
+    ``nn.Embedding`` modules, which ``DistributedModelParallel`` leaves unsharded: it replicates
+    them and DDP all-reduces their gradients, as TorchRec's data-parallel sharding does).
+
+    ``forward(pooled, sequence=None)`` returns, per feature, the pooled ``[B, D]`` or the sequence
+    ``[n, D]`` embeddings; ``sequence`` defaults to ``pooled`` (one KJT holding every feature).
 
     Parameters
     ----------
-    export : TorchRecExport or path
-    device : str
-        Device of the modules (``"meta"`` before ``DistributedModelParallel`` shards them).
+    pooled, sequence : list of EmbeddingBagConfig / EmbeddingConfig
+        The tables of ``ebc`` and ``ec`` (either may be empty: the module is then None).
+    plain : list of EmbeddingBagConfig or EmbeddingConfig
+        Tables run as plain torch modules (bags: SUM pooling).
     is_weighted : bool
         Pooled inputs carry per-sample weights.
-    dense_sequence_hot : bool, optional
-        Default: on CPU (and meta) devices, where fbgemm's dense kernel cannot look sequences up.
+    device : str
+        ``"cpu"``, or ``"meta"`` for ``DistributedModelParallel`` to materialize elsewhere.
     """
 
-    def __init__(self, export: "TorchRecExport | str | os.PathLike", device: str = "cpu",
-                 is_weighted: bool = False, dense_sequence_hot: Optional[bool] = None):
+    def __init__(self, pooled: List[Any], sequence: List[Any], plain: List[Any] = (),
+                 is_weighted: bool = False, device: str = "cpu"):
         super().__init__()
-        ex = export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
-        if dense_sequence_hot is None:
-            dense_sequence_hot = torch.device(device).type in ("cpu", "meta")
-        dp = {n for n, e in ex.sharding_plan_doc()["tables"].items()
-              if e["sharding_type"] == "data_parallel"}
-        configs = torchrec_embedding_configs(ex.path)
-        pooled = [c for c in configs if isinstance(c, EmbeddingBagConfig)]
-        seq = [c for c in configs if not isinstance(c, EmbeddingBagConfig)]
-        dense = [c for c in seq if dense_sequence_hot and c.name in dp]
-        seq = [c for c in seq if c not in dense]
         dev = torch.device(device)
-        self.ebc = EmbeddingBagCollection(pooled, is_weighted=is_weighted, device=dev) \
+        self.ebc = EmbeddingBagCollection(list(pooled), is_weighted=is_weighted, device=dev) \
             if pooled else None
-        self.ec = EmbeddingCollection(seq, device=dev) if seq else None
-        self.dense = nn.ModuleDict({c.name: _embedding(c, dev) for c in dense})
-        self.dense_feature = {c.name: c.feature_names[0] for c in dense}
+        self.ec = EmbeddingCollection(list(sequence), device=dev) if sequence else None
+        self.is_weighted = is_weighted
+        self.plain = nn.ModuleDict({c.name: _plain_module(c, dev) for c in plain})
+        self.plain_feature = {c.name: c.feature_names[0] for c in plain}
+        self.plain_pooled = {c.name: isinstance(c, EmbeddingBagConfig) for c in plain}
 
-    def forward(self, kjt: KeyedJaggedTensor) -> Dict[str, torch.Tensor]:
+    def forward(self, pooled: Optional[KeyedJaggedTensor],
+                sequence: Optional[KeyedJaggedTensor] = None) -> Dict[str, torch.Tensor]:
+        sequence = pooled if sequence is None else sequence
         out: Dict[str, torch.Tensor] = {}
-        if self.ebc is not None:
-            out.update(self.ebc(kjt).to_dict())
-        if self.ec is not None:
-            out.update({k: jt.values() for k, jt in self.ec(kjt).items()})
-        if len(self.dense):
-            jts = kjt.to_dict()
-            for name, emb in self.dense.items():
-                f = self.dense_feature[name]
-                out[f] = emb(jts[f].values().to(torch.int64))
+        if self.ebc is not None and pooled is not None:
+            out.update(self.ebc(pooled).to_dict())
+        if self.ec is not None and sequence is not None:
+            out.update({k: jt.values() for k, jt in self.ec(sequence).items()})
+        for name, module in self.plain.items():
+            kjt = pooled if self.plain_pooled[name] else sequence
+            if kjt is None:
+                continue
+            jt = kjt[self.plain_feature[name]]
+            ids = jt.values().to(torch.int64)
+            if self.plain_pooled[name]:
+                w = jt.weights() if self.is_weighted else None
+                out[self.plain_feature[name]] = module(ids, jt.offsets().to(torch.int64),
+                                                       per_sample_weights=w)
+            else:
+                out[self.plain_feature[name]] = module(ids)
         return out
 
 
-def _embedding(config: Any, device: torch.device) -> nn.Embedding:
-    """A plain ``nn.Embedding`` for one exported table, initialized like TorchRec would
+def _plain_module(config: Any, device: torch.device) -> nn.Module:
+    """``nn.EmbeddingBag`` (SUM) or ``nn.Embedding`` for one table, initialized as TorchRec would
     (uniform in the config's ``weight_init_min`` .. ``weight_init_max``)."""
-    emb = nn.Embedding(config.num_embeddings, config.embedding_dim, device=device)
+    if isinstance(config, EmbeddingBagConfig):
+        m = nn.EmbeddingBag(config.num_embeddings, config.embedding_dim, mode="sum",
+                            device=device)
+    else:
+        m = nn.Embedding(config.num_embeddings, config.embedding_dim, device=device)
     if device.type != "meta":
         with torch.no_grad():
-            emb.weight.uniform_(config.weight_init_min, config.weight_init_max)
-    return emb
+            m.weight.uniform_(config.weight_init_min, config.weight_init_max)
+    return m
+
+
+def exported_embeddings(export: "TorchRecExport | str | os.PathLike", device: str = "cpu",
+                        is_weighted: bool = False,
+                        dense_sequence_hot: Optional[bool] = None) -> EmbeddingModules:
+    """The exported tables as :class:`EmbeddingModules`: ``forward`` takes :class:`KJTRemap`'s
+    output. With ``dense_sequence_hot`` (default: on CPU and meta devices) the data-parallel tables
+    of sequence features are plain ``nn.Embedding`` modules (``plain``): fbgemm-gpu-cpu 1.8's dense
+    kernel pools sequence lookups, so TorchRec cannot run them on CPU, and DDP syncs a plain
+    module exactly as TorchRec's data-parallel sharding would."""
+    ex = export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
+    if dense_sequence_hot is None:
+        dense_sequence_hot = torch.device(device).type in ("cpu", "meta")
+    dp = {n for n, e in ex.sharding_plan_doc()["tables"].items()
+          if e["sharding_type"] == "data_parallel"}
+    configs = torchrec_embedding_configs(ex.path)
+    pooled = [c for c in configs if isinstance(c, EmbeddingBagConfig)]
+    seq = [c for c in configs if not isinstance(c, EmbeddingBagConfig)]
+    plain = [c for c in seq if dense_sequence_hot and c.name in dp]
+    return EmbeddingModules(pooled, [c for c in seq if c not in plain], plain, is_weighted,
+                            device)
 
 
 def sharding_plan_from_doc(doc: Mapping[str, Any], *, device: str = "cuda",
@@ -314,16 +344,15 @@ def sharding_plan_from_doc(doc: Mapping[str, Any], *, device: str = "cuda",
 
 def exported_modules(path: "str | os.PathLike", *, device: str = "cuda",
                      is_weighted: bool = False, dense_sequence_hot: Optional[bool] = None
-                     ) -> Tuple[KJTRemap, ExportedEmbeddings, Any]:
+                     ) -> Tuple[KJTRemap, EmbeddingModules, Any]:
     """Everything a training script needs from an export directory: the :class:`KJTRemap`
-    (for the data loader), the :class:`ExportedEmbeddings` model (built on ``"meta"`` for
+    (for the data loader), the model (:func:`exported_embeddings` (built on ``"meta"`` for
     ``DistributedModelParallel`` to materialize on a GPU, on the CPU otherwise) and its
     ``ShardingPlan``."""
     ex = load_torchrec_export(path)
     if dense_sequence_hot is None:
         dense_sequence_hot = device == "cpu"
-    model = ExportedEmbeddings(ex, device="cpu" if device == "cpu" else "meta",
-                               is_weighted=is_weighted,
-                               dense_sequence_hot=dense_sequence_hot)
+    model = exported_embeddings(ex, device="cpu" if device == "cpu" else "meta",
+                                is_weighted=is_weighted, dense_sequence_hot=dense_sequence_hot)
     plan = torchrec_sharding_plan(ex.path, device=device, dense_sequence_hot=dense_sequence_hot)
     return KJTRemap(ex), model, plan
