@@ -38,7 +38,7 @@ __all__ = ["SHARDING_TYPES", "CPU_SHARDING_TYPES", "OPENED_SHARDING_TYPES", "Tab
            "expected_collectives", "RunResult", "RunError", "run_sharded", "run_sharded_cases",
            "run_unsharded", "initial_weights", "upstream_gradient", "torchrec_row_blocks",
            "torchrec_column_block", "CaseJob", "RankJob", "RankResult", "TORCH_MODULE",
-           "export_shardings", "expected_export_collectives"]
+           "export_shardings", "expected_export_collectives", "compare_components"]
 
 #: Every sharding type this module builds plans for (TorchRec's ``ShardingType`` values).
 SHARDING_TYPES: tuple[str, ...] = ("data_parallel", "table_wise", "column_wise",
@@ -443,6 +443,22 @@ class CollectiveCounter:
                 m[r.rank, dst] += b
         return m
 
+    def component_bytes(self) -> dict[str, int]:
+        """Bytes per component, summed over ranks, as the cost model's ``torchrec`` profile
+        prices them: every collective but all-reduce, the bytes of each rank's input destined to
+        each member of its group (itself included), forward only (an output's backward moves the
+        same bytes back); ``data_parallel_all_reduce``, the float32 buffers all-reduced (DDP's
+        first-iteration int32 bookkeeping left out). Select the iterations first
+        (``select(iteration=...)``); divide by their number for a per-iteration figure."""
+        out: dict[str, int] = defaultdict(int)
+        for r in self.records:
+            if r.op == "all_reduce":
+                if r.dtype == "float32":
+                    out[r.component] += r.input_bytes
+            elif r.phase == "forward":
+                out[r.component] += sum(r.send_bytes)
+        return dict(out)
+
     def summary(self) -> dict[tuple, tuple[int, int, tuple[int, ...], tuple[int, ...]]]:
         """Per (rank, group, op, component, phase, dtype): the summed input and output bytes and
         the element-wise summed ``send_bytes`` and ``recv_bytes``. Two runs (or a run and
@@ -676,6 +692,22 @@ def expected_collectives(tables: Sequence[EmbeddingTable],
             records += _output_dist(g)
     dp = [t for t in tables if sh[t.name].sharding_type == "data_parallel"]
     return CollectiveCounter(records + _data_parallel(dp, world_size))
+
+
+def compare_components(measured: Mapping[str, float], model: Mapping[str, float]
+                       ) -> dict[str, dict[str, float]]:
+    """Per component of either: ``measured`` and ``model`` bytes, their ``ratio`` (model /
+    measured; 1 when both are 0, inf when only the measurement is 0) and the relative error
+    ``err = |model - measured| / measured`` (0 when both are 0)."""
+    out = {}
+    for comp in sorted(set(measured) | set(model)):
+        got, want = float(measured.get(comp, 0.0)), float(model.get(comp, 0.0))
+        if got:
+            ratio, err = want / got, abs(want - got) / got
+        else:
+            ratio, err = (1.0, 0.0) if not want else (math.inf, math.inf)
+        out[comp] = {"measured": got, "model": want, "ratio": ratio, "err": err}
+    return out
 
 
 def expected_export_collectives(export: TorchRecExport | str | Path, batch: Any, *,
