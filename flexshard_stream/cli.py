@@ -4,8 +4,9 @@ Commands: ``demo`` (replay the embedded default trace through four placement str
 the HTML report), ``stats`` (sketch parquet/CSV logs and print per-table statistics, ``--json`` for
 machines), ``plan``, ``evaluate``, ``replay`` (windows of a log through rw, twrw, static FlexShard
 and the re-sharder; docs/REPLAY.md), ``report`` (HTML and PNGs of a replay directory), ``merge``
-(statistics snapshots of many hosts into one; docs/SCALING.md) and ``sidecar`` (statistics and
-re-sharding fed by a shared-memory ring; docs/SIDECAR.md).
+(statistics snapshots of many hosts into one; docs/SCALING.md), ``sidecar`` (statistics and
+re-sharding fed by a shared-memory ring; docs/SIDECAR.md) and ``export`` (a plan for TorchRec;
+docs/TORCHREC_EXPORT.md).
 """
 
 from __future__ import annotations
@@ -544,6 +545,29 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
                   f"{r['comm_time_s_per_iter'] * 1e3:,.3f} ms",
                   f"{r['peak_memory_bytes'] / 1e9:,.3f} GB")
     Console().print(t)
+
+
+@app.command("export")
+def export_command(
+        plan_dir: Path = typer.Option(..., "--plan", help="Plan directory (flexshard-stream plan "
+                                      "--out)."),
+        out: Path = typer.Option(..., "--out", help="Export directory to write (an export there "
+                                 "is replaced; a file or another non-empty directory is "
+                                 "refused)."),
+        cold_sharding: str = typer.Option("auto", help="TorchRec sharding of the cold rows: auto "
+                                          "| row_wise | table_row_wise | table_wise."),
+        node_replicas: str = typer.Option("hot", help="Node replicas (no TorchRec equivalent): "
+                                          "hot (replicated on every GPU) | cold."),
+        json_out: bool = typer.Option(False, "--json", help="Print the manifest as JSON.")) -> None:
+    """Export a plan for TorchRec 1.8: tables, constraints, ShardingPlan, ID remap
+    (docs/TORCHREC_EXPORT.md). Needs no torch."""
+    from .placement.export_torchrec import describe_export, export_torchrec
+    from .placement.plan import Plan
+
+    manifest = export_torchrec(Plan.load(plan_dir), out, cold_sharding=cold_sharding,
+                               node_replicas=node_replicas)
+    typer.echo(json.dumps(manifest) if json_out
+               else "\n".join(describe_export(manifest) + [f"written to {out}"]))
 
 
 @app.command("merge")

@@ -3,6 +3,7 @@ import dataclasses
 import enum
 import json
 import math
+import subprocess
 import sys
 import types
 from typing import Any, List, Optional
@@ -28,10 +29,12 @@ from flexshard_stream.placement.export_torchrec import (
     torchrec_embedding_configs,
     torchrec_rw_shard_rows,
 )
+from flexshard_stream.placement.id_remap import IdRemap
 from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
 from flexshard_stream.placement.planner import plan_flexshard
 from flexshard_stream.placement.tables import EmbeddingTable
 from flexshard_stream.placement.topology import Topology
+from flexshard_stream.stats.batch import Batch
 from flexshard_stream.stats.summary import FrequencySummary
 
 # Copied by hand from the torchrec==1.8.0 wheel (sha256 c6f9785f...915034f2),
@@ -636,3 +639,272 @@ def test_host_tier_exports_as_uvm_caching(tmp_path):
     m2, _ = _export(plan, tmp_path, "plain")
     cons2 = json.loads((tmp_path / "plain" / CONSTRAINTS_FILE).read_text())["constraints"]
     assert cons2[m2["tables"][0]["cold"]["table"]]["compute_kernels"] == ["fused"]
+
+
+# ------------------------------------------------------------------ the compact remap
+def test_remap_memory_is_the_placed_rows_not_the_table(tmp_path):
+    """A 10^9-row table (and one of hashed 64-bit IDs, 2**63 - 1 rows) exports with a remap
+    whose size is its replicated and placed rows, not its rows; lookups agree with the plan."""
+    topo = Topology.uniform(2, 4)
+    rng = np.random.default_rng(3)
+    for H, cold in ((10**9, ColdSharding.ranges(range(8), 10**9, [1, 1, 2, 2, 3, 3, 4, 4])),
+                    (2**63 - 1, ColdSharding.hashed(range(8), seed=5))):
+        ids = np.unique(rng.integers(0, H, 3000, dtype=np.int64))
+        g, n, p = np.sort(ids[:1000]), np.sort(ids[1000:2000]), np.sort(ids[2000:])
+        t = EmbeddingTable("big", H, 64)
+        plan = Plan("fs", topo, [TablePlan(t, cold, global_ids=g, node_ids=n,
+                                           node_local=np.arange(n.size) % 4, placed_ids=p,
+                                           placed_gpus=np.arange(p.size) % 8)])
+        m, ex = _export(plan, tmp_path, f"h{H}")
+        e = m["tables"][0]
+        assert e["hot_rows"] == g.size + n.size
+        assert e["remap_bytes"] <= 16 * (ids.size + 3 * 8)         # (id, new) pairs + runs
+        remap = ex.remaps["big"]
+        probe = np.concatenate([g, n, p, rng.integers(0, H, 5000, dtype=np.int64), [0, H - 1]])
+        new = remap.apply(probe)
+        assert np.array_equal(remap.original(new), probe)           # a bijection on the probes
+        K = e["hot_rows"]
+        assert np.all(new[:g.size + n.size] < K) and np.all(new[g.size + n.size:] >= K)
+        # placed rows sit in their plan GPU's TorchRec block (caps are far larger)
+        c = e["cold"]
+        owner = np.asarray(c["ranks"])[(remap.apply(p) - K) // -(-(H - K) // 8)]
+        assert np.array_equal(owner, np.arange(p.size) % 8)
+        # the rebuilt plan routes every probe where TorchRec's blocks put it
+        rebuilt = plan_from_export(ex)
+        cold_probe = probe[new >= K]
+        got = rebuilt.route("big", cold_probe, 0)
+        assert np.array_equal(got, np.asarray(c["ranks"])[(new[new >= K] - K)
+                                                          // -(-(H - K) // 8)])
+
+
+def test_remap_verify_refuses_a_non_bijection(tmp_path):
+    _, ex = _export(_tiered_plan(), tmp_path)
+    r = ex.remaps["t"]
+    seg = r.segments.copy()
+    seg[-1, 1] += 1                                  # a run shifted onto its neighbour
+    with pytest.raises(FormatError, match="not a bijection"):
+        IdRemap(r.num_rows, r.exceptions, seg).verify("t")
+    exc = r.exceptions.copy()
+    exc[[0, 1]] = exc[[1, 0]]
+    with pytest.raises(FormatError, match="sorted, unique"):
+        IdRemap(r.num_rows, exc, r.segments).verify("t")
+    IdRemap.from_permutation(r.dense()).verify("t")
+    assert np.array_equal(IdRemap.from_permutation(r.dense()).dense(), r.dense())
+
+
+def test_remap_batch_is_split_jagged_per_feature(tmp_path):
+    plan = Plan("two", TOPO, list(_tiered_plan("pooled").tables.values())
+                + [TablePlan(EmbeddingTable("s", 64, 4), ColdSharding.ranges(range(8), 64),
+                             global_ids=[1, 5])])
+    _, ex = _export(plan, tmp_path)
+    rng = np.random.default_rng(0)
+    lens = {"t": rng.integers(0, 4, 6), "s": rng.integers(0, 4, 6), "other": np.ones(6, int)}
+    vals = {"t": rng.integers(0, 200, lens["t"].sum()), "s": rng.integers(0, 64, lens["s"].sum()),
+            "other": np.arange(6)}
+    b = Batch.from_features(vals, lens)
+    b = Batch(b.keys, b.values, b.lengths, rng.uniform(0.5, 1, b.num_values))
+    out, masks = ex.remap_batch(b)
+    assert out.keys == ("t__hot", "t__cold", "s__hot", "s__cold", "other")
+    hv, hl, cv, cl, is_hot = ex.split_jagged("t", vals["t"], lens["t"])
+    assert np.array_equal(out.feature_values("t__hot"), hv)
+    assert np.array_equal(out.feature_lengths("t__cold"), cl)
+    assert np.array_equal(masks["t"], is_hot)
+    assert np.array_equal(out.feature_values("other"), vals["other"])
+    w = b.weights[b.key_offsets()[0]:b.key_offsets()[1]]
+    assert np.array_equal(out.weights[:hv.size], w[is_hot])
+
+
+# ------------------------------------------------------------------ the command
+def test_export_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from flexshard_stream.cli import app
+
+    plan = _tiered_plan()
+    plan.save(tmp_path / "plan")
+    runner = CliRunner()
+    r = runner.invoke(app, ["export", "--plan", str(tmp_path / "plan"), "--out",
+                            str(tmp_path / "out"), "--json"])
+    assert r.exit_code == 0, r.output
+    m = json.loads(r.output)
+    assert m["tables"][0]["hot_rows"] == 7
+    assert load_torchrec_export(tmp_path / "out").hot_rows("t") == 7
+    r = runner.invoke(app, ["export", "--plan", str(tmp_path / "plan"), "--out",
+                            str(tmp_path / "out"), "--node-replicas", "cold"])
+    assert r.exit_code == 0 and "t__cold row_wise 197 rows" in r.output
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    (tmp_path / "file").write_text("keep")
+    for target in ("mine", "file"):
+        r = subprocess.run([sys.executable, "-m", "flexshard_stream.cli", "export", "--plan",
+                            str(tmp_path / "plan"), "--out", str(tmp_path / target)],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and "refusing" in r.stderr, r.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+def test_export_writes_everything_without_torch(tmp_path):
+    """torch blocked: the command still writes the sharding plan (as JSON) and the remaps."""
+    row_wise([EmbeddingTable("a", 104, 8)], TOPO).save(tmp_path / "plan")
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['torchrec'] = None; "
+            "from flexshard_stream.cli import main; sys.argv = ['x', 'export', '--plan', "
+            f"{str(tmp_path / 'plan')!r}, '--out', {str(tmp_path / 'out')!r}]; main()")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    doc = json.loads((tmp_path / "out" / SHARDING_PLAN_FILE).read_text())
+    assert doc["tables"]["a__cold"]["shards"][1] == {"rank": 1, "offsets": [13, 0],
+                                                      "sizes": [13, 8]}
+    assert load_torchrec_export(tmp_path / "out").remaps["a"].nbytes == 16
+
+
+# ------------------------------------------------------------------ the torch side (TorchRec installed)
+def _kjt(batch, values_dtype=np.int64, weighted=False):
+    import torch
+    from torchrec import KeyedJaggedTensor
+
+    return KeyedJaggedTensor(
+        keys=list(batch.keys), values=torch.from_numpy(batch.values.astype(values_dtype)),
+        lengths=torch.from_numpy(batch.lengths.astype(values_dtype)),
+        weights=torch.from_numpy(batch.weights) if weighted else None)
+
+
+def _random_batch(plan, rng, samples=7):
+    lens = {tp.table.feature or n: rng.integers(0, 5, samples) for n, tp in plan.tables.items()}
+    vals = {f: rng.integers(0, plan[n].table.num_rows, int(lens[f].sum()))
+            for f, n in zip(lens, plan.tables)}
+    b = Batch.from_features(vals, lens)
+    return Batch(b.keys, b.values, b.lengths, rng.uniform(0.5, 2, b.num_values))
+
+
+@settings(max_examples=15)
+@given(plans(), st.sampled_from(["hot", "cold"]), st.sampled_from([np.int64, np.int32]))
+def test_torch_remap_equals_the_numpy_twin(tmp_path_factory, plan, node_replicas, dtype):
+    """KJTRemap (torch.searchsorted) and TorchRecExport.remap_batch (numpy) give identical IDs,
+    lengths, weights and hot masks, for int64 and int32 KJTs; TableRemap scripts."""
+    pytest.importorskip("torchrec")
+    import torch
+
+    from flexshard_stream.placement.torchrec_loader import KJTRemap, TableRemap
+
+    _, ex = _export(plan, tmp_path_factory.mktemp("p"), node_replicas=node_replicas)
+    batch = _random_batch(plan, np.random.default_rng(1))
+    got, masks = KJTRemap(ex).split(_kjt(batch, dtype, weighted=True))
+    want, want_masks = ex.remap_batch(batch)
+    assert got.keys() == list(want.keys)
+    assert got.values().dtype == (torch.int32 if dtype == np.int32 else torch.int64)
+    assert np.array_equal(got.values().numpy(), want.values)
+    assert np.array_equal(got.lengths().numpy(), want.lengths)
+    assert np.array_equal(got.weights().numpy(), want.weights)
+    assert masks.keys() == want_masks.keys()
+    for k in masks:
+        assert np.array_equal(masks[k].numpy(), want_masks[k])
+    name = next(iter(plan.tables))
+    ids = torch.arange(plan[name].table.num_rows)
+    scripted = torch.jit.script(TableRemap(ex.remaps[name]))
+    assert np.array_equal(scripted(ids).numpy(), ex.remaps[name].dense())
+
+
+def test_torch_remap_refuses_ids_out_of_range(tmp_path):
+    pytest.importorskip("torchrec")
+    import torch
+
+    from flexshard_stream.placement.torchrec_loader import TableRemap
+
+    _, ex = _export(_tiered_plan(), tmp_path)
+    with pytest.raises(ValueError, match=r"IDs must lie in \[0, 200\), got 0..200"):
+        TableRemap(ex.remaps["t"])(torch.tensor([0, 200]))
+
+
+def test_sharding_plan_is_torchrec_generators_own(tmp_path):
+    """The ShardingPlan built from sharding_plan.json equals, table by table, what TorchRec's own
+    generators (sharding_plan.py row_wise, table_wise, table_row_wise, data_parallel) make."""
+    pytest.importorskip("torchrec")
+    from flexshard_stream.online.torchrec_runtime import export_shardings
+    from flexshard_stream.online.torchrec_world import parameter_sharding
+    from flexshard_stream.placement.export_torchrec import torchrec_sharding_plan
+
+    pooled = [EmbeddingTable(f"p{i}", 37 + i, 8, kind="pooled") for i in range(3)]
+    seq = EmbeddingTable("s", 53, 8)
+    plans = {"rw": row_wise(pooled + [seq], TOPO), "tw": table_wise(pooled + [seq], TOPO),
+             "twrw": table_row_wise(pooled, TOPO),
+             "hot": Plan("hot", TOPO, [TablePlan(pooled[0], ColdSharding.ranges(range(8), 37),
+                                                 global_ids=[3, 4])])}
+    for name, plan in plans.items():
+        _, ex = _export(plan, tmp_path, name)
+        tables = {t.name: t for t in ex.new_tables()}
+        sh = export_shardings(ex)
+        for device in ("cpu", "cuda"):
+            got = torchrec_sharding_plan(ex.path, device=device, dense_sequence_hot=False)
+            for path, module in got.plan.items():
+                for tname, ps in module.items():
+                    want = parameter_sharding(tables[tname], sh[tname], 8, 4)
+                    assert (ps.sharding_type, ps.compute_kernel, ps.ranks) == \
+                        (want.sharding_type, want.compute_kernel, want.ranks), tname
+                    if want.sharding_spec is None:
+                        assert ps.sharding_spec is None
+                        continue
+                    shards = [(s.shard_offsets, s.shard_sizes, str(s.placement))
+                              for s in ps.sharding_spec.shards]
+                    ranks = [int(str(s.placement).split("/")[0].split(":")[1])
+                             for s in want.sharding_spec.shards]
+                    assert shards == [
+                        (s.shard_offsets, s.shard_sizes,
+                         f"rank:{r}/{'cpu' if device == 'cpu' else f'cuda:{r % 4}'}")
+                        for s, r in zip(want.sharding_spec.shards, ranks)], tname
+                    assert path == ("ebc" if tables[tname].kind == "pooled" else "ec")
+
+
+def test_exported_modules_compute_what_the_original_tables_do(tmp_path):
+    """Unsharded: KJTRemap, the exported EmbeddingModules (sequence replicas as nn.Embedding)
+    with the split weights, KJTRemap.merge: the original tables' outputs, and gradients that map
+    back onto the original rows."""
+    pytest.importorskip("torchrec")
+    import torch
+    from torchrec import (EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection,
+                          EmbeddingConfig)
+
+    from flexshard_stream.placement.torchrec_loader import exported_modules
+
+    plan = Plan("two", TOPO, list(_tiered_plan("pooled").tables.values())
+                + [TablePlan(EmbeddingTable("s", 64, 8), ColdSharding.hashed(range(8)),
+                             global_ids=[1, 5], placed_ids=[7], placed_gpus=[2])])
+    _, ex = _export(plan, tmp_path)
+    remap, model, sharding = exported_modules(ex.path, device="cpu", is_weighted=True)
+    assert "s__hot" in model.plain and "s__hot" not in sharding.plan["ec"]
+    rng = np.random.default_rng(2)
+    W = {"t": rng.standard_normal((200, 8)).astype(np.float32),
+         "s": rng.standard_normal((64, 8)).astype(np.float32)}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            table = name.split(".")[-2]
+            src = table.rsplit("__", 1)[0]
+            p.copy_(torch.from_numpy(ex.split_rows(src, W[src])[table]))
+    batch = _random_batch(plan, rng, 9)
+    pk = _kjt(Batch.from_features({"t": batch.feature_values("t")},
+                                  {"t": batch.feature_lengths("t")}))
+    pk = type(pk)(keys=pk.keys(), values=pk.values(), lengths=pk.lengths(),
+                  weights=torch.from_numpy(rng.uniform(0.5, 2, pk.values().numel())
+                                           .astype(np.float32)))
+    sk = _kjt(Batch.from_features({"s": batch.feature_values("s")},
+                                  {"s": batch.feature_lengths("s")}))
+    (p2, pm), (s2, sm) = remap.split(pk), remap.split(sk)
+    out = remap.merge(model(p2, s2), {**pm, **sm})
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="t", embedding_dim=8, num_embeddings=200,
+                                                     feature_names=["t"])], is_weighted=True)
+    ec = EmbeddingCollection([EmbeddingConfig(name="s", embedding_dim=8, num_embeddings=64,
+                                              feature_names=["s"])])
+    with torch.no_grad():
+        ebc.embedding_bags["t"].weight.copy_(torch.from_numpy(W["t"]))
+        ec.embeddings["s"].weight.copy_(torch.from_numpy(W["s"]))
+    ref = {"t": ebc(pk)["t"], "s": ec(sk)["s"].values()}
+    for f in ("t", "s"):
+        torch.testing.assert_close(out[f], ref[f])
+    g = {f: torch.from_numpy(rng.standard_normal(tuple(ref[f].shape)).astype(np.float32))
+         for f in ref}
+    sum((out[f] * g[f]).sum() for f in out).backward()
+    sum((ref[f] * g[f]).sum() for f in ref).backward()
+    grads = {name.split(".")[-2]: p.grad.numpy() for name, p in model.named_parameters()}
+    np.testing.assert_allclose(ex.merge_rows("s", grads), ec.embeddings["s"].weight.grad.numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ex.merge_rows("t", grads),
+                               ebc.embedding_bags["t"].weight.grad.numpy(), rtol=1e-5, atol=1e-6)
