@@ -23,14 +23,13 @@ from flexshard_stream.errors import ConfigError
 from flexshard_stream.online.torchrec_runtime import (
     CollectiveCounter, TableSharding, compare_components, expected_collectives,
     expected_export_collectives, export_shardings, initial_weights, run_sharded_cases,
-    run_unsharded, table_shardings, torchrec_column_block, torchrec_row_blocks)
+    run_unsharded, table_shardings, torchrec_column_block, torchrec_row_blocks, trace_workload)
 from flexshard_stream.placement import baselines
 from flexshard_stream.placement.export_torchrec import export_torchrec, load_torchrec_export
 from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
 from flexshard_stream.placement.planner import plan_flexshard
 from flexshard_stream.placement.tables import EmbeddingTable
 from flexshard_stream.placement.topology import Topology
-from flexshard_stream.sources import datasets
 from flexshard_stream.stats.batch import Batch, concat_batches, slice_batch
 from flexshard_stream.stats.stream import StreamStats
 
@@ -39,57 +38,14 @@ ITERATIONS = 2
 
 
 # ----------------------------------------------------------------------------- real batches
-def _histories(values: np.ndarray, lengths: np.ndarray, users: slice, keep: int):
-    """The last ``keep`` items of each user in ``users`` (values, lengths)."""
-    offs = np.concatenate([[0], np.cumsum(lengths)])
-    out_v, out_l = [], []
-    for u in range(users.start, users.stop):
-        items = values[offs[u]:offs[u + 1]][-keep:]
-        out_v.append(items)
-        out_l.append(items.size)
-    return np.concatenate(out_v), np.array(out_l)
-
-
-def _real_features(n: int) -> tuple[dict, dict, dict[str, int]]:
-    """Features of ``n`` samples from MovieLens, Amazon and Criteo, IDs made dense per feature:
-    pooled ``C1``..``C5`` (Criteo fields, one ID or none per row, hash mod 64) and ``ml_user``;
-    sequence ``ml_movie`` (a user's last 6 movies), ``az_beauty`` / ``az_toys`` (last 8 items)."""
-    ratings = datasets.movielens_ratings(SHARED / "movielens-latest-small")
-    users = ratings.get_column("user").to_numpy()
-    movies = np.unique(ratings.get_column("movie").to_numpy(), return_inverse=True)[1]
-    order = np.argsort(users, kind="stable")
-    _, per_user = np.unique(users, return_counts=True)
-    feats, lens, rows = {}, {}, {}
-    feats["ml_movie"], lens["ml_movie"] = _histories(movies[order], per_user, slice(0, n), 6)
-    rows["ml_movie"] = int(movies.max()) + 1
-    feats["ml_user"], lens["ml_user"] = np.arange(n) % per_user.size, np.ones(n, np.int64)
-    rows["ml_user"] = per_user.size
-    for key, name in (("az_beauty", "Beauty"), ("az_toys", "Toys_and_Games")):
-        v, ln = datasets.amazon_sequences(name, SHARED / "amazon-reviews-sequences"
-                                          / f"{name}.txt")
-        feats[key], lens[key] = _histories(v, ln, slice(0, n), 8)
-        rows[key] = int(v.max()) + 1
-    frame = datasets.criteo_frame(SHARED / "criteo-1k" / "train.txt")
-    for c in ("C1", "C2", "C3", "C4", "C5"):
-        col = frame.get_column(c).to_numpy()[:n]
-        present = ~np.isnan(col.astype(float))
-        feats[c] = (col[present].astype(np.int64) % 64)
-        lens[c] = present.astype(np.int64)
-        rows[c] = 64
-    return feats, lens, rows
-
-
 @pytest.fixture(scope="module")
 def real():
-    """(tables by feature, global batches of W * B samples) from the shared traces."""
+    """(tables by feature, global batches of W * B samples) from the shared traces
+    (``trace_workload``: MovieLens, Amazon, Criteo)."""
     if not SHARED.exists():
         pytest.skip(f"shared data not found at {SHARED}")
-    n = W * B * ITERATIONS
-    feats, lens, rows = _real_features(n)
-    full = Batch.from_features(feats, lens)
+    tables, full = trace_workload(SHARED, W * B * ITERATIONS)
     batches = [slice_batch(full, i * W * B, (i + 1) * W * B) for i in range(ITERATIONS)]
-    kind = {f: "sequence" if f in ("ml_movie", "az_beauty", "az_toys") else "pooled" for f in feats}
-    tables = {f: EmbeddingTable(f, rows[f], 8, kind=kind[f], feature=f) for f in feats}
     return tables, batches
 
 

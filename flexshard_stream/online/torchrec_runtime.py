@@ -38,7 +38,8 @@ __all__ = ["SHARDING_TYPES", "CPU_SHARDING_TYPES", "OPENED_SHARDING_TYPES", "Tab
            "expected_collectives", "RunResult", "RunError", "run_sharded", "run_sharded_cases",
            "run_unsharded", "initial_weights", "upstream_gradient", "torchrec_row_blocks",
            "torchrec_column_block", "CaseJob", "RankJob", "RankResult", "TORCH_MODULE",
-           "export_shardings", "expected_export_collectives", "compare_components"]
+           "export_shardings", "expected_export_collectives", "compare_components",
+           "trace_workload", "TRACE_DATASETS"]
 
 #: Every sharding type this module builds plans for (TorchRec's ``ShardingType`` values).
 SHARDING_TYPES: tuple[str, ...] = ("data_parallel", "table_wise", "column_wise",
@@ -724,6 +725,64 @@ def expected_export_collectives(export: TorchRecExport | str | Path, batch: Any,
                                 local_world_size=int(ex.manifest["local_world_size"]),
                                 values_dtype=values_dtype, lengths_dtype=lengths_dtype,
                                 weighted=weighted)
+
+
+# ----------------------------------------------------------------------------- real traces
+#: The features :func:`trace_workload` builds, by dataset of the shared traces.
+TRACE_DATASETS: dict[str, tuple[str, ...]] = {
+    "movielens": ("ml_movie", "ml_user"), "amazon": ("az_beauty", "az_toys"),
+    "criteo": ("C1", "C2", "C3", "C4", "C5")}
+_TRACE_SEQUENCES = ("ml_movie", "az_beauty", "az_toys")
+
+
+def _last_items(values: np.ndarray, lengths: np.ndarray, users: int, keep: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The last ``keep`` items of each of the first ``users`` users (values, lengths)."""
+    offs = np.concatenate([[0], np.cumsum(lengths)])
+    parts = [values[offs[u]:offs[u + 1]][-keep:] for u in range(users)]
+    return np.concatenate(parts), np.array([p.size for p in parts], np.int64)
+
+
+def trace_workload(shared_dir: str | Path, samples: int, dim: int = 8
+                   ) -> tuple[dict[str, EmbeddingTable], Batch]:
+    """Tables and one batch of ``samples`` samples from the shared real traces, the workload of
+    the TorchRec runs (tests and ``bench/torchrec_real.py``; :data:`TRACE_DATASETS`).
+
+    IDs are made dense per feature. Sequence features: ``ml_movie`` (a MovieLens user's last 6
+    movies), ``az_beauty`` / ``az_toys`` (an Amazon Beauty / Toys user's last 8 items); pooled:
+    ``ml_user`` (the user) and ``C1`` .. ``C5`` (Criteo fields, one ID or none per row, modulo
+    64). ``shared_dir`` holds ``movielens-latest-small``, ``amazon-reviews-sequences`` and
+    ``criteo-1k``; every table has ``dim`` fp32 columns and is fed by the feature of its name.
+    """
+    from ..sources import datasets
+
+    shared = Path(shared_dir)
+    ratings = datasets.movielens_ratings(shared / "movielens-latest-small")
+    users = ratings.get_column("user").to_numpy()
+    movies = np.unique(ratings.get_column("movie").to_numpy(), return_inverse=True)[1]
+    _, per_user = np.unique(users, return_counts=True)
+    feats, lens, rows = {}, {}, {}
+    feats["ml_movie"], lens["ml_movie"] = _last_items(movies[np.argsort(users, kind="stable")],
+                                                      per_user, samples, 6)
+    rows["ml_movie"] = int(movies.max()) + 1
+    feats["ml_user"], lens["ml_user"] = np.arange(samples) % per_user.size, np.ones(samples,
+                                                                                    np.int64)
+    rows["ml_user"] = per_user.size
+    for key, name in (("az_beauty", "Beauty"), ("az_toys", "Toys_and_Games")):
+        v, ln = datasets.amazon_sequences(name, shared / "amazon-reviews-sequences"
+                                          / f"{name}.txt")
+        feats[key], lens[key] = _last_items(v, ln, samples, 8)
+        rows[key] = int(v.max()) + 1
+    frame = datasets.criteo_frame(shared / "criteo-1k" / "train.txt")
+    for c in TRACE_DATASETS["criteo"]:
+        col = frame.get_column(c).to_numpy()[:samples]
+        present = ~np.isnan(col.astype(float))
+        feats[c] = col[present].astype(np.int64) % 64
+        lens[c] = present.astype(np.int64)
+        rows[c] = 64
+    tables = {f: EmbeddingTable(f, rows[f], dim, kind="sequence" if f in _TRACE_SEQUENCES
+                                else "pooled", feature=f) for f in feats}
+    return tables, Batch.from_features(feats, lens)
 
 
 # ----------------------------------------------------------------------------- runs
