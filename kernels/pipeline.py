@@ -25,25 +25,28 @@ _NO_GATE = np.iinfo(np.int64).max
 _TWO_M53 = 1.0 / 9007199254740992.0  # 2**-53
 
 
-@njit(nogil=True, cache=True)
-def geometric_skip(k, seed, draw):
-    """IDs to skip before the next kept one when each is kept with probability ``1 / k``:
-    a geometric draw from the ``draw``-th uniform of the seeded counter-based generator."""
+@njit(nogil=True, cache=True, inline="always")
+def geometric_skip(inv_log_keep, seed, draw):
+    """IDs to skip before the next kept one when each is kept with probability ``p``
+    (``inv_log_keep = 1 / log(1 - p)``): a geometric draw from the ``draw``-th uniform of the
+    seeded counter-based generator."""
     u = (np.float64(mix64(uint64(draw), seed) >> uint64(11)) + 1.0) * _TWO_M53  # (0, 1]
-    return np.int64(math.floor(math.log(u) / math.log1p(-1.0 / k)))
+    return np.int64(math.floor(math.log(u) * inv_log_keep))
 
 
 @njit(nogil=True, cache=True)
 def sample_chunk(ids, hashes, m, k, seed, state, out_ids, out_hashes):
-    """Copy the kept IDs of a chunk of ``m`` (and their hashes) to ``out_*``; returns how many.
+    """Copy the kept IDs of a chunk of ``m`` (and their hashes) to ``out_*``, each kept with
+    probability ``1 / k``; returns how many.
 
     ``state`` int64[2] = ``[skip, draws]``: IDs still to skip before the next kept one (-1: draw
     first) and uniforms drawn so far. It carries over from chunk to chunk and batch to batch, so the
     kept positions depend only on the seed and the stream.
     """
+    inv_log_keep = 1.0 / math.log1p(-1.0 / k)
     skip = state[0]
     if skip < 0:
-        skip = geometric_skip(k, seed, state[1])
+        skip = geometric_skip(inv_log_keep, seed, state[1])
         state[1] += 1
     pos = 0
     n = 0
@@ -53,7 +56,7 @@ def sample_chunk(ids, hashes, m, k, seed, state, out_ids, out_hashes):
         out_hashes[n] = hashes[pos]
         n += 1
         pos += 1
-        skip = geometric_skip(k, seed, state[1])
+        skip = geometric_skip(inv_log_keep, seed, state[1])
         state[1] += 1
     state[0] = skip - (m - pos)
     return n

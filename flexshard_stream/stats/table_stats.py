@@ -21,7 +21,7 @@ from ..errors import BatchError, FormatError, IncompatibleError
 from ..formats.container import pack, unpack
 from ..kernels.countmin import cms_query
 from ..kernels.frequent import hh_capacity, hh_lookup, hh_misplaced, hh_rebuild, hh_union
-from ..kernels.pipeline import update_table
+from ..kernels.pipeline import segment_min_max, update_table
 from .config import SketchConfig
 from .summary import FrequencySummary
 
@@ -60,6 +60,14 @@ def sampled_count_bounds(lower: np.ndarray, upper: np.ndarray, k: int, z: float 
         lo = ((np.sqrt(za * za + 4.0 * k * lower) - za) / 2.0) ** 2
         hi = ((np.sqrt(za * za + 4.0 * k * upper) + za) / 2.0) ** 2
     return lo, hi
+
+
+def _min_max(ids: np.ndarray) -> tuple[int, int]:
+    """Smallest and largest of non-empty int64 ``ids`` in one pass (the kernel that validates
+    batches)."""
+    lo, hi = np.empty(1, np.int64), np.empty(1, np.int64)
+    segment_min_max(ids, np.array([0, ids.size], np.int64), lo, hi)
+    return int(lo[0]), int(hi[0])
 
 
 def hll_estimate(regs: np.ndarray) -> float:
@@ -158,7 +166,7 @@ class TableStats:
                              field="values")
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if ids.size:
-            lo, hi = int(ids.min()), int(ids.max())
+            lo, hi = _min_max(ids)
             if lo < 0:
                 p = int(np.flatnonzero(ids < 0)[0])
                 raise BatchError(f"negative ID {int(ids[p])}; expected >= 0", feature=self.name,
