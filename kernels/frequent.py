@@ -153,21 +153,16 @@ def hh_count_passing(keys, counts, errs, meta, ids, hashes, est, sel, ns, seed):
         key = ids[k]
         h = hashes[k]
         p = hh_probe(keys, counts, key, h, shift)
+        if p == FULL:  # only a damaged table has no empty slot: a purge frees one, look again
+            meta[0] = live
+            hh_purge(keys, counts, errs, meta, seed)
+            live = meta[0]
+            p = hh_probe(keys, counts, key, h, shift)
         if p >= 0:
             counts[p] += 1
             continue
         if est[k] <= meta[1]:
             continue
-        if p == FULL:  # only a damaged table has no empty slot: make room first
-            meta[0] = live
-            hh_purge(keys, counts, errs, meta, seed)
-            live = meta[0]
-            p = hh_probe(keys, counts, key, h, shift)
-            if p >= 0:
-                counts[p] += 1
-                continue
-            if est[k] <= meta[1]:
-                continue
         i = -1 - p
         keys[i] = key
         counts[i] = 1
