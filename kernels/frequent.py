@@ -197,7 +197,8 @@ def hh_rebuild(keys, counts, errs, meta, src_keys, src_counts, src_errs, thresho
     """Refill the table from rows ``src_*`` (counts > 0, errs >= 0) under ``threshold``: rows with
     ``counts + errs <= threshold`` are dropped, and while more rows remain than the table tracks the
     threshold rises to their median (as a purge). Returns the number of duplicate keys met (their
-    later copies are dropped: only a damaged source has any)."""
+    later copies are added to the first: only a damaged source has any)."""
+    hh_check_sizes(keys, counts, errs)
     size = counts.shape[0]
     cap = hh_capacity(size)
     n = src_keys.shape[0]
