@@ -6,8 +6,8 @@ real streams in ../shared/data (MovieLens movies, the three Amazon item streams,
 fields). Sampled ingestion is measured on the Zipf stream repeated until it holds 200M IDs.
 
 Timings are the best of ``repeats`` runs (wall clock; the machine is shared, so the best run is the
-one least disturbed by the neighbours); compare ratios within one run. The last line of output is
-one JSON object.
+one least disturbed by the neighbours); figures compared as ratios are timed in turn. The last line
+of output is one JSON object.
 """
 
 from __future__ import annotations
@@ -37,11 +37,18 @@ SAMPLED_STREAM_IDS = 200_000_000
 
 def best_time(fn, repeats):
     """Shortest wall time of ``fn()`` over ``repeats`` runs (seconds)."""
-    best = float("inf")
+    return interleaved_best({"fn": fn}, repeats)["fn"]
+
+
+def interleaved_best(fns, repeats):
+    """Shortest wall time of each callable (seconds), the callables run in turn ``repeats`` times,
+    so that figures compared as a ratio saw the same neighbours."""
+    best = {k: float("inf") for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t0)
     return best
 
 
@@ -116,8 +123,11 @@ def bench_kernels(ids, cfg, repeats):
     return res
 
 
-def bench_pipeline(ids, cfg, repeats, num_rows):
-    """The full per-table path: Batch construction, validation, fused kernel, length KLL."""
+def bench_pipeline(ids, cfg, repeats, num_rows, ds_n):
+    """The full per-table path (Batch construction, validation, fused kernel, length KLL) and
+    DataSketches' frequent items fed from Python (one item per call) on the same stream, timed in
+    turn: ``speedup_vs_datasketches`` is their ratio."""
+    import datasketches as ds
     holder = {}
 
     def run():
@@ -125,8 +135,17 @@ def bench_pipeline(ids, cfg, repeats, num_rows):
         for b in as_batches(ids, 1 << 20):
             st.update(b)
         holder["st"] = st
+    sub = ids[:ds_n].tolist()
+
+    def feed_fi():
+        up = ds.frequent_items_sketch(cfg.hh_lg_size).update
+        for x in sub:
+            up(x)
     run()
-    res = {"pipeline_ids_per_s": ids.size / best_time(run, repeats)}
+    t = interleaved_best({"pipeline": run, "fi": feed_fi}, repeats)
+    res = {"pipeline_ids_per_s": ids.size / t["pipeline"],
+           "datasketches_fi_ids_per_s": ds_n / t["fi"]}
+    res["speedup_vs_datasketches"] = res["pipeline_ids_per_s"] / res["datasketches_fi_ids_per_s"]
     ts = holder["st"]["t"]
     res["topk_recall_at_1000"], res["top1000_mean_rel_err"] = recall_and_err(ts, ids)
     res["heavy_hitter_threshold"] = float(ts.max_error)
@@ -137,12 +156,12 @@ def bench_pipeline(ids, cfg, repeats, num_rows):
 
 
 def bench_peers(ids, cfg, ds_n):
-    """DataSketches fed from Python (one item per call) and numpy's unique, same stream."""
+    """DataSketches' count-min and HLL fed from Python (one item per call) and numpy's unique, same
+    stream, for reference."""
     import datasketches as ds
     sub = ids[:ds_n].tolist()
     res = {}
-    makers = {"datasketches_fi_ids_per_s": lambda: ds.frequent_items_sketch(cfg.hh_lg_size),
-              "datasketches_cms_ids_per_s": lambda: ds.count_min_sketch(cfg.cms_depth,
+    makers = {"datasketches_cms_ids_per_s": lambda: ds.count_min_sketch(cfg.cms_depth,
                                                                          cfg.cms_width),
               "datasketches_hll_ids_per_s": lambda: ds.hll_sketch(cfg.hll_p)}
     for key, make in makers.items():
@@ -165,25 +184,19 @@ def _spin(n):
     return s
 
 
-def _one_vs_two_threads(work_a, work_b, repeats):
-    """Best time of ``work_a(); work_b()`` on one thread over best time with a thread each."""
-    def two():
-        th = [threading.Thread(target=w) for w in (work_a, work_b)]
-        for t in th:
-            t.start()
-        for t in th:
-            t.join()
-    one_t, two_t = float("inf"), float("inf")
-    for _ in range(repeats):  # alternate, so both see the same neighbours
-        one_t = min(one_t, best_time(lambda: (work_a(), work_b()), 1))
-        two_t = min(two_t, best_time(two, 1))
-    return one_t / two_t
+def _in_two_threads(work_a, work_b):
+    th = [threading.Thread(target=w) for w in (work_a, work_b)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
 
 
 def bench_threads(ids, cfg, repeats):
     """One batch stream over two tables: ``StreamStats(threads=2)`` against one thread, and the
     same ratio for a pure-arithmetic kernel (``two_thread_speedup_compute_bound``): the second core
-    the machine's neighbours leave, i.e. the ceiling of the first figure in this run."""
+    the machine's neighbours leave, i.e. the ceiling of the first figure in this run. All four
+    timed in turn."""
     batches = as_batches(ids, 1 << 19, keys=("a", "b"))
 
     def run(threads):
@@ -191,16 +204,15 @@ def bench_threads(ids, cfg, repeats):
         for b in batches:
             st.update(b)
         st.close()
-    run(1)
-    run(2)
-    one_t, two_t = float("inf"), float("inf")
-    for _ in range(repeats):
-        one_t = min(one_t, best_time(lambda: run(1), 1))
-        two_t = min(two_t, best_time(lambda: run(2), 1))
     spin_n = 400_000_000
     _spin(10)
-    calib = _one_vs_two_threads(lambda: _spin(spin_n), lambda: _spin(spin_n), repeats)
-    return {"two_thread_speedup": one_t / two_t, "two_thread_speedup_compute_bound": calib}
+    run(2)
+    t = interleaved_best({"one": lambda: run(1), "two": lambda: run(2),
+                          "spin_one": lambda: (_spin(spin_n), _spin(spin_n)),
+                          "spin_two": lambda: _in_two_threads(lambda: _spin(spin_n),
+                                                              lambda: _spin(spin_n))}, repeats)
+    return {"two_thread_speedup": t["one"] / t["two"],
+            "two_thread_speedup_compute_bound": t["spin_one"] / t["spin_two"]}
 
 
 def bench_sampled(block, repeats):
@@ -213,8 +225,9 @@ def bench_sampled(block, repeats):
     for _ in range(reps):
         ts.update(block)
     recall, err = recall_and_err(ts, block, repeat=reps)
-    t_sampled = best_time(lambda: TableStats("t", None, cfg).update(block), repeats)
-    t_plain = best_time(lambda: TableStats("t").update(block), repeats)
+    t = interleaved_best({"sampled": lambda: TableStats("t", None, cfg).update(block),
+                          "plain": lambda: TableStats("t").update(block)}, repeats)
+    t_sampled, t_plain = t["sampled"], t["plain"]
     d, _, _ = ts.distinct()
     return {"sample_k": SAMPLE_K, "sampled_stream_ids": int(reps * block.size),
             "sampled_recall_at_1000": recall, "sampled_rel_err_top1000": err,
@@ -254,9 +267,8 @@ def main(argv=None):
     cfg = SketchConfig()
     res = {"stream": f"zipf1.05 {n} IDs over {num_rows} rows"}
     res.update(bench_kernels(ids, cfg, repeats))
-    res.update(bench_pipeline(ids, cfg, repeats, num_rows))
+    res.update(bench_pipeline(ids, cfg, repeats, num_rows, ds_n))
     res.update(bench_peers(ids, cfg, ds_n))
-    res["speedup_vs_datasketches"] = res["pipeline_ids_per_s"] / res["datasketches_fi_ids_per_s"]
     res.update(bench_threads(ids, cfg, repeats))
     res.update(bench_sampled(ids, repeats))
     res["real_streams"] = bench_real(repeats)
