@@ -30,8 +30,9 @@ class SketchConfig:
         Plain is linear (merge by addition is exact); conservative update is far more accurate on
         skewed streams and about 3x slower; merged conservative sketches remain upper bounds.
     hh_lg_size : int
-        Heavy hitters hash map of ``2**hh_lg_size`` slots holding up to ``0.75 * 2**hh_lg_size``
-        counters (DataSketches ``lg_max_map_size``). Default 14: 12,288 counters, 256 KiB.
+        Heavy hitters hash map of ``2**hh_lg_size`` slots tracking up to ``0.75 * 2**hh_lg_size``
+        rows (DataSketches ``lg_max_map_size``), each with a key, a count and an error (24 bytes).
+        Default 14: 12,288 rows, 384 KiB.
     hll_p : int
         HyperLogLog precision: ``2**p`` one-byte registers, relative standard error ``1.04 / 2**(p/2)``
         (p = 12: 4 KiB, 1.6%).
