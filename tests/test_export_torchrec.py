@@ -731,7 +731,7 @@ def test_export_command(tmp_path):
     assert load_torchrec_export(tmp_path / "out").hot_rows("t") == 7
     r = runner.invoke(app, ["export", "--plan", str(tmp_path / "plan"), "--out",
                             str(tmp_path / "out"), "--node-replicas", "cold"])
-    assert r.exit_code == 0 and "t__cold row_wise 197 rows" in r.output
+    assert r.exit_code == 0 and "t__cold: row_wise, 197 rows" in r.output
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     (tmp_path / "file").write_text("keep")

@@ -381,6 +381,31 @@ def test_sharding_plan_of_our_plan_has_ranks_and_offsets():
         [[2, 8], [2, 8], [2, 8], [1, 8]]
 
 
+def test_torch_module_tables_stay_out_of_torchrec():
+    """compute_kernel="torch_module": a data-parallel table as a plain nn.Embedding(Bag) outside
+    the collections (DDP replicates it), not in the ShardingPlan; the only way to replicate a
+    sequence table on CPU, so the refusal of sequence data-parallel names it."""
+    pytest.importorskip("torchrec")
+    from torch import nn
+
+    from flexshard_stream.online.torchrec_world import build_collections, module_sharding_plan
+
+    s, p = EmbeddingTable("s", 10, 4), EmbeddingTable("p", 12, 4, kind="pooled")
+    sh = {"s": TableSharding("data_parallel", compute_kernel="torch_module"),
+          "p": TableSharding("data_parallel", compute_kernel="torch_module")}
+    for t in (s, p):
+        sh[t.name].check(t, W, M)
+    model = build_collections([s, p], shardings=sh)
+    assert model.ebc is None and model.ec is None
+    assert isinstance(model.plain["s"], nn.Embedding) and isinstance(model.plain["p"],
+                                                                     nn.EmbeddingBag)
+    assert module_sharding_plan([s, p], sh, W, M).plan == {}
+    with pytest.raises(ConfigError, match="torch_module"):
+        TableSharding("data_parallel").check(s, W, M)
+    with pytest.raises(ConfigError, match="use the dense kernel"):
+        TableSharding("data_parallel", compute_kernel="fused").check(p, W, M)
+
+
 def test_fake_world_runs_pooled_tables_only():
     t = EmbeddingTable("s", 10, 4, kind="sequence")
     with pytest.raises(ConfigError, match="pooled tables only"):

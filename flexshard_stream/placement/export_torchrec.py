@@ -452,22 +452,21 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def describe_export(manifest: Mapping[str, Any]) -> list[str]:
-    """Human lines about an export: per table its hot and cold TorchRec tables, the cold rows kept
-    on their plan GPU and the remap's size; then the stored bytes per GPU, plan vs export."""
+    """Human lines (under 80 columns for names up to 30 characters) about an export: per table
+    its hot and cold TorchRec tables, the cold rows kept on their plan GPU and the remap's size;
+    then the stored bytes per GPU, plan vs export."""
     lines = [f"{manifest['strategy']} plan on {manifest['world_size']} GPUs "
-             f"({manifest['local_world_size']} per node), exported for TorchRec "
+             f"({manifest['local_world_size']} per node) for TorchRec "
              f"{manifest['torchrec_version']}:"]
     for e in manifest["tables"]:
-        parts = []
+        lines.append(f"  {e['table']} (remap {e['remap_bytes']:,} bytes)")
         if e["hot"]:
-            parts.append(f"{e['hot']['table']} data_parallel {e['hot']['rows']:,} rows")
+            lines.append(f"    {e['hot']['table']}: data_parallel, {e['hot']['rows']:,} rows")
         c = e["cold"]
         if c:
             kept = ("" if c["rows_on_plan_gpu"] is None else
-                    f", {c['rows_on_plan_gpu'] / max(c['rows'], 1):.1%} on their plan GPU")
-            parts.append(f"{c['table']} {c['sharding_type']} {c['rows']:,} rows{kept}")
-        lines.append(f"  {e['table']}: " + "; ".join(parts)
-                     + f" (remap {e['remap_bytes']:,} bytes)")
+                    f", {c['rows_on_plan_gpu'] / max(c['rows'], 1):.1%} on plan GPU")
+            lines.append(f"    {c['table']}: {c['sharding_type']}, {c['rows']:,} rows{kept}")
     rb = manifest["row_bytes_per_gpu"]
     lines.append(f"stored rows per GPU, max: plan {max(rb['plan']) / 1e9:.3g} GB, export "
                  f"{max(rb['export']) / 1e9:.3g} GB")

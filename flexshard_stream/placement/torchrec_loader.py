@@ -27,6 +27,7 @@ torch. What a training script needs from an export directory ``out``::
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -267,15 +268,19 @@ class EmbeddingModules(nn.Module):
 
 def _plain_module(config: Any, device: torch.device) -> nn.Module:
     """``nn.EmbeddingBag`` (SUM) or ``nn.Embedding`` for one table, initialized as TorchRec would
-    (uniform in the config's ``weight_init_min`` .. ``weight_init_max``)."""
+    (uniform in the config's ``weight_init_min`` .. ``weight_init_max``, by default
+    ``±sqrt(1 / num_embeddings)``)."""
     if isinstance(config, EmbeddingBagConfig):
         m = nn.EmbeddingBag(config.num_embeddings, config.embedding_dim, mode="sum",
                             device=device)
     else:
         m = nn.Embedding(config.num_embeddings, config.embedding_dim, device=device)
     if device.type != "meta":
+        bound = math.sqrt(1.0 / config.num_embeddings)     # TorchRec's default range
+        lo = -bound if config.weight_init_min is None else config.weight_init_min
+        hi = bound if config.weight_init_max is None else config.weight_init_max
         with torch.no_grad():
-            m.weight.uniform_(config.weight_init_min, config.weight_init_max)
+            m.weight.uniform_(lo, hi)
     return m
 
 
