@@ -908,3 +908,20 @@ def test_exported_modules_compute_what_the_original_tables_do(tmp_path):
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ex.merge_rows("t", grads),
                                ebc.embedding_bags["t"].weight.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 300), st.integers(0, 2**31), st.floats(0, 1))
+def test_id_remap_round_trips(H, seed, shuffle):
+    """Any permutation as runs (from_permutation): apply is the permutation, original its
+    inverse, verify accepts it; runs of a mostly ordered permutation stay few."""
+    rng = np.random.default_rng(seed)
+    perm = np.arange(H)
+    swaps = int(shuffle * H)
+    for a, b in rng.integers(0, H, (swaps, 2)):
+        perm[[a, b]] = perm[[b, a]]
+    r = IdRemap.from_permutation(perm)
+    r.verify("p")
+    assert np.array_equal(r.apply(np.arange(H)), perm)
+    assert np.array_equal(r.original(perm), np.arange(H))
+    assert r.segments.shape[0] <= 1 + 4 * swaps

@@ -193,21 +193,16 @@ class IdRemap:
         if regular < 0:
             raise FormatError(f"{where}: {ids.size} exceptions for {H} rows")
         starts = seg[:, 0]
-        if regular and (not starts.size or starts[0] != 0):
-            raise FormatError(f"{where}: {regular} regular rows but the segments do not start "
-                              f"at rank 0")
-        if starts.size and (np.any(starts[1:] <= starts[:-1]) or starts[-1] >= max(regular, 1)
-                            or (not regular)):
-            raise FormatError(f"{where}: segment ranks must increase strictly within [0, "
-                              f"{regular})")
+        if bool(regular) != bool(starts.size) or (regular and (
+                starts[0] != 0 or np.any(starts[1:] <= starts[:-1]) or starts[-1] >= regular)):
+            raise FormatError(f"{where}: segment ranks must start at 0 and increase strictly "
+                              f"within the {regular} regular rows")
         first = np.concatenate([exc[:, 1], seg[:, 1]])
         length = np.concatenate([np.ones(ids.size, np.int64), self.segment_lengths()])
         order = np.argsort(first, kind="stable")
         first, length = first[order], length[order]
         ends = first + length           # < 2**63: new indices and lengths are below H
-        if first.size and (first[0] != 0 or np.any(first[1:] != ends[:-1])
-                           or int(ends[-1]) != H or np.any(first < 0)):
+        if not first.size or first[0] != 0 or np.any(first[1:] != ends[:-1]) \
+                or int(ends[-1]) != H:
             raise FormatError(f"{where}: the new indices do not tile [0, {H}) exactly (the "
                               f"remap is not a bijection)")
-        if not first.size and H:
-            raise FormatError(f"{where}: no exceptions and no segments for {H} rows")
