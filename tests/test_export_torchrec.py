@@ -757,7 +757,7 @@ def test_export_writes_everything_without_torch(tmp_path):
     assert load_torchrec_export(tmp_path / "out").remaps["a"].nbytes == 16
 
 
-# ------------------------------------------------------------------ the torch side (TorchRec installed)
+# ------------------------------------------------------------------ the torch side (TorchRec)
 def _kjt(batch, values_dtype=np.int64, weighted=False):
     import torch
     from torchrec import KeyedJaggedTensor

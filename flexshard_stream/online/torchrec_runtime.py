@@ -1032,21 +1032,21 @@ def _assemble_grads(tables: Sequence[EmbeddingTable], results: Sequence[RankResu
     return out
 
 
-def _case_grads(case: CaseJob, results: Sequence[RankResult], iteration: int
-                ) -> dict[str, np.ndarray]:
+def _case_grads(case: CaseJob, results: Sequence[RankResult], iteration: int,
+                export: TorchRecExport | None) -> dict[str, np.ndarray]:
     """Full gradients of one iteration, per table of the case; an export case's exported tables
     are mapped back onto the original tables' rows."""
     grads = _assemble_grads(case.tables, results, iteration)
-    if not case.export_dir:
+    if export is None:
         return grads
-    ex = load_torchrec_export(case.export_dir)
-    return {t.name: ex.merge_rows(t.name, grads) for t in case.source}
+    return {t.name: export.merge_rows(t.name, grads) for t in case.source}
 
 
 def _run_result(case: CaseJob, results: Sequence[RankResult], job: RankJob) -> RunResult:
     n = 0 if job.fake else len(job.batches)
+    ex = load_torchrec_export(case.export_dir) if case.export_dir else None
     return RunResult(outputs=[[res.outputs[i] for res in results] for i in range(n)],
-                     grads=[_case_grads(case, results, i) for i in range(n)],
+                     grads=[_case_grads(case, results, i, ex) for i in range(n)],
                      counter=CollectiveCounter(r for res in results for r in res.records),
                      world_size=job.world_size, local_world_size=job.local_world_size,
                      ranks=job.run_ranks)

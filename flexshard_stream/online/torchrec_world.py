@@ -361,10 +361,10 @@ def build_collections(tables: Sequence[EmbeddingTable], weighted: bool = False,
                    feature_names=[t.feature])
 
     plain = {t.name for t in tables if shardings and shardings[t.name].plain_module}
-    return EmbeddingModules([config(t) for t in tables if t.kind == "pooled" and t.name not in plain],
-                            [config(t) for t in tables if t.kind == "sequence"
-                             and t.name not in plain],
-                            [config(t) for t in tables if t.name in plain], weighted, device)
+    pooled = [config(t) for t in tables if t.kind == "pooled" and t.name not in plain]
+    seq = [config(t) for t in tables if t.kind == "sequence" and t.name not in plain]
+    return EmbeddingModules(pooled, seq, [config(t) for t in tables if t.name in plain], weighted,
+                            device)
 
 
 def kjt_from_batch(batch: Batch, keys: Sequence[str], values_dtype: str = "int64",

@@ -58,7 +58,8 @@ def torchrec_rw_shard_rows(num_rows: int, num_shards: int) -> np.ndarray:
 
 
 def torchrec_block_starts(num_rows: int, num_shards: int) -> np.ndarray:
-    """First row of each of TorchRec's row-wise shards (int64[n]; :func:`torchrec_rw_shard_rows`)."""
+    """First row of each of TorchRec's row-wise shards (int64[n]; see
+    :func:`torchrec_rw_shard_rows`)."""
     sizes = torchrec_rw_shard_rows(num_rows, num_shards)
     return np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
 

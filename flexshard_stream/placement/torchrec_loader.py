@@ -1,4 +1,4 @@
-"""The torch side of a TorchRec export: the ID remap on a ``KeyedJaggedTensor``, the model, the plan.
+"""The torch side of a TorchRec export: the ID remap on a ``KeyedJaggedTensor``, model, plan.
 
 This module imports torch and torchrec at the top; :mod:`flexshard_stream.placement.export_torchrec`
 imports it only inside its loaders, so the package (and ``flexshard-stream export``) works without
