@@ -184,6 +184,13 @@ def big_exports(work: Path) -> dict:
                                          work / "hashed")}
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 # ----------------------------------------------------------------------------- report
 def print_cases(cases: dict) -> None:
     for key, c in cases.items():
@@ -207,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
         res["export"] = big
         res["export_seconds_1e9_rows"] = big["1e9_rows"]["seconds"]
         res["export_peak_mb_1e9_rows"] = big["1e9_rows"]["peak_mb"]
-        has_torch = all(importlib.util.find_spec(m) is not None for m in ("torch", "torchrec"))
+        has_torch = all(_importable(m) for m in ("torch", "torchrec"))
         res["torch"] = has_torch
         if not has_torch:
             res["note"] = ("torch / torchrec not installed (the 'torchrec' extra): no runs, "
