@@ -100,13 +100,6 @@ def model_bytes(ex, batches: list[Batch], b: int) -> tuple[str, dict[str, float]
         c: float(np.mean([p.get(c, 0) for p in per])) for c in comps}
 
 
-def measured_bytes(run, iterations: int) -> dict[str, float]:
-    """Bytes per iteration per component TorchRec sent, mean over the iterations."""
-    per = [run.counter.select(iteration=it).component_bytes() for it in range(iterations)]
-    comps = set().union(*per)
-    return {c: float(np.mean([p.get(c, 0) for p in per])) for c in comps}
-
-
 def outputs_match(run, ref, iterations: int) -> bool:
     for it in range(iterations):
         for r in range(W):
@@ -141,7 +134,7 @@ def run_exports(b: int, iterations: int, work: Path) -> dict:
     out = {}
     for ((ds, name), (ex, local)), run in zip(exports.items(), runs):
         label, model = model_bytes(ex, local, b)
-        cmp = compare_components(measured_bytes(run, iterations), model)
+        cmp = compare_components(run.counter.mean_component_bytes(), model)
         out[f"{ds}/{name}"] = {
             "model": label, "outputs_match": outputs_match(run, refs[ds], iterations),
             "components": cmp, "max_err": max(c["err"] for c in cmp.values())}

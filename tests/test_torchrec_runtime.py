@@ -25,7 +25,8 @@ from flexshard_stream.online.torchrec_runtime import (
     expected_export_collectives, export_shardings, initial_weights, run_sharded_cases,
     run_unsharded, table_shardings, torchrec_column_block, torchrec_row_blocks, trace_workload)
 from flexshard_stream.placement import baselines
-from flexshard_stream.placement.export_torchrec import export_torchrec, load_torchrec_export
+from flexshard_stream.placement.export_torchrec import (export_torchrec, load_torchrec_export,
+                                                        plan_from_export)
 from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
 from flexshard_stream.placement.planner import plan_flexshard
 from flexshard_stream.placement.tables import EmbeddingTable
@@ -185,6 +186,25 @@ def test_exported_plan_moves_the_bytes_of_the_formulas(gloo_runs, exports, real,
         assert got.summary() == expected.summary()
         cmp = compare_components(got.component_bytes(), expected.component_bytes())
         assert all(c["err"] == 0 for c in cmp.values())
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_exported_plan_bytes_equal_the_evaluator(gloo_runs, exports, real, name):
+    """The cost model's torchrec profile, on the plan TorchRec runs (plan_from_export) and the
+    same batches, prices every component within 2% of what TorchRec sent (in fact exactly)."""
+    from flexshard_stream.placement.cost import CostModel, evaluate_trace
+
+    try:
+        model = CostModel(profile="torchrec", dedup=False)   # no de-duplication on CPU
+    except TypeError:
+        pytest.skip("this checkout's evaluator has no execution profiles yet")
+    _, batches = real
+    _, ex = exports[name]
+    _, run, _ = gloo_runs[name]
+    tc = evaluate_trace(plan_from_export(ex), batches, B, model)
+    cmp = compare_components(run.counter.mean_component_bytes(), tc.mean.collectives)
+    assert {"input_values", "input_lengths", "input_splits"} <= set(cmp)
+    assert all(c["err"] <= 0.02 for c in cmp.values()), cmp
 
 
 def test_exports_use_every_path_of_the_remap(exports):

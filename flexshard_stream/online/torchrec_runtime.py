@@ -460,6 +460,14 @@ class CollectiveCounter:
                 out[r.component] += sum(r.send_bytes)
         return dict(out)
 
+    def mean_component_bytes(self) -> dict[str, float]:
+        """:meth:`component_bytes` per iteration, averaged over the iterations the records
+        hold (setup and teardown left out): what the cost model prices per iteration."""
+        its = sorted({r.iteration for r in self.records if r.iteration is not None})
+        per = [self.select(iteration=it).component_bytes() for it in its]
+        comps = set().union(*per) if per else set()
+        return {c: float(np.mean([p.get(c, 0) for p in per])) for c in sorted(comps)}
+
     def summary(self) -> dict[tuple, tuple[int, int, tuple[int, ...], tuple[int, ...]]]:
         """Per (rank, group, op, component, phase, dtype): the summed input and output bytes and
         the element-wise summed ``send_bytes`` and ``recv_bytes``. Two runs (or a run and
