@@ -780,7 +780,7 @@ def _random_batch(plan, rng, samples=7):
 @given(plans(), st.sampled_from(["hot", "cold"]), st.sampled_from([np.int64, np.int32]))
 def test_torch_remap_equals_the_numpy_twin(tmp_path_factory, plan, node_replicas, dtype):
     """KJTRemap (torch.searchsorted) and TorchRecExport.remap_batch (numpy) give identical IDs,
-    lengths, weights and hot masks, for int64 and int32 KJTs; TableRemap scripts."""
+    lengths, weights and hot masks, for int64 and int32 KJTs; KJTRemap and TableRemap script."""
     pytest.importorskip("torchrec")
     import torch
 
@@ -788,8 +788,11 @@ def test_torch_remap_equals_the_numpy_twin(tmp_path_factory, plan, node_replicas
 
     _, ex = _export(plan, tmp_path_factory.mktemp("p"), node_replicas=node_replicas)
     batch = _random_batch(plan, np.random.default_rng(1))
-    got, masks = KJTRemap(ex).split(_kjt(batch, dtype, weighted=True))
+    kjt = _kjt(batch, dtype, weighted=True)
+    got, masks = KJTRemap(ex).split(kjt)
     want, want_masks = ex.remap_batch(batch)
+    scripted = torch.jit.script(KJTRemap(ex))
+    assert np.array_equal(scripted(kjt).values().numpy(), got.values().numpy())
     assert got.keys() == list(want.keys)
     assert got.values().dtype == (torch.int32 if dtype == np.int32 else torch.int64)
     assert np.array_equal(got.values().numpy(), want.values)

@@ -10,12 +10,13 @@ torch. What a training script needs from an export directory ``out``::
         split, is_hot = remap.split(kjt)                      # <feature>__hot / <feature>__cold
         outputs = remap.merge(dmp(split), is_hot)             # back to the original features
 
-- :class:`TableRemap`: the remap of one table on a tensor of IDs, the torch twin of
-  :meth:`flexshard_stream.placement.id_remap.IdRemap.apply` (same arrays, the same two
-  ``torch.searchsorted``, identical IDs; TorchScript-able);
+- :func:`remap_ids` and :class:`TableRemap`: the remap of one table on a tensor of IDs, the torch
+  twin of :meth:`flexshard_stream.placement.id_remap.IdRemap.apply` (same arrays, the same two
+  ``torch.searchsorted``, identical IDs);
 - :class:`KJTRemap`: every exported feature of a ``KeyedJaggedTensor`` split into its hot and cold
   features (lengths per sample, weights along), and :meth:`KJTRemap.merge` to put the embeddings
-  back in the original order (sequence) or add them (pooled, SUM);
+  back in the original order (sequence) or add them (pooled, SUM); both modules script with
+  ``torch.jit.script``;
 - :class:`EmbeddingModules` (:func:`exported_embeddings`): the exported tables as an
   ``EmbeddingBagCollection`` (``ebc``) and an ``EmbeddingCollection`` (``ec``), plus, with
   ``dense_sequence_hot``, the data-parallel tables of sequence features as plain ``nn.Embedding``
@@ -46,7 +47,7 @@ from .export_torchrec import (
 )
 from .id_remap import IdRemap
 
-__all__ = ["TableRemap", "KJTRemap", "EmbeddingModules", "exported_embeddings", "exported_modules",
+__all__ = ["remap_ids", "TableRemap", "KJTRemap", "EmbeddingModules", "exported_embeddings", "exported_modules",
            "sharding_plan_from_doc", "MODULE_PATHS"]
 
 #: Default module paths of the two collections in :class:`EmbeddingModules`.
@@ -54,47 +55,55 @@ MODULE_PATHS: Dict[str, str] = {"EmbeddingBagCollection": "ebc", "EmbeddingColle
 _INT32_ROWS = 2**31
 
 
+def remap_ids(ids: torch.Tensor, exc_ids: torch.Tensor, exc_new: torch.Tensor,
+              seg_rank: torch.Tensor, seg_new: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """New indices (int64) of original IDs under one :class:`IdRemap`'s arrays (``seg_rank``
+    non-empty): the torch twin of :meth:`IdRemap.apply`. IDs outside ``[0, num_rows)`` raise
+    ``ValueError``. TorchScript-able."""
+    x = ids.to(torch.int64)
+    if x.numel() > 0:
+        lo, hi = int(x.min()), int(x.max())
+        if lo < 0 or hi >= num_rows:
+            raise ValueError(f"IDs must lie in [0, {num_rows}), got {lo}..{hi}")
+    n_exc = exc_ids.numel()
+    if n_exc == 0:
+        s = torch.searchsorted(seg_rank, x, right=True) - 1
+        return seg_new[s] + (x - seg_rank[s])
+    p = torch.searchsorted(exc_ids, x)
+    r = x - p
+    pc = p.clamp(max=n_exc - 1)
+    s = torch.searchsorted(seg_rank, r, right=True) - 1
+    return torch.where(exc_ids[pc] == x, exc_new[pc], seg_new[s] + (r - seg_rank[s]))
+
+
+def _remap_arrays(remap: IdRemap) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The four int64 columns :func:`remap_ids` reads (a run no ID reaches when every row is an
+    exception)."""
+    exc, seg = remap.exceptions, remap.segments
+    if not seg.shape[0]:
+        seg = np.zeros((1, 2), np.int64)
+    return (np.ascontiguousarray(exc[:, 0]), np.ascontiguousarray(exc[:, 1]),
+            np.ascontiguousarray(seg[:, 0]), np.ascontiguousarray(seg[:, 1]))
+
+
 class TableRemap(nn.Module):
     """The remap of one table on a tensor of original IDs: new indices (int64, same shape).
 
-    The torch twin of :meth:`IdRemap.apply`: ``p = searchsorted(exception IDs, x)``, an exception
-    if it is there, else regular rank ``x - p`` and the run ``searchsorted(run starts, rank,
-    right=True) - 1``. Buffers are not saved in ``state_dict`` (the export directory is the
-    source). IDs outside ``[0, num_rows)`` raise ``ValueError``.
+    The torch twin of :meth:`IdRemap.apply` (:func:`remap_ids`): ``p = searchsorted(exception
+    IDs, x)``, an exception if it is there, else regular rank ``x - p`` and the run
+    ``searchsorted(run starts, rank, right=True) - 1``. Buffers are not saved in ``state_dict``
+    (the export directory is the source). IDs outside ``[0, num_rows)`` raise ``ValueError``.
     """
 
     def __init__(self, remap: IdRemap):
         super().__init__()
-        exc, seg = remap.exceptions, remap.segments
-        if not seg.shape[0]:           # every row an exception: a run no ID reaches
-            seg = np.zeros((1, 2), np.int64)
         self.num_rows = int(remap.num_rows)
-        self.num_exceptions = int(exc.shape[0])
-        self.register_buffer("exc_ids", torch.from_numpy(np.ascontiguousarray(exc[:, 0])),
-                             persistent=False)
-        self.register_buffer("exc_new", torch.from_numpy(np.ascontiguousarray(exc[:, 1])),
-                             persistent=False)
-        self.register_buffer("seg_rank", torch.from_numpy(np.ascontiguousarray(seg[:, 0])),
-                             persistent=False)
-        self.register_buffer("seg_new", torch.from_numpy(np.ascontiguousarray(seg[:, 1])),
-                             persistent=False)
+        for name, arr in zip(("exc_ids", "exc_new", "seg_rank", "seg_new"), _remap_arrays(remap)):
+            self.register_buffer(name, torch.from_numpy(arr), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = ids.to(torch.int64)
-        if x.numel() > 0:
-            lo, hi = int(x.min()), int(x.max())
-            if lo < 0 or hi >= self.num_rows:
-                raise ValueError(f"IDs must lie in [0, {self.num_rows}), got {lo}..{hi}")
-        r = x
-        if self.num_exceptions > 0:
-            p = torch.searchsorted(self.exc_ids, x)
-            r = x - p
-            pc = p.clamp(max=self.num_exceptions - 1)
-            hit = self.exc_ids[pc] == x
-            s = torch.searchsorted(self.seg_rank, r, right=True) - 1
-            return torch.where(hit, self.exc_new[pc], self.seg_new[s] + (r - self.seg_rank[s]))
-        s = torch.searchsorted(self.seg_rank, r, right=True) - 1
-        return self.seg_new[s] + (r - self.seg_rank[s])
+        return remap_ids(ids, self.exc_ids, self.exc_new, self.seg_rank, self.seg_new,
+                         self.num_rows)
 
 
 class KJTRemap(nn.Module):
@@ -110,32 +119,48 @@ class KJTRemap(nn.Module):
     -----
     The output keeps the input's lengths dtype, and its values dtype unless an exported table has
     more than 2**31 rows (then int64); weights follow their IDs. A KJT with a variable batch per
-    feature is refused (``ValueError``). :meth:`TorchRecExport.remap_batch` is the numpy twin.
+    feature is refused (``ValueError``). The remaps of all tables sit in four concatenated
+    buffers (they move with ``.to(device)``); the module scripts with ``torch.jit.script``.
+    :meth:`TorchRecExport.remap_batch` is the numpy twin.
     """
 
     def __init__(self, export: "TorchRecExport | str | os.PathLike"):
         super().__init__()
         ex = export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
-        self.tables = nn.ModuleList()
         self.index: Dict[str, int] = {}
         self.hot_key: List[str] = []
         self.cold_key: List[str] = []
         self.hot_rows: List[int] = []
+        self.num_rows: List[int] = []
         self.pooled: List[bool] = []
-        widest = 0
+        self.exc_off: List[int] = [0]
+        self.seg_off: List[int] = [0]
+        cols: List[List[np.ndarray]] = [[], [], [], []]
         for e in ex.manifest["tables"]:
-            feature = e["source_table"]["feature"] or e["table"]
-            self.index[feature] = len(self.tables)
-            self.tables.append(TableRemap(ex.remaps[e["table"]]))
+            self.index[e["source_table"]["feature"] or e["table"]] = len(self.hot_key)
             self.hot_key.append(e["hot"]["feature"] if e["hot"] else "")
             self.cold_key.append(e["cold"]["feature"] if e["cold"] else "")
             self.hot_rows.append(int(e["hot_rows"]))
+            self.num_rows.append(int(e["source_table"]["num_rows"]))
             self.pooled.append(e["source_table"]["kind"] == "pooled")
-            widest = max(widest, int(e["source_table"]["num_rows"]))
-        self.keep_int32 = widest <= _INT32_ROWS
+            arrays = _remap_arrays(ex.remaps[e["table"]])
+            for col, arr in zip(cols, arrays):
+                col.append(arr)
+            self.exc_off.append(self.exc_off[-1] + arrays[0].size)
+            self.seg_off.append(self.seg_off[-1] + arrays[2].size)
+        for name, col in zip(("exc_ids", "exc_new", "seg_rank", "seg_new"), cols):
+            flat = np.concatenate(col).astype(np.int64) if col else np.zeros(0, np.int64)
+            self.register_buffer(name, torch.from_numpy(flat), persistent=False)
+        self.keep_int32 = max(self.num_rows, default=0) <= _INT32_ROWS
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
         return self.split(kjt)[0]
+
+    def table_ids(self, j: int, ids: torch.Tensor) -> torch.Tensor:
+        """New indices of original IDs of the ``j``-th exported table."""
+        e0, e1, s0, s1 = self.exc_off[j], self.exc_off[j + 1], self.seg_off[j], self.seg_off[j + 1]
+        return remap_ids(ids, self.exc_ids[e0:e1], self.exc_new[e0:e1], self.seg_rank[s0:s1],
+                         self.seg_new[s0:s1], self.num_rows[j])
 
     def split(self, kjt: KeyedJaggedTensor
               ) -> Tuple[KeyedJaggedTensor, Dict[str, torch.Tensor]]:
@@ -156,48 +181,50 @@ class KJTRemap(nn.Module):
         for i, key in enumerate(keys):
             v = values[start:start + per_key[i]]
             ln = lengths[i * stride:(i + 1) * stride]
-            w = weights[start:start + per_key[i]] if weights is not None else None
+            w: Optional[torch.Tensor] = None
+            if weights is not None:
+                w = weights[start:start + per_key[i]]
             start += per_key[i]
             j = self.index.get(key, -1)
             if j < 0:
-                out_keys.append(key)
-                vals.append(v.to(torch.int64))
-                lens.append(ln)
-                if w is not None:
-                    wts.append(w)
+                _append(out_keys, vals, lens, wts, key, v.to(torch.int64), ln, w)
                 continue
-            new = self.tables[j](v)
+            new = self.table_ids(j, v)
             hot = new < self.hot_rows[j]
             masks[key] = hot
             ends = torch.cumsum(ln.to(torch.int64), 0)
             csum = torch.cat([torch.zeros(1, dtype=torch.int64, device=v.device),
                               torch.cumsum(hot.to(torch.int64), 0)])
             hl = (csum[ends] - csum[ends - ln.to(torch.int64)]).to(ln.dtype)
-            for part, sel, shift, plen in ((self.hot_key[j], hot, 0, hl),
-                                           (self.cold_key[j], ~hot, self.hot_rows[j], ln - hl)):
-                if part:
-                    out_keys.append(part)
-                    vals.append(new[sel] - shift)
-                    lens.append(plen)
-                    if w is not None:
-                        wts.append(w[sel])
+            if self.hot_key[j]:
+                _append(out_keys, vals, lens, wts, self.hot_key[j], new[hot], hl,
+                        None if w is None else w[hot])
+            if self.cold_key[j]:
+                cold = ~hot
+                _append(out_keys, vals, lens, wts, self.cold_key[j],
+                        new[cold] - self.hot_rows[j], ln - hl, None if w is None else w[cold])
         vdtype = values.dtype if (values.dtype == torch.int64 or self.keep_int32) else torch.int64
+        out_weights: Optional[torch.Tensor] = None
+        if len(wts) > 0:
+            out_weights = torch.cat(wts)
         return KeyedJaggedTensor(keys=out_keys, values=torch.cat(vals).to(vdtype),
-                                 lengths=torch.cat(lens), weights=torch.cat(wts) if wts else None,
+                                 lengths=torch.cat(lens), weights=out_weights,
                                  stride=stride), masks
 
-    def merge(self, outputs: Mapping[str, torch.Tensor], is_hot: Mapping[str, torch.Tensor]
+    def merge(self, outputs: Dict[str, torch.Tensor], is_hot: Dict[str, torch.Tensor]
               ) -> Dict[str, torch.Tensor]:
         """Outputs per original feature from the outputs per exported feature: pooled features
         add their two parts (SUM pooling); sequence features put each row back where its ID was
         (``is_hot`` from :meth:`split`). Other outputs pass through. Differentiable."""
-        out = {k: v for k, v in outputs.items()}
+        out: Dict[str, torch.Tensor] = {}
+        for k, v in outputs.items():
+            out[k] = v
         for feature, j in self.index.items():
             hk, ck = self.hot_key[j], self.cold_key[j]
             if not (hk in outputs or ck in outputs):
                 continue
-            if not (hk and ck):             # one part: the table is all hot or all cold
-                out[feature] = out.pop(hk or ck)
+            if hk == "" or ck == "":        # one part: the table is all hot or all cold
+                out[feature] = out.pop(ck if hk == "" else hk)
             elif self.pooled[j]:
                 out[feature] = out.pop(hk) + out.pop(ck)
             else:
@@ -208,6 +235,17 @@ class KJTRemap(nn.Module):
                 inverse[order] = torch.arange(order.numel(), device=order.device)
                 out[feature] = torch.cat([out.pop(hk), out.pop(ck)])[inverse]
         return out
+
+
+def _append(keys: List[str], vals: List[torch.Tensor], lens: List[torch.Tensor],
+            wts: List[torch.Tensor], key: str, values: torch.Tensor, lengths: torch.Tensor,
+            weights: Optional[torch.Tensor]) -> None:
+    """One feature of :meth:`KJTRemap.split`'s output."""
+    keys.append(key)
+    vals.append(values)
+    lens.append(lengths)
+    if weights is not None:
+        wts.append(weights)
 
 
 class EmbeddingModules(nn.Module):
