@@ -8,6 +8,11 @@ Layout (key-major, as in ``torchrec.sparse.jagged_tensor.KeyedJaggedTensor``)::
     weights  = optional, one float per value (pooling weights; statistics count lookups, not weights)
     timestamp= optional: one float (seconds) for the batch, or one per sample
 
+Every key has the same number of samples (TorchRec's layout without a variable batch per feature):
+one ``B`` for the whole batch, which the cost model and the statistics rely on. A
+``KeyedJaggedTensor`` with a variable batch per feature is refused by :meth:`Batch.from_kjt`, which
+names each feature's batch size; take the features of one batch size at a time (``keys=``).
+
 :class:`Batch` only checks the *shape* of the layout on construction (cheap, O(keys)). Checks against
 a table configuration (IDs in range, configured keys) are done by :func:`validate_batch` in
 :mod:`flexshard_stream.stats.stream`, before any state changes.
