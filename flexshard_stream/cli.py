@@ -21,7 +21,10 @@ import typer
 
 from .errors import FlexShardError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+#: Plain (click) help and error formatting: rich's help renderer costs more start-up time than
+#: everything else ``--help`` loads, and click's formatter already wraps at 80 columns.
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  pretty_exceptions_enable=False,
                   help="Live statistics-driven embedding-table placement: sketch ID streams, "
                        "plan, evaluate.")
 
