@@ -46,6 +46,7 @@ from __future__ import annotations
 import csv
 import glob
 import io
+import math
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -60,11 +61,11 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..compat import renamed_keywords, renamed_property
-from ..errors import LogError
+from ..errors import BatchError, LogError
 from ..stats.batch import Batch
 
 __all__ = ["LogSchema", "LogFileInfo", "LogReader", "inspect_log", "read_log", "log_max_ids",
-           "REASONS", "TS_COLUMN"]
+           "REASONS", "TS_COLUMN", "ID_MODES", "OUT_OF_RANGE", "IdMode", "RowMap"]
 
 Kind = Literal["single", "sequence"]
 PathLike = Union[str, "os.PathLike[str]"]
@@ -743,6 +744,10 @@ class LogReader:
     row_groups : sequence of int, optional
         Read only these row groups (ascending) of a single parquet file, e.g. one task's share of
         a large file; bad-row messages keep the row numbers of the whole file.
+    rows : RowMap, optional
+        Map IDs to table rows (``raw``: checked against the tables' ``num_rows``; ``hash``: ID
+        mod rows). A row with an ID out of range is a bad row (``"out_of_range"``, counted only
+        when ``rows`` is given).
 
     Attributes
     ----------
@@ -766,7 +771,7 @@ class LogReader:
     def __init__(self, paths: Paths, features: FeatureSpec = None, read_batch_size: int = 65536,
                  *, skip_bad_rows: bool = False, null_as_empty: bool = False,
                  ts: bool | None = None, ignore: Iterable[str] = (),
-                 row_groups: Sequence[int] | None = None):
+                 row_groups: Sequence[int] | None = None, rows: "RowMap | None" = None):
         if isinstance(read_batch_size, bool) or not isinstance(read_batch_size, (int, np.integer)) \
                 or read_batch_size < 1:
             raise LogError(f"read_batch_size must be a positive integer (samples per batch read), "
@@ -796,11 +801,13 @@ class LogReader:
         self.read_batch_size = int(read_batch_size)
         self.skip_bad_rows = bool(skip_bad_rows)
         self.null_as_empty = bool(null_as_empty)
+        self.rows = rows
         self._reset()
 
     def _reset(self) -> None:
         self.skipped_by_file: dict[str, dict[str, int]] = {
-            str(p): dict.fromkeys(REASONS, 0) for p in self.files}
+            str(p): dict.fromkeys(REASONS + ((OUT_OF_RANGE,) if self.rows else ()), 0)
+            for p in self.files}
         self.rows_read = 0
         self.samples = 0
 
@@ -820,7 +827,7 @@ class LogReader:
         out = dict.fromkeys(REASONS, 0)
         for counts in self.skipped_by_file.values():
             for r, c in counts.items():
-                out[r] += c
+                out[r] = out.get(r, 0) + c
         return out
 
     def __repr__(self) -> str:
@@ -831,7 +838,12 @@ class LogReader:
         self._reset()
         reb = _Rebatcher(self.schema.keys, self.read_batch_size)
         for info in self._infos:
+            start = self.rows_read - _first_row_read(info, self.row_groups)
             for part in self._file_parts(info):
+                if self.rows is not None:
+                    part = _map_part(self.rows, part, self.schema.keys, info.path,
+                                     self.rows_read - part.n - start, self.skip_bad_rows,
+                                     self.skipped_by_file[str(info.path)])
                 for b in reb.add(part):
                     self.samples += b.batch_size
                     yield b
@@ -1099,7 +1111,7 @@ class LogReader:
 @renamed_keywords(batch_size="read_batch_size")
 def read_log(paths: Paths, features: FeatureSpec = None, read_batch_size: int = 65536, *,
              skip_bad_rows: bool = False, null_as_empty: bool = False, ts: bool | None = None,
-             ignore: Iterable[str] = ()) -> Iterator[Batch]:
+             ignore: Iterable[str] = (), rows: "RowMap | None" = None) -> Iterator[Batch]:
     """Stream a log as batches; a thin wrapper over :class:`LogReader` (use it for the counts).
 
     Parameters
@@ -1113,7 +1125,7 @@ def read_log(paths: Paths, features: FeatureSpec = None, read_batch_size: int = 
         per-sample timestamps (float64 seconds) if the log has ``ts``.
     """
     return iter(LogReader(paths, features, read_batch_size, skip_bad_rows=skip_bad_rows,
-                          null_as_empty=null_as_empty, ts=ts, ignore=ignore))
+                          null_as_empty=null_as_empty, ts=ts, ignore=ignore, rows=rows))
 
 
 # ----------------------------------------------------------------------------- max IDs
@@ -1170,3 +1182,206 @@ def log_max_ids(paths: Paths, features: FeatureSpec = None, *,
         vals = [r[name][0] for r in results if r[name][0] is not None]
         out[name] = int(max(vals)) if vals else -1
     return out
+
+
+# ----------------------------------------------------------------------------- ID modes
+#: Ways a log's IDs become table rows (:class:`IdMode`).
+ID_MODES: tuple[str, ...] = ("raw", "hash")
+#: The reason under which :class:`RowMap` counts dropped rows (beside :data:`REASONS`).
+OUT_OF_RANGE = "out_of_range"
+
+
+@dataclass(frozen=True)
+class IdMode:
+    """How a log's IDs become table rows: ``raw``, ``hash`` or ``hash:ROWS``.
+
+    ``raw``
+        An ID is its row: a table needs ``num_rows`` above its largest ID.
+    ``hash`` / ``hash:ROWS``
+        Row = ``ID mod R`` with ``R = ROWS``, or each table's ``num_rows`` when ``ROWS`` is not
+        given. This is the modulo hashing TorchRec users apply to raw or pre-hashed IDs before
+        the KeyedJaggedTensor (TorchRec's Criteo pipeline, ``InMemoryBinaryCriteoIterDataPipe(
+        hashes=...)``, does ``sparse %= hashes``; DLRM scripts take ``--num_embeddings_per_feature``
+        the same way). Plain modulo rather than a mixing hash on purpose: the statistics and
+        the plan must see exactly the rows (and collisions) the training job's tables see. IDs
+        are non-negative int64, so ``ID mod R`` is ``ID % R`` in numpy.
+
+    Attributes
+    ----------
+    kind : {"raw", "hash"}
+    rows : int or None
+        R for every table (``hash:ROWS``); None: each table's ``num_rows``.
+    """
+
+    kind: str = "raw"
+    rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ID_MODES:
+            raise LogError(f"ID mode {self.kind!r}: expected one of raw, hash, hash:ROWS")
+        if self.rows is not None and (self.kind != "hash" or isinstance(self.rows, bool)
+                                      or not isinstance(self.rows, (int, np.integer))
+                                      or self.rows < 1):
+            raise LogError(f"ID mode {self.kind}:{self.rows!r}: ROWS must be a positive integer "
+                           f"and goes with hash only (hash:ROWS)")
+
+    @classmethod
+    def parse(cls, spec: "IdMode | str | None") -> "IdMode":
+        """``None``/``"raw"``, ``"hash"`` or ``"hash:ROWS"`` (case-insensitive; ROWS may be
+        written ``1_000_000``, ``1,000,000`` or ``1e6``).
+
+        Raises
+        ------
+        LogError
+            Anything else, naming the valid forms.
+        """
+        if spec is None:
+            return cls()
+        if isinstance(spec, IdMode):
+            return spec
+        text = str(spec).strip().lower()
+        kind, sep, rows = text.partition(":")
+        if kind not in ID_MODES or (sep and kind != "hash"):
+            raise LogError(f"ID mode {spec!r}: expected raw, hash or hash:ROWS (e.g. "
+                           f"hash:1000000)")
+        if not sep:
+            return cls(kind)
+        try:
+            r = float(rows.replace("_", "").replace(",", ""))
+        except ValueError:
+            r = float("nan")
+        if not (math.isfinite(r) and r >= 1 and r.is_integer() and r < 2**63):
+            raise LogError(f"ID mode {spec!r}: ROWS must be a positive whole number of rows, "
+                           f"got {rows!r}")
+        return cls("hash", int(r))
+
+    @property
+    def hashed(self) -> bool:
+        """IDs are taken modulo a row count."""
+        return self.kind == "hash"
+
+    def __str__(self) -> str:
+        return self.kind if self.rows is None else f"{self.kind}:{self.rows}"
+
+
+class RowMap:
+    """Per feature, how IDs become rows and the table size they must fit.
+
+    The one place where a log's IDs meet the tables' ``num_rows``: :class:`LogReader` applies it
+    to every chunk of a file (``rows=``) before batching, so a row out of range is reported with
+    its file, row and column, or dropped and counted under :data:`OUT_OF_RANGE` with
+    ``skip_bad_rows``.
+
+    Parameters
+    ----------
+    num_rows : mapping of str to int
+        Feature -> rows of its table (features not listed pass through unchecked).
+    mode : IdMode or str
+        ``raw`` (IDs must be below ``num_rows``), ``hash`` (ID mod ``num_rows``) or
+        ``hash:ROWS`` (ID mod ``ROWS``; ``ROWS`` must not exceed a table's ``num_rows``).
+
+    Raises
+    ------
+    LogError
+        An invalid mode, or ``hash:ROWS`` larger than a table.
+    """
+
+    def __init__(self, num_rows: Mapping[str, int], mode: "IdMode | str | None" = None):
+        self.mode = IdMode.parse(mode)
+        self.num_rows = {str(f): int(n) for f, n in num_rows.items()}
+        bad = {f: n for f, n in self.num_rows.items() if n < 1}
+        if bad:
+            raise LogError(f"tables need at least one row; got num_rows {bad}")
+        if self.mode.rows is not None:
+            small = {f: n for f, n in self.num_rows.items() if n < self.mode.rows}
+            if small:
+                raise LogError(f"ID mode {self.mode}: rows {self.mode.rows:,} exceed the tables' "
+                               f"num_rows {small}; hash into each table's own size with ids="
+                               f"'hash'")
+        self.moduli = ({f: (self.mode.rows or n) for f, n in self.num_rows.items()}
+                       if self.mode.hashed else {})
+
+    def __repr__(self) -> str:
+        return f"RowMap({self.num_rows}, mode={str(self.mode)!r})"
+
+    def map_values(self, feature: str, values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The rows of one feature's IDs, and (raw mode) the positions out of range (bool per
+        value, None when all fit)."""
+        m = self.moduli.get(feature)
+        if m is not None:
+            return np.remainder(values, m), None
+        n = self.num_rows.get(feature)
+        if n is None or not values.size or int(values.max()) < n:
+            return values, None
+        return values, values >= n
+
+    def map_batch(self, batch: Batch) -> Batch:
+        """A batch with IDs mapped to rows (for batches that do not come from a log file, as
+        in the sidecar).
+
+        Raises
+        ------
+        BatchError
+            Raw mode and an ID at or above its table's ``num_rows`` (naming the feature, the ID
+            and the ways out).
+        """
+        offsets = batch.key_offsets()
+        out = []
+        for i, k in enumerate(batch.keys):
+            v, bad = self.map_values(k, batch.values[offsets[i]:offsets[i + 1]])
+            if bad is not None:
+                p = int(np.argmax(bad))
+                raise BatchError(f"ID {int(v[p])} out of range: the table has num_rows "
+                                 f"{self.num_rows[k]:,}; {_RANGE_FIXES}", feature=k,
+                                 field="values", position=p)
+            out.append(v)
+        values = np.concatenate(out) if len(out) > 1 else (out[0] if out else batch.values)
+        return Batch(batch.keys, values, batch.lengths, batch.weights, batch.timestamp)
+
+
+_RANGE_FIXES = ("size the tables for this log (flexshard-stream tables LOG... --out tables.toml), "
+                "hash IDs into the tables (ids='hash'), or pass skip_bad_rows=True to drop and "
+                "count such rows")
+
+
+def _map_part(rows: RowMap, part: _Part, keys: Sequence[str], path: Path, first_row: int,
+              skip: bool, counts: dict[str, int]) -> _Part:
+    """One chunk of a file with its IDs mapped by ``rows``. Out-of-range samples raise
+    :class:`LogError` naming the file, the row (``first_row`` + index: without skipping, a
+    chunk's rows are consecutive) and the column, or are dropped and counted in ``counts``."""
+    values, bad_rows = [], None
+    for name, v, lens in zip(keys, part.values, part.lengths):
+        mapped, bad = rows.map_values(name, v)
+        if bad is not None:
+            hit = _row_mask(part.n, _rows_of(np.concatenate([[0], np.cumsum(lens)]),
+                                             np.flatnonzero(bad)))
+            if not skip:
+                i = int(np.argmax(hit))
+                first = int(np.flatnonzero(bad)[0])
+                raise _fail(path, f"row {first_row + i} (0-based within this file), column "
+                                  f"{name!r}: ID {int(v[first])} out of range: the table has "
+                                  f"num_rows {rows.num_rows[name]:,} (IDs 0.."
+                                  f"{rows.num_rows[name] - 1:,}); {_RANGE_FIXES}")
+            bad_rows = hit if bad_rows is None else (bad_rows | hit)
+        values.append(mapped)
+    mapped_part = _Part(values, part.lengths, part.ts, part.n)
+    if bad_rows is None:
+        return mapped_part
+    keep = ~bad_rows
+    counts[OUT_OF_RANGE] = counts.get(OUT_OF_RANGE, 0) + int(bad_rows.sum())
+    return _Part([v[np.repeat(keep, l)] for v, l in zip(values, part.lengths)],
+                 [l[keep] for l in part.lengths], None if part.ts is None else part.ts[keep],
+                 int(keep.sum()))
+
+
+def _first_row_read(info: _FileInfo, row_groups: Sequence[int] | None) -> int:
+    """The file row (0-based) where reading starts: 0, or the first row of the first row group
+    read (``LogReader(row_groups=...)``)."""
+    if not row_groups:
+        return 0
+    pf = open_parquet(info.path)
+    try:
+        md = pf.metadata
+        return sum(md.row_group(i).num_rows for i in range(min(row_groups[0], md.num_row_groups)))
+    finally:
+        pf.close()
