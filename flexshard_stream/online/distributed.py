@@ -51,7 +51,8 @@ from ..errors import ConfigError, FlexShardError, FormatError, IncompatibleError
 from ..sources.windows import WindowSpec, parse_window
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..sources.logs import LogFileInfo, LogReader, RowMap
+    from ..sources.ids import RowMap
+    from ..sources.logs import LogFileInfo, LogReader
     from ..stats.batch import Batch
     from ..stats.config import SketchConfig, TableConfig
     from ..stats.stream import StreamStats

@@ -66,7 +66,8 @@ from ..placement.planner import MemoryPolicy, plan_flexshard
 from ..placement.tables import EmbeddingTable, infer_tables, load_tables, row_map
 from ..placement.topology import Topology
 from ..sources.logs import REASONS as _REASONS
-from ..sources.logs import IdMode, LogReader, RowMap
+from ..sources.ids import IdMode, RowMap
+from ..sources.logs import LogReader
 from ..sources.windows import WindowSpec, parse_window
 from ..stats.batch import Batch, concat_batches, rebatch, slice_batch
 from ..stats.config import TableConfig

@@ -39,7 +39,8 @@ import numpy as np
 
 from ..errors import ConfigError, FlexShardError
 from ..formats.toml import read_toml, toml_value, write_text_atomic
-from ..sources.logs import FeatureSpec, IdMode, Paths, RowMap, inspect_log, log_max_ids
+from ..sources.ids import DEFAULT_HEADROOM, IdMode, RowMap
+from ..sources.logs import FeatureSpec, Paths, inspect_log, log_max_ids
 from .topology import PathLike
 
 __all__ = ["DTYPE_BYTES", "TABLE_KINDS", "EmbeddingTable", "load_tables", "save_tables",
@@ -60,8 +61,6 @@ MAX_ROWS = 2**63
 MAX_DIM = 1 << 20
 #: Largest optimizer state per row accepted (bytes).
 MAX_STATE_BYTES = 1 << 32
-#: Default headroom of sizes inferred from a log: rows = headroom x what the log needs.
-DEFAULT_HEADROOM = 1.5
 #: A feature's IDs are called sparse when its ID range is this many times its distinct IDs.
 SPARSE_FACTOR = 8.0
 
