@@ -334,9 +334,16 @@ def _print_collisions(sizing) -> None:
 
 
 def _command_hint(text: str, command: str) -> None:
-    """A sentence, then a command on a line of its own (never broken for copy and paste)."""
+    """A sentence, then a command indented on lines of its own, continued with a backslash
+    beyond 80 columns (it still pastes into a shell as one command)."""
     _say(text)
-    typer.echo(f"  {command}")
+    lines, line = [], " "
+    for word in command.split():
+        if len(line) + 1 + len(word) > _WIDTH - 2 and line.strip():
+            lines.append(line)
+            line = "   "
+        line += " " + word
+    typer.echo(" \\\n".join(lines + [line]))
 
 
 @app.command("tables")
@@ -603,7 +610,8 @@ def _plan_label(requested: str, strategy: str) -> str:
 
 
 def _sharding(tp, topo) -> str:
-    """A table's sharding in TorchRec's words (dp, tw, twrw, rw), plus FlexShard's tiers."""
+    """How a table's cold rows are sharded, in TorchRec's words (dp, tw, twrw, rw), ``+host``
+    with a host-memory tier (replicated and placed rows are counted beside it)."""
     if tp.replicated:
         return "dp"
     c = tp.cold
@@ -618,14 +626,15 @@ def _sharding(tp, topo) -> str:
         base = "twrw"
     else:
         base = f"rw, {n} GPUs"
-    extra = (["replicas"] if tp.global_ids.size or tp.node_ids.size else []) + \
-        (["placed"] if tp.placed_ids.size else []) + (["host"] if tp.has_host_tier else [])
-    return base + "".join(f" + {x}" for x in extra)
+    return base + (" +host" if tp.has_host_tier else "")
 
 
 def _table_shardings(p) -> list[dict[str, Any]]:
-    """Per table: sharding, GPUs holding shards, shard rows per GPU (min, max), replicated rows
-    (on every GPU, on every node), placed rows, table bytes."""
+    """Per table: sharding, GPUs holding shards, shard rows per GPU (min, max over those GPUs;
+    cold rows and rows placed by load), replicated rows (on every GPU, on every node), placed
+    rows, table bytes."""
+    import numpy as np
+
     from .placement.plan import Plan
 
     topo = p.topology
@@ -636,6 +645,7 @@ def _table_shardings(p) -> list[dict[str, Any]]:
             gpus, lo, hi = topo.num_gpus, tp.table.num_rows, tp.table.num_rows
         else:
             cold = tp.rows_per_gpu(topo) - Plan.non_cold_rows_per_gpu(tp, topo)
+            cold = cold + np.bincount(tp.placed_gpus, minlength=topo.num_gpus)
             held = cold[tp.cold.gpus] if tp.cold.gpus.size else cold
             gpus, lo, hi = int(tp.cold.gpus.size), int(held.min()), int(held.max())
         out.append({"table": name, "sharding": _sharding(tp, topo), "gpus": gpus,
@@ -663,7 +673,7 @@ def _replicated(d: Mapping[str, Any]) -> str:
     g, n = d["global_rows"], d["node_rows"]
     if d["sharding"] == "dp":
         return "all (dp)"
-    parts = ([f"{g:,} all"] if g else []) + ([f"{n:,} per node"] if n else [])
+    parts = ([f"{g:,} all"] if g else []) + ([f"{n:,}/node"] if n else [])
     return " + ".join(parts) or "-"
 
 
@@ -705,8 +715,8 @@ def _print_plan(doc: Mapping[str, Any], p, result) -> None:
     topo = p.topology
     s = doc["settings"]
     hbm = fmt_bytes(float(topo.hbm_bytes.max()))
-    _say(f"{doc['label']} plan for {len(p.tables)} tables on {doc['topology']} ({topo.num_gpus} "
-         f"GPUs, {hbm} HBM each) written to {doc['out']}")
+    _say(f"{doc['label']} plan for {len(p.tables)} table(s) on {doc['topology']} "
+         f"({topo.num_gpus} GPUs, {hbm} HBM each) written to {doc['out']}")
     _say(f"made for B = {s['batch_size']} samples per GPU, de-duplication "
          f"{'on' if s['dedup'] else 'off'}, IDs {s['ids']}; tables {s['tables_source']}.")
     if doc.get("equals"):
@@ -1248,7 +1258,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
     s = res.summary
     nw = s["workers"]
     how = f"engine {s['engine']}" + (f", {nw} worker{'' if nw == 1 else 's'}" if nw else "")
-    _say(f"written to {out.resolve()}; draw it with `flexshard-stream report {out}` "
+    _say(f"written to {out}; draw it with `flexshard-stream report {out}` "
          f"({res.elapsed_s:.1f} s, {how}, {s['evaluation']} evaluation)")
 
 
