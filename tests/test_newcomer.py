@@ -38,50 +38,16 @@ runner = CliRunner()
 
 
 # ============================================================================ the logs
-def _histories(path: Path) -> pl.DataFrame:
-    """MovieLens ratings in time order with each user's last 20 movies before the rating."""
-    from flexshard_stream.sources.datasets import movielens_ratings
+def _first_hour_logs():
+    """examples/first_hour_logs.py, the script README.md's walkthrough runs (one copy of the
+    log builders)."""
+    import importlib.util
 
-    r = movielens_ratings(path / "movielens-latest-small" / "ratings.csv").sort("ts")
-    seen: dict[int, list[int]] = {}
-    hist = []
-    for u, m in zip(r["user"].to_list(), r["movie"].to_list()):
-        h = seen.setdefault(u, [])
-        hist.append(h[-20:])
-        h.append(m)
-    return r.select("ts", "user", "movie").with_columns(
-        pl.Series("history", hist, dtype=pl.List(pl.Int64)))
-
-
-def _shop(path: Path, rng: np.random.Generator) -> pl.DataFrame:
-    """Amazon Beauty interactions as shop events with raw 9-digit user and item IDs and the
-    user's last 5 items (space-separated in CSV), in a seeded time order."""
-    from flexshard_stream.sources.datasets import amazon_sequences
-
-    values, lengths = amazon_sequences("Beauty", path / "amazon-reviews-sequences" / "Beauty.txt")
-    items = np.unique(values)
-    raw = rng.choice(np.arange(100_000_000, 1_000_000_000), size=items.size, replace=False)
-    item_of = raw[np.searchsorted(items, values)]
-    users = rng.choice(np.arange(100_000_000, 1_000_000_000), size=lengths.size, replace=False)
-    user_of = np.repeat(users, lengths)
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    pos = np.arange(values.size) - starts
-    recent = [" ".join(map(str, item_of[i - min(p, 5):i])) for i, p in enumerate(pos)]
-    order = rng.permutation(values.size)[:60_000]
-    order.sort()
-    return pl.DataFrame({"ts": 1.6e9 + np.arange(order.size) * 7.0,
-                         "user_id": user_of[order], "item_id": item_of[order],
-                         "recent_items": [recent[i] for i in order]})
-
-
-def _criteo_hashed(path: Path) -> pl.DataFrame:
-    """Criteo's 26 categorical fields as 63-bit hashed IDs (missing values hash like 0)."""
-    from flexshard_stream.sources.datasets import criteo_frame
-
-    cf = criteo_frame(path / "criteo-1k" / "train.txt")
-    cols = [c for c in cf.columns if c.startswith("C")]
-    return cf.select([((pl.col(c).fill_null(0).cast(pl.UInt64) * 0x9E3779B97F4A7C15 + j) // 2)
-                      .cast(pl.Int64).alias(c) for j, c in enumerate(cols)])
+    spec = importlib.util.spec_from_file_location("first_hour_logs",
+                                                  ROOT / "examples" / "first_hour_logs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +56,7 @@ def work(tmp_path_factory):
     if not SHARED.exists():
         pytest.skip(f"shared data not found at {SHARED}")
     d = tmp_path_factory.mktemp("newcomer")
-    rng = np.random.default_rng(17)
-    for name, df, ext in (("histories", _histories(SHARED), "parquet"),
-                          ("shop", _shop(SHARED, rng), "csv"),
-                          ("criteo", _criteo_hashed(SHARED), "parquet")):
-        half = df.height // 2
-        for part, frame in (("first", df[:half]), ("second", df[half:])):
-            p = d / f"{name}_{part}.{ext}"
-            frame.write_parquet(p) if ext == "parquet" else frame.write_csv(p)
+    _first_hour_logs().write_logs(SHARED, d)
     return d
 
 
@@ -344,3 +303,35 @@ def test_id_modes_parse_and_map():
     from flexshard_stream.errors import BatchError
     with pytest.raises(BatchError, match="out of range"):
         RowMap({"a": 10, "b": 1000}).map_batch(b)
+
+
+def _walkthrough() -> list[tuple[list[str], str]]:
+    """README.md's "first hour" commands and their comments, in order."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## The first hour", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    out = []
+    for line in block.strip().splitlines():
+        cmd, _, comment = line.partition("#")
+        if cmd.startswith("flexshard-stream "):
+            out.append((shlex.split(cmd)[1:], comment.strip()))
+    return out
+
+
+def test_readme_walkthrough_runs_as_written(here):
+    """Every command of README.md's walkthrough, in order: an "error" comment means exit 2 with
+    one error line, "warns" a warning; the rest succeed."""
+    steps = _walkthrough()
+    assert len(steps) >= 12
+    for args, comment in steps:
+        if args[0] == "report":
+            pytest.importorskip("matplotlib")
+        r = cli(*args, code=2 if comment.startswith("error") else 0)
+        if comment.startswith("warns"):
+            assert "warning:" in r.stderr, (args, r.stderr)
+        if comment.startswith("error"):
+            assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+        else:
+            _narrow(r.stdout)
+    assert Path("rep_h/report.html").exists()
