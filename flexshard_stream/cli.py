@@ -8,9 +8,9 @@ report), ``merge`` (statistics snapshots of many hosts into one; docs/SCALING.md
 (statistics and re-sharding fed by a shared-memory ring; docs/SIDECAR.md). docs/CLI.md walks
 through them.
 
-Start-up: this module imports only typer, numpy and the light ID-mode module at the top; every
-command imports what it needs (Numba, polars, pyarrow, matplotlib, Ray) inside, so ``--help`` and
-argument errors answer at once. Output is plain text that fits 80 columns; figures carry units
+Start-up: this module imports only typer and two standard-library-only modules (units, ID modes)
+at the top; every command imports what it needs (numpy, Numba, polars, pyarrow, matplotlib, Ray)
+inside, so ``--help`` and argument errors answer at once. Output is plain text that fits 80 columns; figures carry units
 chosen by magnitude (:mod:`flexshard_stream.formats.units`).
 """
 

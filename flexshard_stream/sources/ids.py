@@ -1,20 +1,24 @@
 """How a log's IDs become table rows: the ID modes (raw, hash, hash:ROWS) and :class:`RowMap`.
 
-Light on purpose (numpy only): the command line parses ``--ids`` with it before loading anything
-heavy. :class:`~flexshard_stream.sources.logs.LogReader` applies a :class:`RowMap` to every chunk
+Light on purpose: nothing but the standard library at import (numpy and the batch type are
+imported by the methods that map IDs), so the command line parses ``--ids`` with it before loading
+anything. :class:`~flexshard_stream.sources.logs.LogReader` applies a :class:`RowMap` to every chunk
 it reads (``rows=``); the sidecar's ring loop applies it to every batch (:meth:`RowMap.map_batch`).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
-from typing import Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Mapping
 
 from ..errors import BatchError, LogError
-from ..stats.batch import Batch
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..stats.batch import Batch
 
 __all__ = ["ID_MODES", "OUT_OF_RANGE", "RANGE_FIXES", "DEFAULT_HEADROOM", "IdMode", "RowMap"]
 
@@ -63,7 +67,7 @@ class IdMode:
         if self.kind not in ID_MODES:
             raise LogError(f"ID mode {self.kind!r}: expected one of raw, hash, hash:ROWS")
         if self.rows is not None and (self.kind != "hash" or isinstance(self.rows, bool)
-                                      or not isinstance(self.rows, (int, np.integer))
+                                      or not isinstance(self.rows, numbers.Integral)
                                       or self.rows < 1):
             raise LogError(f"ID mode {self.kind}:{self.rows!r}: ROWS must be a positive integer "
                            f"and goes with hash only (hash:ROWS)")
@@ -150,6 +154,8 @@ class RowMap:
     def map_values(self, feature: str, values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The rows of one feature's IDs, and (raw mode) the positions out of range (bool per
         value, None when all fit)."""
+        import numpy as np
+
         m = self.moduli.get(feature)
         if m is not None:
             return np.remainder(values, m), None
@@ -168,6 +174,10 @@ class RowMap:
             Raw mode and an ID at or above its table's ``num_rows`` (naming the feature, the ID
             and the ways out).
         """
+        import numpy as np
+
+        from ..stats.batch import Batch
+
         offsets = batch.key_offsets()
         out = []
         for i, k in enumerate(batch.keys):
