@@ -10,8 +10,8 @@ through them.
 
 Start-up: this module imports only typer and two standard-library-only modules (units, ID modes)
 at the top; every command imports what it needs (numpy, Numba, polars, pyarrow, matplotlib, Ray)
-inside, so ``--help`` and argument errors answer at once. Output is plain text that fits 80 columns; figures carry units
-chosen by magnitude (:mod:`flexshard_stream.formats.units`).
+inside, so ``--help`` and argument errors answer at once. Output is plain text that fits 80
+columns; figures carry units chosen by magnitude (:mod:`flexshard_stream.formats.units`).
 """
 
 from __future__ import annotations
@@ -527,9 +527,10 @@ def _refuse_over_memory(label: str, p, cost, sparse: Sequence[str] = ()) -> None
         extra = per_node - topo.host_memory_bytes
         if (extra > 0).any():
             n = int(extra.argmax())
+            have = fmt_bytes(topo.host_memory_bytes[n])
             raise ConfigError(f"{label} plan refused: node {n} keeps {fmt_bytes(per_node[n])} "
-                              f"of rows in host memory but has {fmt_bytes(topo.host_memory_bytes[n])}"
-                              f". " + _memory_hints(sparse, True))
+                              f"of rows in host memory but has {have}. "
+                              + _memory_hints(sparse, True))
 
 
 def _topo_name(topo) -> str:
@@ -739,10 +740,10 @@ def _print_plan(doc: Mapping[str, Any], p, result) -> None:
     if result is not None:
         c, b = result.cost, result.baseline_cost
         room = doc["estimate"]["memory_room"]
+        freed, extra = room.get("buffers_freed", 0), room.get("extra_rows", 0)
         _say(f"speed-up {b.iteration_time_s / max(c.iteration_time_s, 1e-30):.2f}x over "
-             f"{result.baseline.strategy}; at the peak GPU: {fmt_bytes(room.get('buffers_freed', 0))} "
-             f"of buffers freed, {fmt_bytes(room.get('extra_rows', 0))} more rows, "
-             f"{fmt_bytes(room.get('headroom', 0))} headroom.")
+             f"{result.baseline.strategy}; at the peak GPU: {fmt_bytes(freed)} of buffers freed, "
+             f"{fmt_bytes(extra)} more rows, {fmt_bytes(room.get('headroom', 0))} headroom.")
     _say(_CROSSING_NOTE)
     _say()
     _command_hint("Next (B, de-duplication and the ID mode default to this plan's):",

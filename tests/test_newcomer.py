@@ -335,3 +335,48 @@ def test_readme_walkthrough_runs_as_written(here):
         else:
             _narrow(r.stdout)
     assert Path("rep_h/report.html").exists()
+
+
+@pytest.mark.parametrize("ids", ["raw", "hash"])
+def test_ring_sidecar_hashes_raw_ids(tmp_path, ids):
+    """Producers write raw 9-digit IDs into the ring: --ids hash maps them into the tables'
+    rows (every batch counted); raw IDs are rejected by the statistics."""
+    import secrets
+    import threading
+    import time
+
+    from flexshard_stream.online.ring import Ring
+    from flexshard_stream.online.sidecar.ring_feed import run_ring
+    from flexshard_stream.placement.tables import EmbeddingTable
+    from flexshard_stream.placement.topology import Topology
+
+    name = f"nc-{os.getpid()}-{secrets.token_hex(3)}"
+    tables = [EmbeddingTable("item", 5000, 16)]
+    ring = Ring.create(name, slots=2, capacity_bytes=1 << 20, directory=tmp_path)
+    stop, events = threading.Event(), []
+    t = threading.Thread(target=run_ring, args=(name, tables, Topology.uniform(1, 2),
+                                                tmp_path / "out"),
+                         kwargs={"ring_dir": tmp_path, "slots": 2, "capacity_bytes": 1 << 20,
+                                 "batch_size": 8, "stop": stop,
+                                 "emit": events.append, "handle_signals": False, "ids": ids,
+                                 "checkpoint_every_s": None, "unlink": True})
+    t.start()
+    try:
+        prod = ring.producer(block=True, timeout=30)
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            prod.submit(Batch(["item"], rng.integers(100_000_000, 999_999_999, 64),
+                              np.ones(64, np.int64)))
+        deadline = time.monotonic() + 60
+        while ring.stats().total.batches_read < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        prod.close()
+    finally:
+        stop.set()
+        t.join(60)
+        ring.close()
+    done = next(e for e in events if e["event"] == "stopped")
+    if ids == "hash":
+        assert done["rejected"] == 0 and done["processed_ids"] == 20 * 64
+    else:
+        assert done["rejected"] == 20
