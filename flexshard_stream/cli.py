@@ -1128,10 +1128,12 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
                                                         rec["dedup"], where, True))}
 
 
-def _fit_windows(logs: List[Path], window: Optional[str], topo, B: int) -> Optional[str]:
-    """The window to replay with: ``window`` if each can fill an iteration of ``G x B`` samples
-    (ConfigError with the numbers otherwise); by default fewer equal windows when ten would not
-    fill one (a note says so). Duration windows are checked after the replay."""
+def _fit_windows(logs: List[Path], window: Optional[str], topo, B: int
+                 ) -> tuple[Optional[str], Optional[str]]:
+    """The window to replay with and a note for the user: ``window`` if each can fill an
+    iteration of ``G x B`` samples (ConfigError with the numbers otherwise); by default fewer
+    equal windows when ten would not fill one (the note says so; printed once the arguments
+    have all been checked). Duration windows are checked after the replay."""
     from .online.replay import DEFAULT_WINDOWS
     from .sources.logs import LogReader
     from .sources.windows import parse_window
@@ -1145,7 +1147,7 @@ def _fit_windows(logs: List[Path], window: Optional[str], topo, B: int) -> Optio
                               f"of {G} GPUs x B {B} = {spi:,} samples: use --window {spi} or "
                               f"more, --batch-size {max(1, int(spec.size) // G)} or less, or "
                               f"fewer GPUs")
-        return window
+        return window, None
     rows = LogReader([str(p) for p in logs]).data_rows()
     if rows < spi:
         raise ConfigError(f"the log holds {rows:,} rows, fewer than one iteration of {G} GPUs x "
@@ -1153,13 +1155,12 @@ def _fit_windows(logs: List[Path], window: Optional[str], topo, B: int) -> Optio
                           f"less, or fewer GPUs")
     per = math.ceil(rows / DEFAULT_WINDOWS)
     if per >= spi:
-        return None
+        return None, None
     n = max(1, rows // spi)
     size = math.ceil(rows / n)
-    _note(f"{DEFAULT_WINDOWS} windows of {per:,} samples would not fill one iteration of {G} "
-          f"GPUs x B {B} = {spi:,} samples: replaying {n} window(s) of {size:,} samples instead "
-          f"(--window chooses)")
-    return str(size)
+    return str(size), (f"{DEFAULT_WINDOWS} windows of {per:,} samples would not fill one "
+                       f"iteration of {G} GPUs x B {B} = {spi:,} samples: replayed {n} window(s) "
+                       f"of {size:,} samples instead (--window chooses)")
 
 
 def _check_replayed(res, B: int) -> None:
@@ -1237,13 +1238,15 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
         raise typer.BadParameter("must be >= 1 sample per GPU", param_hint="--batch-size")
     try:
         cfg = _replay_settings(plan_dir, topology, tables, ids, batch_size, dedup)
-        win = _fit_windows(logs, window, cfg["topology"], cfg["batch_size"])
+        win, note = _fit_windows(logs, window, cfg["topology"], cfg["batch_size"])
         with _ReplayProgress(enabled=not json_out) as prog:
             res = run_replay(logs, cfg["topology"], tables=cfg["tables"], window=win,
                              out_dir=out, batch_size=cfg["batch_size"], model=cfg["model"],
                              skip_bad_rows=skip_bad_rows, top_k=top_k, progress=prog,
                              engine=engine, evaluation=evaluation, address=address,
                              num_workers=workers, ids=cfg["ids"])
+        if note:
+            _note(note)
         _check_replayed(res, cfg["batch_size"])
     except FlexShardError as e:
         _fail(e)

@@ -262,7 +262,7 @@ def test_replay_refuses_or_adapts_windows_that_cannot_fill_an_iteration(here):
     # ten default windows of 300 samples cannot fill 16 x 64: fewer, larger windows
     r = cli("replay", "short.parquet", "--topology", "2x8", "--out", "rep_short",
             "--batch-size", "64", "--json")
-    assert "replaying 2 window(s)" in r.err
+    assert "replayed 2 window(s)" in r.err
     tot = json.loads(r.stdout)["totals"]
     assert tot["windows"] == 2 and tot["iterations"] > 0
 
