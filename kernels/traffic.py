@@ -9,6 +9,17 @@ Replica rows touched by any GPU are counted once per iteration for the gradient 
 Host memory tier (optional arguments): lookups of cold rows kept in host memory are counted per owner
 GPU, the owner's own included (docs/COST_MODEL.md, "Host memory tier").
 
+Column shards (optional ``col_gpus``): a cold lookup goes to every shard's GPU (one index message
+and, for sequence tables, one shard row each; pooled tables one partial sum per (sample, shard)).
+
+TorchRec execution profile (``torchrec=True``, docs/COST_MODEL.md): ``cnt_idx[src, dst]`` counts
+every ID of ``src``'s samples that the KJT input distribution sends to ``dst``, ``dst == src``
+included (TorchRec's all-to-all buffers hold a rank's own share too); replicated rows (global and
+node replicas: the exported data-parallel hot table) are not sent at all; de-duplication, when
+asked (TorchRec's index de-duplication of sequence tables), is per (``src``, row) as above.
+``cnt_emb`` is then left alone: sequence rows come back one per counted ID and pooled outputs are
+dense, both priced by the caller.
+
 Hot-loop notes (measured, bench/cost.py): routing is written out in the loop rather than called
 through inlined helpers that take arrays (those left reference-count calls per ID), and
 de-duplication works one source-GPU block at a time (a GPU's samples are contiguous) in a small
@@ -27,7 +38,8 @@ _MAP_SEED = np.uint64(0x2545F4914F6CDD1D)
 @njit(nogil=True, cache=True)
 def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind, gpus, bounds,
                   seed, dedup, pooled, set_tab, stamp0, touch_stamp, dp_tab, marks,
-                  cnt_idx, cnt_emb, touched_node, hbm_frac=None, host_cnt=None):
+                  cnt_idx, cnt_emb, touched_node, hbm_frac=None, host_cnt=None, torchrec=False,
+                  col_gpus=None):
     """Accumulate one iteration of one table into ``cnt_idx`` / ``cnt_emb`` (int64[G, G]).
 
     ``set_tab`` (int64[cap, 2], ``cap`` a power of two >= 2 * the IDs of any one GPU) is the
@@ -46,6 +58,10 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
     adds one to ``host_cnt[g]`` (with de-duplication once per (source GPU, row) pair, as the index
     exchange). Without them (the default) this code is pruned at compile time: the specialization
     without a host tier is the plain hot loop.
+
+    ``torchrec`` (bool): count as TorchRec's input distribution does (module docstring).
+    ``col_gpus`` (int64[n], column-wise tables, no host tier): the GPU of each column shard; a
+    cold lookup is counted towards each of them.
     """
     nsamp = lengths.shape[0]
     G = (nsamp + B - 1) // B
@@ -94,6 +110,8 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                         i = (i + 1) & map_mask
                     if special:
                         code = vals[i]
+                        if torchrec and code < 0:
+                            continue  # the hot (data-parallel) table: no input distribution
                         if code >= 0:
                             dst = np.int64(code)
                         elif code == -1:
@@ -106,6 +124,11 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                                 touched_global += 1
                             else:
                                 touched_node[-code - 2] += 1
+                if col_gpus is not None:
+                    if not special:
+                        _column_lookups(key, src, s, col_gpus, dedup, pooled, torchrec,
+                                        set_tab, stamp, shift, mask, marks, cnt_idx, cnt_emb)
+                        continue
                 if not special:
                     if cold_kind == 2:  # data parallel: every row is a global replica
                         i = np.int64(mix64(uint64(key), _PAIR_SEED) >> dp_shift) & dp_mask
@@ -142,7 +165,7 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                         dst = np.int64(gpus[j])
                     if hbm_frac is not None:
                         host = host_u(key) >= hbm_frac[dst]
-                if dst == src and not host:
+                if dst == src and not host and not torchrec:
                     continue
                 new = True
                 if dedup:
@@ -158,14 +181,43 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                 if host_cnt is not None:
                     if host and new:
                         host_cnt[dst] += 1
-                    if dst == src:
+                    if dst == src and not torchrec:
                         continue
                 if new:
                     cnt_idx[src, dst] += 1
-                    if not pooled:
+                    if not pooled and not torchrec:
                         cnt_emb[src, dst] += 1
-                if pooled and marks[dst] != s:
+                if pooled and not torchrec and marks[dst] != s:
                     marks[dst] = s
                     cnt_emb[src, dst] += 1
             pos += n
     return touched_global
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _column_lookups(key, src, s, col_gpus, dedup, pooled, torchrec, set_tab, stamp, shift, mask,
+                    marks, cnt_idx, cnt_emb):
+    """One cold lookup of a column-wise table by ``src`` (sample ``s``): counted towards every
+    column shard's GPU (``table_traffic``'s rules, de-duplicated once per (``src``, row))."""
+    new = True
+    if dedup:
+        i = np.int64(mix64(uint64(key), _PAIR_SEED) >> shift) & mask
+        while set_tab[i, 0] == stamp:
+            if set_tab[i, 1] == key:
+                new = False
+                break
+            i = (i + 1) & mask
+        if new:
+            set_tab[i, 0] = stamp
+            set_tab[i, 1] = key
+    for j in range(col_gpus.shape[0]):
+        dst = col_gpus[j]
+        if dst == src and not torchrec:
+            continue
+        if new:
+            cnt_idx[src, dst] += 1
+            if not pooled and not torchrec:
+                cnt_emb[src, dst] += 1
+        if pooled and not torchrec and marks[dst] != s:
+            marks[dst] = s
+            cnt_emb[src, dst] += 1

@@ -49,7 +49,7 @@ def _strip(plan: Plan) -> Plan:
         return plan
     tps = [tp if not tp.has_host_tier else TablePlan(
         tp.table, tp.cold, tp.global_ids, tp.node_ids, tp.node_local, tp.placed_ids,
-        tp.placed_gpus) for tp in plan.tables.values()]
+        tp.placed_gpus, sharding=tp.sharding) for tp in plan.tables.values()]
     return Plan(plan.strategy, plan.topology, tps, plan.meta)
 
 
@@ -352,7 +352,7 @@ def _with_host_tier(base: Plan, split: _Split) -> list[TablePlan]:
         else:
             pid, pg = tp.placed_ids, tp.placed_gpus
         out.append(TablePlan(tp.table, tp.cold, tp.global_ids, tp.node_ids, tp.node_local, pid,
-                             pg, hf))
+                             pg, hf, sharding=tp.sharding))
     return out
 
 
