@@ -25,6 +25,19 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Live statistics-driven embedding-table placement: sketch ID streams, "
                        "plan, evaluate.")
 
+_PROFILE_HELP = ("Execution profile of the cost model: torchrec (what TorchRec 1.8 sends for the "
+                 "plan) or ideal (the project's own model: what a custom runtime could reach; "
+                 "figures labelled 'idealized').")
+
+
+def _cost_model(dedup: bool, profile: str):
+    """The CostModel of a command's ``--dedup`` and ``--profile`` (ConfigError for an unknown
+    profile, reported as a clean error line)."""
+    from .placement.cost import CostModel
+
+    return CostModel(dedup=dedup, profile=profile)
+
+
 def _default_trace() -> Path:
     """The embedded default trace (``data/``, installed as ``flexshard_stream.data``)."""
     from .data import DEFAULT_TRACE
@@ -122,23 +135,25 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
                                     "('5s') or a number of samples."),
          dedup: bool = typer.Option(True, help="In-batch de-duplication of IDs (off: TorchRec's "
                                     "assumption, one request per occurrence)."),
+         profile: str = typer.Option("torchrec", help=_PROFILE_HELP),
          report: bool = typer.Option(True, help="Write report.html and the PNGs (matplotlib).")):
     """Replay the embedded default trace through four placements and write the HTML report."""
     from rich.console import Console
 
     from .online.replay import replay as run_replay
-    from .placement.cost import CostModel
 
     try:
+        model = _cost_model(dedup, profile)
         path = _default_trace()
         con = Console()
         con.print(f"[bold]flexshard-stream demo[/]: replaying the embedded default trace "
                   f"{path.name} (seeded synthetic, production-like skew, 30 s of samples) in "
-                  f"windows of {window} on {topology}, B = {batch_size}")
+                  f"windows of {window} on {topology}, B = {batch_size}, figures "
+                  f"{model.execution.label}")
         t0 = time.perf_counter()
         with _ReplayProgress() as prog:
             res = run_replay([path], topology, window=window, out_dir=out, batch_size=batch_size,
-                             model=CostModel(dedup=dedup), progress=prog)
+                             model=model, progress=prog)
         _print_sketch(con, res.stats, topk)
         _print_replay(con, res)
         where = out.resolve()
@@ -159,6 +174,21 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
                   f"`flexshard-stream report DIR`.[/]")
     except FlexShardError as e:
         _fail(e)
+
+
+def _profile_label(model: dict) -> str:
+    """The label of a summary's cost-model profile ("TorchRec 1.8" or "idealized"); replays
+    written before profiles existed are idealized."""
+    from .placement.profiles import execution_profile
+
+    return execution_profile(model.get("profile", "ideal")).label
+
+
+def _torchrec_issues(plan) -> list[str]:
+    """What TorchRec 1.8 cannot run of ``plan`` as planned (empty: it runs it)."""
+    from .placement.profiles import execution_profile
+
+    return execution_profile("torchrec").issues(plan)
 
 
 def _fail(e: BaseException | str) -> None:
@@ -229,7 +259,8 @@ def _print_replay(con, res) -> None:
     t = Table(title=f"{tot['windows']} windows of {s['window']['describe']}, "
                     f"{tot['iterations']:,} "
                     f"iterations x {s['samples_per_iteration']:,} samples, de-dup "
-                    f"{'on' if s['model']['dedup'] else 'off'}, per iteration",
+                    f"{'on' if s['model']['dedup'] else 'off'}, per iteration, "
+                    f"{_profile_label(s['model'])} figures",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("strategy", "a2a MB", "inter-node MB", "comm us", "peak MB", "moved MB",
                 "vs rw"):
@@ -281,6 +312,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                                                     "sample counts."),
                batch_size: int = typer.Option(512, help="Samples per GPU per iteration (B)."),
                dedup: bool = typer.Option(True, help="In-batch de-duplication of IDs."),
+               profile: str = typer.Option("torchrec", help=_PROFILE_HELP),
                skip_bad_rows: bool = typer.Option(False, help="Drop and count bad rows instead "
                                                   "of stopping at the first."),
                top_k: int = typer.Option(4096, help="Rows per table summarized for the planner "
@@ -307,12 +339,11 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
     from rich.console import Console
 
     from .online.replay import replay as run_replay
-    from .placement.cost import CostModel
 
     try:
         with _ReplayProgress(enabled=not json_out) as prog:
             res = run_replay(logs, topology, tables=tables, window=window, out_dir=out,
-                             batch_size=batch_size, model=CostModel(dedup=dedup),
+                             batch_size=batch_size, model=_cost_model(dedup, profile),
                              skip_bad_rows=skip_bad_rows, top_k=top_k, progress=prog,
                              engine=engine, evaluation=evaluation, address=address,
                              num_workers=workers)
@@ -321,7 +352,8 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
     except OSError as e:
         _fail(f"cannot write {out}: {e}")
     if json_out:
-        typer.echo(json.dumps({"out": str(out), "engine": res.summary["engine"],
+        typer.echo(json.dumps({"out": str(out), "profile": profile,
+                               "engine": res.summary["engine"],
                                "evaluation": res.summary["evaluation"],
                                "workers": res.summary["workers"], "totals": res.totals,
                                "warnings": res.summary.get("warnings", [])}))
@@ -332,7 +364,8 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
     nw = s["workers"]
     how = f"engine {s['engine']}" + (f", {nw} worker{'' if nw == 1 else 's'}" if nw else "")
     con.print(f"written to {out.resolve()}; draw it with `flexshard-stream report {out}` "
-              f"({res.elapsed_s:.1f} s, {how}, {s['evaluation']} evaluation)")
+              f"({res.elapsed_s:.1f} s, {how}, {s['evaluation']} evaluation, figures "
+              f"{_cost_model(dedup, profile).execution.label})")
 
 
 @app.command("report")
@@ -385,14 +418,16 @@ def _profile(logs: List[Path], tables, read_batch_size: int = 65536):
 def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile (parquet/CSV)."),
          topology: str = typer.Option(..., help="Topology TOML file or preset name (2x8, 16x8, "
                                       "16x8_skewed)."),
-         strategy: str = typer.Option("rw", help="flexshard | rw | rw-hash | tw | twrw | dp | "
-                                      "hugectr"),
+         strategy: str = typer.Option("rw", help="flexshard | rw | rw-hash | tw | twrw | cw | "
+                                      "twcw | dp | hugectr"),
          out: Path = typer.Option(..., help="Plan directory to write."),
          tables: Optional[Path] = typer.Option(None, help="Table TOML file (default: inferred "
                                                "from the log: rows = largest ID + 1, dim 128)."),
          batch_size: int = typer.Option(512, help="Samples per GPU per iteration (B); hugectr "
                                         "counts profiled iterations with it."),
          dedup: bool = typer.Option(True, help="Plan for in-batch de-duplication (flexshard)."),
+         profile: str = typer.Option("torchrec", help=_PROFILE_HELP + " The flexshard planner "
+                                     "prices its candidates under it."),
          memory_bytes: Optional[float] = typer.Option(None, help="Per-GPU memory budget in bytes "
                                                       "(flexshard; default: no more peak memory "
                                                       "than row-wise)."),
@@ -410,21 +445,21 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
 
     topo = Topology.load(topology)
     tabs = _load_tables(log, tables)
+    model = _cost_model(dedup, profile)
     summaries = iterations = lookups = None
     result = None
-    if strategy in ("hugectr", "tw", "twrw", "flexshard"):
+    if strategy in ("hugectr", "tw", "twrw", "cw", "twcw", "flexshard"):
         st = _profile(log, tabs)
         by_feat = {t.feature: t.name for t in tabs}
         summaries = {by_feat[f]: s for f, s in st.summary(k=topk).items()}
         iterations = max(1, st.samples // (topo.num_gpus * batch_size))
         lookups = {n: s.total / iterations for n, s in summaries.items()}
     if strategy == "flexshard":
-        from .placement.cost import CostModel
         from .placement.planner import MemoryPolicy, plan_flexshard
         result = plan_flexshard(tabs, topo, summaries, batch_size,
                                 MemoryPolicy(bytes_per_gpu=memory_bytes, baseline=memory_baseline,
                                              host_memory=host_memory),
-                                CostModel(dedup=dedup))
+                                model)
         p = result.plan
     else:
         p = build_baseline(strategy, tabs, topo, summaries=summaries, iterations=iterations,
@@ -433,6 +468,8 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
     mem = p.row_bytes_per_gpu
     doc = {"strategy": p.strategy, "out": str(out), "topology": topo.name or
            f"{topo.nodes}x{topo.gpus_per_node}", "tiers": p.tier_sizes(),
+           "sharding": p.sharding_kinds, "profile": profile,
+           "torchrec_issues": _torchrec_issues(p),
            "row_bytes_per_gpu": {"max": float(mem.max()), "min": float(mem.min())}}
     if p.has_host_tier:
         hb = p.host_bytes_per_gpu
@@ -442,10 +479,10 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
     if json_out:
         typer.echo(json.dumps(doc))
     else:
-        _print_plan(doc, p, result, out)
+        _print_plan(doc, p, result, out, model)
 
 
-def _print_plan(doc, p, result, out) -> None:
+def _print_plan(doc, p, result, out, model) -> None:
     """Human summary: tiers, memory per GPU, bytes per iteration by link class vs the baseline."""
     from rich.console import Console
     from rich.table import Table
@@ -457,18 +494,22 @@ def _print_plan(doc, p, result, out) -> None:
               + (f" in HBM, {p.host_bytes_per_gpu.max() / 1e9:.3g} GB at most in host memory"
                  if p.has_host_tier else ""))
     t = Table(title="tiers (rows)")
-    for c in ("table", "global replicas", "node replicas", "cold", "placed by load"):
+    for c in ("table", "sharding", "global replicas", "node replicas", "cold", "placed by load"):
         t.add_column(c)
+    kinds = p.sharding_kinds
     for name, ts in p.tier_sizes().items():
-        t.add_row(name, f"{ts['global']:,}", f"{ts['node']:,}", f"{ts['cold']:,}",
+        t.add_row(name, kinds[name], f"{ts['global']:,}", f"{ts['node']:,}", f"{ts['cold']:,}",
                   f"{ts['placed']:,}")
     con.print(t)
+    for issue in doc["torchrec_issues"]:
+        con.print(f"[yellow]TorchRec cannot run this as planned:[/] {issue}")
     if result is None:
         return
     s = result.summary()
     c, b = result.cost, result.baseline_cost
-    m = Table(title=f"modelled per iteration (analytic), vs {result.baseline.strategy} at a budget "
-                    f"of {s['budget_bytes'] / 1e9:.3f} GB per GPU")
+    m = Table(title=f"modelled per iteration (analytic, {model.execution.label}), vs "
+                    f"{result.baseline.strategy} at a budget of {s['budget_bytes'] / 1e9:.3f} GB "
+                    f"per GPU")
     host = p.has_host_tier
     cols = ["", "all-to-all", "inter-node", "intra-node", "sync", "comm time"]
     cols += ["host lookups", "UVM time"] if host else []
@@ -500,6 +541,7 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
              tables: Optional[Path] = typer.Option(None, help="Check the plan's tables against "
                                                    "this table file."),
              dedup: bool = typer.Option(True, help="In-batch de-duplication of IDs."),
+             profile: str = typer.Option("torchrec", help=_PROFILE_HELP),
              max_iterations: Optional[int] = typer.Option(None, help="Stop after this many."),
              json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Replay logs through plans: bytes per iteration by link class, time, peak memory."""
@@ -507,12 +549,13 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
     from rich.table import Table
 
     from .errors import ConfigError
-    from .placement.cost import CostModel, evaluate_trace
+    from .placement.cost import evaluate_trace
     from .placement.plan import Plan
     from .placement.tables import load_tables
     from .placement.topology import Topology
     from .sources.logs import read_log
 
+    model = _cost_model(dedup, profile)
     results = {}
     for d in plan_dirs:
         p = Plan.load(d)
@@ -525,15 +568,15 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
                 raise ConfigError(f"plan {d} tables differ from {tables}")
         feats = [tp.table.feature for tp in p.tables.values()]
         batches = read_log([str(x) for x in log], features=feats, read_batch_size=65536)
-        tc = evaluate_trace(p, batches, batch_size, CostModel(dedup=dedup),
-                            max_iterations=max_iterations)
+        tc = evaluate_trace(p, batches, batch_size, model, max_iterations=max_iterations)
         key = p.strategy if p.strategy not in results else f"{p.strategy}:{d}"
         results[key] = tc.to_json()
     if json_out:
         typer.echo(json.dumps(results))
         return
     t = Table(title=f"per iteration, B = {batch_size} samples per GPU, "
-                    f"de-duplication {'on' if dedup else 'off'}")
+                    f"de-duplication {'on' if dedup else 'off'}, {model.execution.label} "
+                    f"figures")
     for c in ("plan", "iterations", "all-to-all bytes", "inter-node bytes", "sync bytes",
               "comm time", "peak memory / GPU"):
         t.add_column(c)
@@ -599,6 +642,7 @@ def sidecar_command(
         memory_bytes: Optional[float] = typer.Option(None, help="Per-GPU memory budget (bytes; "
                                                      "default: row-wise peak)."),
         dedup: bool = typer.Option(True, help="Plan for in-batch de-duplication."),
+        profile: str = typer.Option("torchrec", help=_PROFILE_HELP),
         checkpoint_every: float = typer.Option(60.0, help="Seconds between checkpoints (0: only "
                                                "at shutdown)."),
         queue_batches: int = typer.Option(64, help="In-process queue between the ring and the "
@@ -616,7 +660,6 @@ def sidecar_command(
 
     from .online.resharder import ReshardConfig
     from .online.sidecar import SidecarWarning, run_ring
-    from .placement.cost import CostModel
     from .placement.planner import MemoryPolicy
 
     if not logging.getLogger().handlers:
@@ -629,7 +672,8 @@ def sidecar_command(
     return run_ring(ring, tables, topology, out, batch_size=batch_size, ring_dir=ring_dir,
                     slots=slots, capacity_bytes=int(capacity_mb * (1 << 20)), checksum=checksum,
                     config=cfg, half_life=half_life,
-                    memory=MemoryPolicy(bytes_per_gpu=memory_bytes), model=CostModel(dedup=dedup),
+                    memory=MemoryPolicy(bytes_per_gpu=memory_bytes),
+                    model=_cost_model(dedup, profile),
                     checkpoint_every_s=checkpoint_every or None, queue_batches=queue_batches,
                     resume=resume, status_every_s=status_every, unlink=unlink)
 

@@ -124,11 +124,6 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                                 touched_global += 1
                             else:
                                 touched_node[-code - 2] += 1
-                if col_gpus is not None:
-                    if not special:
-                        _column_lookups(key, src, s, col_gpus, dedup, pooled, torchrec,
-                                        set_tab, stamp, shift, mask, marks, cnt_idx, cnt_emb)
-                        continue
                 if not special:
                     if cold_kind == 2:  # data parallel: every row is a global replica
                         i = np.int64(mix64(uint64(key), _PAIR_SEED) >> dp_shift) & dp_mask
@@ -145,6 +140,8 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                         continue
                     elif cold_kind == 0:
                         dst = np.int64(gpus[np.int64(mix64(uint64(key), seed) % ngpu)])
+                    elif cold_kind == 3:
+                        dst = -1   # column shards: every shard's GPU (below)
                     else:
                         # range: guess by proportion (exact for equal ranges), else binary search
                         j = 0
@@ -183,41 +180,23 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                         host_cnt[dst] += 1
                     if dst == src and not torchrec:
                         continue
-                if new:
-                    cnt_idx[src, dst] += 1
-                    if not pooled and not torchrec:
+                d0 = dst
+                nd = 1
+                if col_gpus is not None:
+                    if d0 < 0:
+                        nd = col_gpus.shape[0]
+                for q in range(nd):
+                    if col_gpus is not None:
+                        if d0 < 0:
+                            dst = col_gpus[q]
+                            if dst == src and not torchrec:
+                                continue
+                    if new:
+                        cnt_idx[src, dst] += 1
+                        if not pooled and not torchrec:
+                            cnt_emb[src, dst] += 1
+                    if pooled and not torchrec and marks[dst] != s:
+                        marks[dst] = s
                         cnt_emb[src, dst] += 1
-                if pooled and not torchrec and marks[dst] != s:
-                    marks[dst] = s
-                    cnt_emb[src, dst] += 1
             pos += n
     return touched_global
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _column_lookups(key, src, s, col_gpus, dedup, pooled, torchrec, set_tab, stamp, shift, mask,
-                    marks, cnt_idx, cnt_emb):
-    """One cold lookup of a column-wise table by ``src`` (sample ``s``): counted towards every
-    column shard's GPU (``table_traffic``'s rules, de-duplicated once per (``src``, row))."""
-    new = True
-    if dedup:
-        i = np.int64(mix64(uint64(key), _PAIR_SEED) >> shift) & mask
-        while set_tab[i, 0] == stamp:
-            if set_tab[i, 1] == key:
-                new = False
-                break
-            i = (i + 1) & mask
-        if new:
-            set_tab[i, 0] = stamp
-            set_tab[i, 1] = key
-    for j in range(col_gpus.shape[0]):
-        dst = col_gpus[j]
-        if dst == src and not torchrec:
-            continue
-        if new:
-            cnt_idx[src, dst] += 1
-            if not pooled and not torchrec:
-                cnt_emb[src, dst] += 1
-        if pooled and not torchrec and marks[dst] != s:
-            marks[dst] = s
-            cnt_emb[src, dst] += 1

@@ -659,3 +659,23 @@ def test_fast_row_bytes_equal_per_table_rows(pb):
         if not tp.column_wise:   # whole rows: rows stored times the bytes of a row
             assert np.array_equal(tp.row_bytes_per_gpu(plan.topology),
                                   tp.rows_per_gpu(plan.topology) * float(tp.table.row_bytes))
+
+
+def test_torchrec_host_lookups_follow_torchrec_deduplication():
+    """Host-tier lookups are counted as the profile distributes the IDs: TorchRec de-duplicates
+    sequence tables only (when asked), so a pooled table's host rows are read per occurrence."""
+    seq, pooled = EmbeddingTable("s", 8, 2), EmbeddingTable("p", 8, 2, kind="pooled")
+    batch = Batch(["s", "p"], np.array([0, 2, 2, 7, 1, 3, 4, 6, 7] * 2),
+                  np.array([4, 2, 1, 2] * 2))
+    plan = Plan("x", TOPO, [TablePlan(t, ColdSharding.ranges(range(4), 8),
+                                      hbm_fraction=np.zeros(4)) for t in (seq, pooled)])
+    tr = evaluate_trace(plan, [batch], 1, CostModel(dedup=True)).mean.host_lookups
+    want = {}
+    for d in (True, False):
+        for name in ("s", "p"):
+            one = Plan("x", TOPO, [plan[name]])
+            b = Batch([name], batch.feature_values(name), batch.feature_lengths(name))
+            want[name, d] = evaluate_trace(one, [b], 1, CostModel(dedup=d, profile="ideal")
+                                           ).mean.host_lookups
+    assert np.array_equal(tr, want["s", True] + want["p", False])
+    assert want["p", False].sum() > want["p", True].sum()
