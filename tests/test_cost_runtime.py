@@ -18,6 +18,7 @@ from test_torchrec_runtime import real  # noqa: F401 - the fixture: tables and r
 from flexshard_stream.online.torchrec_runtime import (
     TableSharding,
     run_sharded_cases,
+    table_shardings,
     torchrec_row_blocks,
 )
 from flexshard_stream.placement.cost import TORCHREC_COMPONENTS, CostModel, evaluate_trace
@@ -166,6 +167,9 @@ def test_evaluator_bytes_equal_what_torchrec_sent(real, runs, name):
     topo = Topology.uniform(W // M, M)
     spec = CASES[name]
     plan = our_plan([tables[f] for f in spec], spec, topo)
+    # our plan is the very sharding TorchRec ran (the runtime maps it back one to one)
+    assert table_shardings(plan) == {n: TableSharding.parse(x) for n, x in spec.items()}
+    assert CostModel().execution.can_run(plan)
     tc = evaluate_trace(plan, features_of(plan, batches), B, CostModel(dedup=False),
                         keep_matrices=True)
     assert tc.mean.iterations == ITERATIONS

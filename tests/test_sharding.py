@@ -269,6 +269,18 @@ def test_checker_reports_a_broken_column_accounting():
     assert any("every column shard's GPU" in m for m in v)
 
 
+def test_column_plans_are_not_exported_as_one_table(tmp_path):
+    from flexshard_stream.online.torchrec_runtime import TableSharding, table_shardings
+    from flexshard_stream.placement.export_torchrec import export_torchrec
+
+    plan = Plan("x", TOPO, [cw(gpus=(1, 6), widths=(8, 8))])
+    with pytest.raises(ConfigError, match="column-wise"):
+        export_torchrec(plan, tmp_path / "x")
+    assert table_shardings(plan) == {"t": TableSharding("column_wise", (1, 6))}
+    with pytest.raises(ConfigError, match="unequal"):
+        table_shardings(Plan("x", TOPO, [cw()]))
+
+
 def test_row_wise_and_column_plans_price_under_both_profiles():
     tables = [EmbeddingTable("a", 1000, 512, kind="pooled"), EmbeddingTable("b", 500, 256)]
     sums = {t.name: fst.zipf_summary(t, 1.1) for t in tables}

@@ -190,7 +190,7 @@ class Cost:
     def a2a_bytes(self) -> float:
         """All-to-all bytes per iteration: index exchange + forward + backward (whole cluster),
         over links (intra- and inter-node; a rank's own chunk is not sent)."""
-        return float(sum(self.send[c][:, 1:].sum() for c in A2A_COMPONENTS))
+        return float(sum(_link_bytes(self.send[c]) for c in A2A_COMPONENTS))
 
     @property
     def intra_node_bytes(self) -> float:
@@ -204,7 +204,7 @@ class Cost:
     @property
     def sync_bytes(self) -> float:
         """Replica-sync (all-reduce) bytes per iteration over links, whole cluster."""
-        return float(self.send["sync"][:, 1:].sum())
+        return float(_link_bytes(self.send["sync"]))
 
     @property
     def label(self) -> str:
@@ -241,6 +241,13 @@ class Cost:
         if self.collectives:
             out["bytes_per_iter"]["torchrec_collectives"] = dict(self.collectives)
         return out
+
+
+def _link_bytes(by_class: np.ndarray) -> float:
+    """Bytes of a float64[G, 3] (local, intra, inter) array that cross a link: all but the local
+    class (summed as the whole array less it, so that without local bytes the sum is the whole
+    array's, bit for bit)."""
+    return float(by_class.sum() - by_class[:, 0].sum())
 
 
 @dataclass

@@ -185,6 +185,29 @@ class ColdSharding:
         w = np.asarray(widths if isinstance(widths, np.ndarray) else list(widths), dtype=np.int64)
         return cls("columns", g, widths=w)
 
+    def inferred_sharding(self, num_gpus: int, gpus_per_node: int) -> str:
+        """The sharding kind this cold function implies on a topology of ``num_gpus`` GPUs,
+        ``gpus_per_node`` per node (``TablePlan.sharding_kind`` without an explicit kind); kept
+        per topology shape (tables on thousands of GPUs share these objects)."""
+        cache = self.__dict__.setdefault("_inferred", {})
+        key = (int(num_gpus), int(gpus_per_node))
+        kind = cache.get(key)
+        if kind is None:
+            kind = cache[key] = self._infer_sharding(*key)
+        return kind
+
+    def _infer_sharding(self, num_gpus: int, gpus_per_node: int) -> str:
+        if self.kind == "replicated":
+            return "data_parallel"
+        if self.kind == "columns":
+            return "column_wise"
+        if self.gpus.size == 1:
+            return "table_wise"
+        distinct = np.unique(self.gpus)
+        if distinct.size < num_gpus and np.unique(distinct // gpus_per_node).size == 1:
+            return "table_row_wise"
+        return "row_wise"
+
     @property
     def column_offsets(self) -> np.ndarray:
         """First column of each column shard and the dim (int64[n + 1]); empty otherwise."""
@@ -347,17 +370,7 @@ class TablePlan:
         GPU of the topology), else ``row_wise``."""
         if self.sharding:
             return self.sharding
-        c = self.cold
-        if c.kind == "replicated":
-            return "data_parallel"
-        if c.kind == "columns":
-            return "column_wise"
-        if c.gpus.size == 1:
-            return "table_wise"
-        nodes = np.unique(c.gpus // topo.gpus_per_node)
-        if nodes.size == 1 and np.unique(c.gpus).size < topo.num_gpus:
-            return "table_row_wise"
-        return "row_wise"
+        return self.cold.inferred_sharding(topo.num_gpus, topo.gpus_per_node)
 
     @property
     def has_host_tier(self) -> bool:
