@@ -566,6 +566,7 @@ def test_profiles_say_what_torchrec_runs():
                                       node_local=[1])])
     assert not tr.can_run(node) and ideal.can_run(node)
     assert any("node replicas" in m for m in tr.issues(node))
+    assert tr.table_issues(node["s"], TOPO) == tr.issues(node)       # per table, for planners
     seq_twrw = table_row_wise([TABLE], TOPO)
     assert any("offers no table_row_wise for sequence" in m for m in tr.issues(seq_twrw))
     subset = Plan("x", TOPO, [TablePlan(TABLE, ColdSharding.ranges([0, 2, 3], 8))])

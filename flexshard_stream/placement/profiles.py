@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..kernels.analytic import torchrec_dense_terms
-from .plan import Plan
+from .plan import Plan, TablePlan
 from .topology import Topology
 
 __all__ = ["PROFILES", "ExecutionProfile", "execution_profile", "TorchRecTerms", "Structured",
@@ -78,27 +78,32 @@ class ExecutionProfile:
         profile prices the plan's own routing (``plan_from_export`` gives the exact plan)."""
         if self.name == "ideal":
             return []
+        return [m for tp in plan.tables.values() for m in self.table_issues(tp, plan.topology)]
+
+    def table_issues(self, tp: TablePlan, topology: Topology) -> list[str]:
+        """:meth:`issues` of one table plan on ``topology`` (for a planner filtering candidates
+        table by table, before it builds whole plans)."""
+        if self.name == "ideal":
+            return []
         out = []
-        topo = plan.topology
-        for name, tp in plan.tables.items():
-            kind = plan.sharding_kinds[name]
-            where = f"table {name!r} ({kind})"
-            if tp.node_ids.size:
-                out.append(f"{where}: {tp.node_ids.size} node replicas (tier 1): TorchRec has no "
-                           f"one-copy-per-node sharding")
-            if tp.table.kind == "sequence" and kind not in _SEQUENCE_OFFERED:
-                out.append(f"{where}: TorchRec 1.8 offers no {kind} for sequence tables "
-                           f"(embedding.py EmbeddingCollectionSharder.sharding_types)")
-            gpus = np.unique(tp.cold.gpus)
-            if kind == "row_wise" and gpus.size != topo.num_gpus:
-                out.append(f"{where}: rows on {gpus.size} of {topo.num_gpus} GPUs; TorchRec's "
-                           f"row_wise blocks cover every rank")
-            if kind == "table_row_wise" and gpus.size != topo.gpus_per_node:
-                out.append(f"{where}: rows on {gpus.size} of the node's {topo.gpus_per_node} "
-                           f"GPUs; TorchRec's table_row_wise blocks cover every rank of the node")
-            if tp.has_host_tier:
-                out.append(f"{where}: a host memory tier; TorchRec's UVM caching keeps in HBM "
-                           f"what its cache decides, not the plan's split")
+        kind = tp.sharding_kind(topology)
+        where = f"table {tp.name!r} ({kind})"
+        if tp.node_ids.size:
+            out.append(f"{where}: {tp.node_ids.size} node replicas (tier 1): TorchRec has no "
+                       f"one-copy-per-node sharding")
+        if tp.table.kind == "sequence" and kind not in _SEQUENCE_OFFERED:
+            out.append(f"{where}: TorchRec 1.8 offers no {kind} for sequence tables "
+                       f"(embedding.py EmbeddingCollectionSharder.sharding_types)")
+        gpus = np.unique(tp.cold.gpus)
+        if kind == "row_wise" and gpus.size != topology.num_gpus:
+            out.append(f"{where}: rows on {gpus.size} of {topology.num_gpus} GPUs; TorchRec's "
+                       f"row_wise blocks cover every rank")
+        if kind == "table_row_wise" and gpus.size != topology.gpus_per_node:
+            out.append(f"{where}: rows on {gpus.size} of the node's {topology.gpus_per_node} "
+                       f"GPUs; TorchRec's table_row_wise blocks cover every rank of the node")
+        if tp.has_host_tier:
+            out.append(f"{where}: a host memory tier; TorchRec's UVM caching keeps in HBM what "
+                       f"its cache decides, not the plan's split")
         return out
 
     def can_run(self, plan: Plan) -> bool:
