@@ -13,8 +13,8 @@ Analytic mode: ``Topology.uniform(512, 8)``, 1,000 tables of 1e6..1e8 rows, dim 
 FrequencySummary per table (1,000 top rows with Zipf estimates plus a uniform tail); a row-wise plan
 and one with replicas (100 global + 1,000 node rows per table).
 
-``--profile`` (default ``torchrec``) is the execution profile of the timed evaluations; the numpy
-peer computes the ``ideal`` profile, so the matrices are checked under ``ideal`` whatever the
+``--profile`` (default ``torchrec``; ``cost_profile`` in the JSON) is the execution profile of the
+timed evaluations; the numpy peer computes the ``ideal`` profile, so the matrices are checked under ``ideal`` whatever the
 profile timed. The analytic timings are given under both profiles
 (``analytic_1000_tables_s_torchrec`` / ``_ideal``; ``analytic_1000_tables_s`` is the one of
 ``--profile``).
@@ -274,7 +274,7 @@ def bench_trace(iterations, np_iterations, repeats, B=64, profile="torchrec"):
              "replicas": replica_plan(tables, perms, topo, 1000, 10_000)}
     res = {"topology": "16x8", "G": G, "B": B, "tables": len(tables), "alpha": ALPHA,
            "iterations": iterations, "ids": n_ids, "ids_per_iteration": n_ids / iterations,
-           "generate_s": gen_s, "profile": profile, "numpy_peer_profile": "ideal",
+           "generate_s": gen_s, "cost_profile": profile, "numpy_peer_profile": "ideal",
            "eval_mode": "row-wise (contiguous ranges) plan, de-duplication on"}
     print(f"trace workload: {len(tables)} tables, G={G}, B={B}, {iterations} iterations, "
           f"{n_ids:,} IDs ({n_ids / iterations:,.0f} per iteration), generated in {gen_s:.1f} s")
