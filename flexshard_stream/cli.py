@@ -39,7 +39,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                        "plan, evaluate.")
 
 #: ``plan --strategy`` values (FlexShard and the baselines of placement.baselines).
-STRATEGIES = ("flexshard", "rw", "rw-hash", "tw", "twrw", "dp", "hugectr")
+STRATEGIES = ("flexshard", "rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "hugectr")
+#: ``--profile`` values: the cost model's execution profiles (placement.profiles).
+PROFILES = ("torchrec", "ideal")
 #: Baselines whose peak memory can be FlexShard's budget (planner.MemoryPolicy).
 MEMORY_BASELINES = ("rw", "rw-hash", "twrw", "tw")
 #: ``replay --engine`` and ``--evaluation`` values (online.replay.ENGINES / EVALUATIONS).
@@ -48,6 +50,9 @@ EVALUATIONS = ("trace", "analytic")
 #: Defaults when neither the command line nor a plan gives them.
 DEFAULT_BATCH_SIZE = 512
 _WIDTH = 80
+_PROFILE_HELP = ("Execution profile of the cost model: torchrec (what TorchRec 1.8 sends for the "
+                 "plan) or ideal (the project's own model: what a custom runtime could reach; "
+                 "figures labelled 'idealized').")
 _IDS_HELP = ("How log IDs become table rows: raw (an ID is its row), hash (row = ID mod the "
              "table's num_rows) or hash:ROWS (ID mod ROWS; inferred tables get ROWS rows). "
              "hash is the modulo TorchRec users apply to raw sparse or 64-bit hashed IDs.")
@@ -418,8 +423,10 @@ def _recorded(plan) -> dict[str, Any]:
     """What ``plan`` records of how it was made (None for what a plan made elsewhere lacks)."""
     m = plan.meta
     ids = m.get("ids")
+    model = m.get("model") or {}
     return {"batch_size": m.get("batch_size"), "dedup": m.get("dedup"),
-            "ids": None if ids is None else IdMode.parse(ids), "model": m.get("model") or {},
+            "ids": None if ids is None else IdMode.parse(ids), "model": model,
+            "profile": model.get("profile") if model else None,
             "requested": m.get("requested_strategy") or plan.strategy}
 
 
@@ -431,6 +438,8 @@ def _spell(name: str, value: Any) -> str:
         return f"de-duplication {'on' if value else 'off'}"
     if name == "ids":
         return f"IDs {value}"
+    if name == "profile":
+        return f"the {value} profile"
     return f"{name} {value}"
 
 
@@ -447,14 +456,30 @@ def _setting(name: str, flag: str, given: Any, recorded: Any, where: str, defaul
     return given
 
 
-def _cost_model(recorded_model: Mapping[str, Any], dedup: bool):
-    """The plan's cost model (every recorded field this version knows, e.g. an execution
-    profile) with ``dedup`` as resolved."""
+def _cost_model(recorded_model: Mapping[str, Any], dedup: bool, profile: Optional[str] = None):
+    """The plan's cost model (every recorded field this version knows) with ``dedup`` and the
+    execution ``profile`` as resolved (a plan recorded before profiles existed was priced
+    ``ideal``; the caller resolves that default)."""
     from .placement.cost import CostModel
 
     known = {f.name for f in dataclasses.fields(CostModel)}
-    kept = {k: v for k, v in recorded_model.items() if k in known and k != "dedup"}
-    return CostModel(**kept, dedup=bool(dedup))
+    kept = {k: v for k, v in recorded_model.items()
+            if k in known and k not in ("dedup", "profile")}
+    return CostModel(**kept, dedup=bool(dedup), profile=profile or "torchrec")
+
+
+def _profile_label(profile: str) -> str:
+    """How figures under ``profile`` are labelled ("TorchRec 1.8" or "idealized")."""
+    from .placement.profiles import execution_profile
+
+    return execution_profile(profile).label
+
+
+def _torchrec_issues(plan) -> list[str]:
+    """What TorchRec 1.8 cannot run of ``plan`` as planned (empty: it runs it)."""
+    from .placement.profiles import execution_profile
+
+    return execution_profile("torchrec").issues(plan)
 
 
 # ============================================================================ plan
@@ -610,23 +635,22 @@ def _plan_label(requested: str, strategy: str) -> str:
     return requested if requested == strategy else f"{requested} (= {strategy})"
 
 
+_SHORT_KIND = {"table_wise": "tw", "column_wise": "cw", "table_column_wise": "twcw",
+               "row_wise": "rw", "table_row_wise": "twrw", "data_parallel": "dp"}
+
+
 def _sharding(tp, topo) -> str:
-    """How a table's cold rows are sharded, in TorchRec's words (dp, tw, twrw, rw), ``+host``
-    with a host-memory tier (replicated and placed rows are counted beside it)."""
-    if tp.replicated:
-        return "dp"
+    """How a table is sharded, in TorchRec's short words (tw, cw, twcw, rw, twrw, dp), with
+    ``(hashed)`` for hashed rows, ``, n GPUs`` when row-wise spans part of the cluster and
+    ``+host`` with a host-memory tier (replicated and placed rows are counted beside it)."""
+    kind = tp.sharding_kind(topo)
+    base = _SHORT_KIND.get(kind, kind)
     c = tp.cold
-    n, G, M = int(c.gpus.size), topo.num_gpus, topo.gpus_per_node
+    n = int(c.gpus.size)
+    if kind == "row_wise" and n != topo.num_gpus:
+        base += f", {n} GPUs"
     if c.kind == "hash":
-        base = "rw (hashed)" if n == G else f"hashed, {n} GPUs"
-    elif n == G:
-        base = "rw"
-    elif n == 1:
-        base = "tw"
-    elif n == M and len(set((c.gpus // M).tolist())) == 1:
-        base = "twrw"
-    else:
-        base = f"rw, {n} GPUs"
+        base += " (hashed)"
     return base + (" +host" if tp.has_host_tier else "")
 
 
@@ -719,7 +743,10 @@ def _print_plan(doc: Mapping[str, Any], p, result) -> None:
     _say(f"{doc['label']} plan for {len(p.tables)} table(s) on {doc['topology']} "
          f"({topo.num_gpus} GPUs, {hbm} HBM each) written to {doc['out']}")
     _say(f"made for B = {s['batch_size']} samples per GPU, de-duplication "
-         f"{'on' if s['dedup'] else 'off'}, IDs {s['ids']}; tables {s['tables_source']}.")
+         f"{'on' if s['dedup'] else 'off'}, IDs {s['ids']}; tables {s['tables_source']}; "
+         f"figures {_profile_label(doc['profile'])}.")
+    for issue in doc["torchrec_issues"]:
+        _warn(f"TorchRec 1.8 cannot run this as planned: {issue}")
     if doc.get("equals"):
         _say(f"FlexShard found no plan better than {doc['equals']} within the budget: the plan "
              f"written is {doc['equals']}'s placement (labelled {doc['label']}).")
@@ -766,6 +793,9 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
                                         "(B), recorded in the plan; hugectr counts profiled "
                                         "iterations with it."),
          dedup: bool = typer.Option(True, help="Plan for in-batch de-duplication (recorded)."),
+         profile: str = typer.Option("torchrec", callback=_choice(PROFILES, "--profile"),
+                                     help=_PROFILE_HELP + " The planner prices its candidates "
+                                          "under it (recorded)."),
          memory_bytes: Optional[float] = typer.Option(None, help="Per-GPU memory budget in bytes "
                                                       "(flexshard; default: no more peak memory "
                                                       "than row-wise)."),
@@ -788,7 +818,7 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
     from .placement.topology import Topology
 
     mode = ids or IdMode()
-    model = CostModel(dedup=dedup)
+    model = CostModel(dedup=dedup, profile=profile)
     try:
         topo = Topology.load(topology)
         tabs, source = _resolve_tables(log, tables, mode)
@@ -823,7 +853,9 @@ def _plan_doc(p, result, cost, out: Path, label: str, requested: str, reader
            "out": str(out), "topology": _topo_name(p.topology),
            "settings": {k: p.meta[k] for k in ("batch_size", "dedup", "ids", "model",
                                                "tables_source")},
-           "tiers": p.tier_sizes(),
+           "tiers": p.tier_sizes(), "sharding": p.sharding_kinds,
+           "profile": p.meta["model"].get("profile"),
+           "torchrec_issues": _torchrec_issues(p),
            "row_bytes_per_gpu": {"max": float(mem.max()), "min": float(mem.min())},
            "tables": _table_shardings(p), "per_gpu": _per_gpu(p, cost), "cost": cost.to_json(),
            "skipped": {k: v for k, v in reader.skipped.items() if v}}
@@ -868,7 +900,8 @@ def _check_plan_against(d: Path, p, topology: Optional[str], tables: Optional[Pa
 
 
 def _evaluate_one(d: Path, p, logs: List[Path], B: int, dedup: bool, mode: IdMode,
-                  skip_bad_rows: bool, max_iterations: Optional[int]) -> dict[str, Any]:
+                  skip_bad_rows: bool, max_iterations: Optional[int],
+                  profile: str) -> dict[str, Any]:
     """Replay ``logs`` through plan ``p``: its cost per iteration (trace mode) as JSON, with the
     settings used and the rows skipped."""
     from .placement.cost import evaluate_trace
@@ -879,7 +912,7 @@ def _evaluate_one(d: Path, p, logs: List[Path], B: int, dedup: bool, mode: IdMod
     reader = LogReader([str(x) for x in logs], features=[t.feature for t in tabs],
                        read_batch_size=65536, skip_bad_rows=skip_bad_rows,
                        rows=row_map(tabs, mode))
-    model = _cost_model(_recorded(p)["model"], dedup)
+    model = _cost_model(_recorded(p)["model"], dedup, profile)
     tc = evaluate_trace(p, reader, B, model, max_iterations=max_iterations)
     spi = p.topology.num_gpus * B
     if tc.mean.iterations == 0:
@@ -890,6 +923,7 @@ def _evaluate_one(d: Path, p, logs: List[Path], B: int, dedup: bool, mode: IdMod
                           f"{max(1, reader.samples // p.topology.num_gpus):,})")
     r = tc.to_json()
     r.update({"batch_size": B, "dedup": dedup, "ids": str(mode), "samples": reader.samples,
+              "profile": profile,
               "skipped": {k: v for k, v in reader.skipped.items() if v},
               "label": _plan_label(_recorded(p)["requested"], p.strategy)})
     hbm = float(p.topology.hbm_bytes.min())
@@ -903,7 +937,8 @@ def _print_evaluation(results: Mapping[str, Mapping[str, Any]], plans) -> None:
     first = next(iter(results.values()))
     topo = plans[0][1].topology
     _say(f"per iteration: {topo.num_gpus} GPUs x B = {first['batch_size']} samples, "
-         f"de-duplication {'on' if first['dedup'] else 'off'}; "
+         f"de-duplication {'on' if first['dedup'] else 'off'}, figures "
+         f"{_profile_label(first['profile'])}; "
          + "; ".join(f"{r['label']}: {r['iterations']:,} iterations, IDs {r['ids']}"
                      for r in results.values()))
     labels = [r["label"] for r in results.values()]
@@ -929,6 +964,8 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
              dedup: Optional[bool] = typer.Option(None, "--dedup/--no-dedup",
                                                   help="In-batch de-duplication of IDs. "
                                                        "Default: the plan's."),
+             profile: Optional[str] = typer.Option(None, callback=_choice(PROFILES, "--profile"),
+                                                   help=_PROFILE_HELP + " Default: the plan's."),
              ids: Optional[str] = typer.Option(None, "--ids", callback=_ids_option,
                                                help=_IDS_HELP + " Default: the plan's."),
              skip_bad_rows: bool = typer.Option(False, help="Drop and count bad rows (IDs out "
@@ -950,10 +987,11 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
         plans = [(d, Plan.load(d)) for d in plan_dirs]
         B = _common_setting("batch_size", "--batch-size", batch_size, plans, DEFAULT_BATCH_SIZE)
         D = _common_setting("dedup", "--dedup/--no-dedup", dedup, plans, True)
+        P = _common_setting("profile", "--profile", profile, plans, "torchrec")
         for d, p in plans:
             _check_plan_against(d, p, topology, tables)
             mode = _setting("ids", "--ids", ids, _recorded(p)["ids"], f"plan {d}", IdMode())
-            r = _evaluate_one(d, p, log, B, D, mode, skip_bad_rows, max_iterations)
+            r = _evaluate_one(d, p, log, B, D, mode, skip_bad_rows, max_iterations, P)
             key = _recorded(p)["requested"]
             results[key if key not in results else f"{key}:{d}"] = r
     except FlexShardError as e:
@@ -1021,7 +1059,8 @@ def _print_replay(res) -> None:
     st = tot["strategies"]
     _say(f"{tot['windows']} window(s) of {s['window']['describe']}, {tot['iterations']:,} "
          f"iteration(s) x {s['samples_per_iteration']:,} samples (B = {s['batch_size']}), "
-         f"de-duplication {'on' if s['model']['dedup'] else 'off'}; per iteration:")
+         f"de-duplication {'on' if s['model']['dedup'] else 'off'}; per iteration, figures "
+         f"{_profile_label(s['model'].get('profile', 'ideal'))}:")
     typer.echo(_cost_rows([(n, st[n]) for n in REPLAYED], vs_rw=True))
     rs, sta = st["resharder"].get("speedup_vs_rw"), st["static"].get("speedup_vs_rw")
     _say(f"rw: row-wise; twrw: table-row-wise; static: a FlexShard plan made on the first "
@@ -1054,6 +1093,8 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
                                     "('5s') or a number of samples."),
          dedup: bool = typer.Option(True, help="In-batch de-duplication of IDs (off: TorchRec's "
                                     "assumption, one request per occurrence)."),
+         profile: str = typer.Option("torchrec", callback=_choice(PROFILES, "--profile"),
+                                     help=_PROFILE_HELP),
          report: bool = typer.Option(True, help="Write report.html and the PNGs (matplotlib).")):
     """Replay the embedded default trace through four placements and write the HTML report."""
     from .online.replay import replay as run_replay
@@ -1067,7 +1108,7 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
         t0 = time.perf_counter()
         with _ReplayProgress() as prog:
             res = run_replay([path], topology, window=window, out_dir=out, batch_size=batch_size,
-                             model=CostModel(dedup=dedup), progress=prog)
+                             model=CostModel(dedup=dedup, profile=profile), progress=prog)
         _print_sketch(res.stats, topk)
         _say()
         _print_replay(res)
@@ -1097,8 +1138,8 @@ def _finish_demo(out: Path, report: bool) -> None:
 
 
 def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: Optional[Path],
-                     ids: Optional[IdMode], batch_size: Optional[int], dedup: Optional[bool]
-                     ) -> dict[str, Any]:
+                     ids: Optional[IdMode], batch_size: Optional[int], dedup: Optional[bool],
+                     profile: Optional[str] = None) -> dict[str, Any]:
     """Topology, tables, ID mode, B and cost model of a replay: the options, else the plan's
     (``--plan``), else the defaults; a topology is needed from one of them."""
     from .placement.cost import CostModel
@@ -1111,7 +1152,8 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
                               "TOML file), or --plan DIR to take it from a plan")
         return {"topology": Topology.load(topology), "tables": tables, "ids": ids or IdMode(),
                 "batch_size": batch_size or DEFAULT_BATCH_SIZE,
-                "model": CostModel(dedup=True if dedup is None else dedup)}
+                "model": CostModel(dedup=True if dedup is None else dedup,
+                                   profile=profile or "torchrec")}
     p = Plan.load(plan_dir)
     rec = _recorded(p)
     where = f"plan {plan_dir}"
@@ -1125,7 +1167,9 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
             "batch_size": _setting("batch_size", "--batch-size", batch_size, rec["batch_size"],
                                    where, DEFAULT_BATCH_SIZE),
             "model": _cost_model(rec["model"], _setting("dedup", "--dedup/--no-dedup", dedup,
-                                                        rec["dedup"], where, True))}
+                                                        rec["dedup"], where, True),
+                                 _setting("profile", "--profile", profile, rec["profile"], where,
+                                          "torchrec"))}
 
 
 def _fit_windows(logs: List[Path], window: Optional[str], topo, B: int
@@ -1206,6 +1250,10 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                dedup: Optional[bool] = typer.Option(None, "--dedup/--no-dedup",
                                                     help="In-batch de-duplication of IDs "
                                                          "(default: the plan's, else on)."),
+               profile: Optional[str] = typer.Option(None, callback=_choice(PROFILES,
+                                                                            "--profile"),
+                                                     help=_PROFILE_HELP + " Default: the "
+                                                          "plan's, else torchrec."),
                skip_bad_rows: bool = typer.Option(False, help="Drop and count bad rows (IDs out "
                                                   "of the tables' range included) instead of "
                                                   "stopping at the first."),
@@ -1237,7 +1285,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
     if batch_size is not None and batch_size < 1:
         raise typer.BadParameter("must be >= 1 sample per GPU", param_hint="--batch-size")
     try:
-        cfg = _replay_settings(plan_dir, topology, tables, ids, batch_size, dedup)
+        cfg = _replay_settings(plan_dir, topology, tables, ids, batch_size, dedup, profile)
         win, note = _fit_windows(logs, window, cfg["topology"], cfg["batch_size"])
         with _ReplayProgress(enabled=not json_out) as prog:
             res = run_replay(logs, cfg["topology"], tables=cfg["tables"], window=win,
@@ -1253,7 +1301,8 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
     except OSError as e:
         _fail(f"cannot write {out}: {e}")
     if json_out:
-        typer.echo(json.dumps({"out": str(out), "engine": res.summary["engine"],
+        typer.echo(json.dumps({"out": str(out), "profile": cfg["model"].profile,
+                               "engine": res.summary["engine"],
                                "evaluation": res.summary["evaluation"],
                                "workers": res.summary["workers"], "totals": res.totals,
                                "warnings": res.summary.get("warnings", [])}))
@@ -1336,6 +1385,8 @@ def sidecar_command(
         memory_bytes: Optional[float] = typer.Option(None, help="Per-GPU memory budget (bytes; "
                                                      "default: row-wise peak)."),
         dedup: bool = typer.Option(True, help="Plan for in-batch de-duplication."),
+        profile: str = typer.Option("torchrec", callback=_choice(PROFILES, "--profile"),
+                                    help=_PROFILE_HELP),
         ids: Optional[str] = typer.Option(None, "--ids", callback=_ids_option,
                                           help="How the ring's IDs become rows of the --tables: "
                                                "raw (as written), hash (ID mod the table's "
@@ -1371,7 +1422,8 @@ def sidecar_command(
     return run_ring(ring, tables, topology, out, batch_size=batch_size, ring_dir=ring_dir,
                     slots=slots, capacity_bytes=int(capacity_mb * (1 << 20)), checksum=checksum,
                     config=cfg, half_life=half_life,
-                    memory=MemoryPolicy(bytes_per_gpu=memory_bytes), model=CostModel(dedup=dedup),
+                    memory=MemoryPolicy(bytes_per_gpu=memory_bytes),
+                    model=CostModel(dedup=dedup, profile=profile),
                     checkpoint_every_s=checkpoint_every or None, queue_batches=queue_batches,
                     resume=resume, status_every_s=status_every, unlink=unlink, ids=ids)
 

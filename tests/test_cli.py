@@ -94,6 +94,34 @@ def test_plan_and_evaluate(log, tmp_path):
     assert d["rw"]["comm_time_s_per_iter"] > 0
 
 
+def test_profile_option(log, tmp_path):
+    """--profile chooses the execution profile; the figures say which; cw / twcw plans write."""
+    p, _ = log
+    for strat in ("rw", "cw"):
+        r = runner.invoke(app, ["plan", "--log", str(p), "--topology", "2x8", "--strategy", strat,
+                                "--out", str(tmp_path / strat), "--batch-size", "8", "--json"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout.strip().splitlines()[-1])
+        assert set(doc["sharding"].values()) == {"row_wise" if strat == "rw" else "column_wise"}
+        assert doc["profile"] == "torchrec" and doc["torchrec_issues"] == []
+    got = {}
+    for prof in ("torchrec", "ideal"):
+        r = runner.invoke(app, ["evaluate", "--plan", str(tmp_path / "rw"), "--log", str(p),
+                                "--batch-size", "8", "--profile", prof, "--json"])
+        assert r.exit_code == 0, r.output
+        got[prof] = json.loads(r.stdout.strip().splitlines()[-1])["rw"]
+        assert got[prof]["profile"] == prof
+        r = runner.invoke(app, ["evaluate", "--plan", str(tmp_path / "rw"), "--log", str(p),
+                                "--batch-size", "8", "--profile", prof])
+        assert ("TorchRec 1.8 figures" if prof == "torchrec" else "idealized figures") in r.output
+    # TorchRec sends the pooled user table's partial sums densely: more than the ideal exchange
+    assert got["torchrec"]["bytes_per_iter"]["total"] > got["ideal"]["bytes_per_iter"]["total"]
+    assert "torchrec_collectives" in got["torchrec"]["bytes_per_iter"]
+    r = _script("evaluate", "--plan", str(tmp_path / "rw"), "--log", str(p), "--batch-size", "8",
+                "--profile", "nccl")
+    assert r.returncode == 2 and "execution profile 'nccl' unknown" in r.stderr
+
+
 def _script(*args):
     exe = Path(sys.executable).parent / "flexshard-stream"
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)

@@ -1053,10 +1053,13 @@ def _write(out: Path, summary: dict, cdf: dict, final: Mapping[str, Plan],
 
 def _traffic_npz(acc: _Acc, link_class: np.ndarray) -> bytes:
     """``traffic/<strategy>.npz``: the mean G x G byte matrices per iteration (``a2a`` and each
-    component), the link-class matrix and the iterations averaged."""
+    component), the link-class matrix and the iterations averaged. ``a2a`` is the bytes over
+    links: under the ``torchrec`` profile the components also hold each rank's own chunk on their
+    diagonal, which ``a2a`` leaves out (as ``Cost.a2a_bytes`` does)."""
     k = max(acc.n, 1)
     mats = {c: acc.mats[c] / k for c in COMPONENTS}
     a2a = sum(mats[c] for c in A2A_COMPONENTS)
+    np.fill_diagonal(a2a, 0.0)
     buf = io.BytesIO()
     np.savez(buf, a2a=a2a, link_class=link_class, iterations=np.int64(acc.n), **mats)
     return buf.getvalue()

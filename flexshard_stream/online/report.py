@@ -676,6 +676,10 @@ def build_report(directory: str | os.PathLike) -> Path:
     best = st.get("resharder") or st.get("static") or {}
     sp = best.get("speedup_vs_rw")
     dedup = "on" if (summary.get("model") or {}).get("dedup", True) else "off"
+    # figures of replays written before execution profiles were idealized
+    profile = (summary.get("model") or {}).get("profile", "ideal")
+    label = "TorchRec 1.8 execution profile" if profile == "torchrec" else "idealized (custom " \
+        "runtime) profile"
     logs = ", ".join(f"<code>{html.escape(str(p))}</code>" for p in summary.get("logs", []))
     wdesc = html.escape(str(win.get("describe") or win.get("spec") or win.get("size")))
     skipped_txt = ""
@@ -693,7 +697,8 @@ def build_report(directory: str | os.PathLike) -> Path:
          f"({summary.get('samples_per_iteration', '?')} samples per iteration); "
          f"{tot.get('windows', len(summary['windows']))} windows of {wdesc}; "
          f"{tot.get('samples', 0):,} samples, {tot.get('iterations', 0):,} iterations evaluated "
-         f"per strategy; de-duplication {dedup}; {tot.get('checks', 0)} re-sharder checks; "
+         f"per strategy; de-duplication {dedup}; cost model: {label}; "
+         f"{tot.get('checks', 0)} re-sharder checks; "
          f"FlexShard memory budget {_fmt_bytes(summary.get('budget_bytes'), 4)} per GPU."),
         skipped_txt,
         "</p>",

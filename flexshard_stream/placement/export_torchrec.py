@@ -337,6 +337,7 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
     out_dir = Path(out_dir)
     _check_export_dir(out_dir)
     _check_features(plan)
+    _check_columns(plan)
     with staging_directory(out_dir) as tmp:
         parts = [_export_table(tmp, i, name, tp, plan.topology, cold_sharding, node_replicas,
                                summaries or {}, mean_lengths or {})
@@ -377,6 +378,16 @@ def _check_export_dir(out_dir: Path) -> None:
         if any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
             raise ConfigError(f"{out_dir}: a non-empty directory that is not a TorchRec export "
                               f"(no {MANIFEST_FILE}); refusing to overwrite it")
+
+
+def _check_columns(plan: Plan) -> None:
+    """Column shards have no export yet (the cold table would need TorchRec's column_wise with
+    the plan's widths and ranks): refuse rather than export them as one table."""
+    cw = [n for n, tp in plan.tables.items() if tp.column_wise]
+    if cw:
+        raise ConfigError(f"tables {cw} are column-wise: the export writes row-wise, "
+                          f"table-row-wise, table-wise and data-parallel tables only; run "
+                          f"column-wise plans with online.torchrec_runtime.sharding_plan")
 
 
 def _check_features(plan: Plan) -> None:
