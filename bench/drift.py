@@ -254,11 +254,13 @@ def main(argv=None):
                     help="decayed statistics (half-life in checks) instead of a sliding window of "
                          "2 x half-life checks in 4 sub-windows (the default)")
     ap.add_argument("--min-gain", type=float, default=0.03, help="ReshardConfig.min_gain")
+    ap.add_argument("--profile", choices=("torchrec", "ideal"), default="torchrec",
+                    help="execution profile of the cost model (default torchrec)")
     args = ap.parse_args(argv)
-    model = CostModel(dedup=args.dedup)
+    model = CostModel(dedup=args.dedup, profile=args.profile)
     t0 = time.perf_counter()
     log(f"== drift scenarios (2x8, dedup {'on' if args.dedup else 'off'}, a window = "
-        f"{args.iterations_per_window:g} iterations)")
+        f"{args.iterations_per_window:g} iterations, {model.execution.label} figures)")
     syn = synthetic(args, model)
     log("== MovieLens ratings in time order")
     ml = movielens(args, model)
@@ -284,6 +286,7 @@ def main(argv=None):
             "resharder_vs_lagged_oracle_comm", "resharder_migration_vs_lagged_oracle")}
             for k, v in {**syn, "movielens": ml}.items() if "error" not in v},
         "seconds": time.perf_counter() - t0,
+        "profile": args.profile,
     }
     result["targets"] = {
         "resharder_vs_oracle_comm<=1.05": (result["resharder_vs_oracle_comm"] or 9) <= 1.05,

@@ -928,3 +928,13 @@ def test_id_remap_round_trips(H, seed, shuffle):
     assert np.array_equal(r.apply(np.arange(H)), perm)
     assert np.array_equal(r.original(perm), np.arange(H))
     assert r.segments.shape[0] <= 1 + 4 * swaps
+
+
+def test_command_choices_are_the_library_s():
+    """The export command spells the choices itself (the CLI imports nothing heavy at start-up);
+    they must stay those of export_torchrec."""
+    from flexshard_stream import cli
+    from flexshard_stream.placement.export_torchrec import COLD_SHARDINGS, NODE_REPLICAS
+
+    assert cli.EXPORT_COLD_SHARDINGS == COLD_SHARDINGS
+    assert cli.EXPORT_NODE_REPLICAS == NODE_REPLICAS

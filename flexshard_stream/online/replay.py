@@ -63,9 +63,10 @@ from ..placement.cost import (
 )
 from ..placement.plan import Plan
 from ..placement.planner import MemoryPolicy, plan_flexshard
-from ..placement.tables import EmbeddingTable, infer_tables, load_tables
+from ..placement.tables import EmbeddingTable, infer_tables, load_tables, row_map
 from ..placement.topology import Topology
 from ..sources.logs import REASONS as _REASONS
+from ..sources.ids import IdMode, RowMap
 from ..sources.logs import LogReader
 from ..sources.windows import WindowSpec, parse_window
 from ..stats.batch import Batch, concat_batches, rebatch, slice_batch
@@ -320,17 +321,20 @@ class _Log:
     total_rows: int
     read_batch_size: int                  # samples per chunk read
     skip_bad_rows: bool
+    rows: RowMap                          # IDs -> table rows (ID mode, num_rows checks)
 
     def new_reader(self) -> LogReader:
         """A fresh reader over the same files (a second pass)."""
         return LogReader(self.paths, features=self.features,
-                         read_batch_size=self.read_batch_size, skip_bad_rows=self.skip_bad_rows)
+                         read_batch_size=self.read_batch_size, skip_bad_rows=self.skip_bad_rows,
+                         rows=self.rows)
 
 
 def _open_log(logs: PathLike | Sequence[PathLike],
               tables: Sequence[EmbeddingTable] | PathLike | None, read_batch_size: int,
-              skip_bad_rows: bool) -> _Log:
-    """Open the log and resolve its tables (given, a TOML file, or inferred from the log).
+              skip_bad_rows: bool, ids: IdMode | str | None = None) -> _Log:
+    """Open the log and resolve its tables (given, a TOML file, or inferred from the log) and
+    how its IDs become their rows (``ids``, :func:`~.tables.row_map`).
 
     Raises ConfigError when two tables share a feature or a log feature has no table, LogError
     for an unreadable log.
@@ -347,7 +351,7 @@ def _open_log(logs: PathLike | Sequence[PathLike],
     reader = LogReader(paths, features=feats, read_batch_size=read_batch_size,
                        skip_bad_rows=skip_bad_rows)
     if tabs is None:
-        tabs = infer_tables(paths, dict(reader.schema.features))
+        tabs = infer_tables(paths, dict(reader.schema.features), ids=ids)
     by_feat = {t.feature: t for t in tabs}
     if len(by_feat) != len(tabs):
         raise ConfigError("two tables are fed by the same feature; each feature may feed one table")
@@ -355,8 +359,9 @@ def _open_log(logs: PathLike | Sequence[PathLike],
     if missing:
         raise ConfigError(f"log features {missing} have no table")
     configs = [TableConfig(t.name, t.num_rows, t.feature) for t in tabs]
+    reader.rows = row_map(tabs, ids)
     return _Log(paths, tabs, configs, feats, reader, reader.data_rows(), read_batch_size,
-                skip_bad_rows)
+                skip_bad_rows, reader.rows)
 
 
 def _window_spec(spec: WindowSpec | None, log: _Log) -> WindowSpec:
@@ -443,7 +448,7 @@ def _engine_windows(log: _Log, spec: WindowSpec, engine: str, address: str | Non
         wins = window_stats(log.paths, window=spec, engine=engine, address=address,
                             num_workers=num_workers, skip_bad_rows=log.skip_bad_rows,
                             tables=log.configs, read_batch_size=log.read_batch_size,
-                            diagnostics=diag)
+                            diagnostics=diag, rows=log.rows)
     except ConnectionError as e:
         if engine != "ray":
             raise
@@ -539,7 +544,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
            read_batch_size: int = 65536,
            progress: Callable[[dict[str, Any]], None] | None = None,
            engine: str = "local", evaluation: str = "trace", address: str | None = None,
-           num_workers: int | None = None) -> ReplayResult:
+           num_workers: int | None = None, ids: IdMode | str | None = None) -> ReplayResult:
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder.
 
     Parameters
@@ -547,7 +552,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     logs : path(s), globs or directories of parquet / CSV logs (see :mod:`~.logs`), read in order
     topology : a :class:`Topology`, a topology TOML file or a preset name ("2x8", ...)
     tables : tables (or a table TOML file); default: inferred from the log (rows = largest ID + 1,
-        dim 128, fp32)
+        or ROWS with ``ids="hash:ROWS"``; dim 128, fp32)
     window : a duration on ``ts`` ("30m", "1h", "90s") or a number of samples ("100000", 100000);
         default: :data:`DEFAULT_WINDOWS` windows of ``ceil(rows / 10)`` samples (rows from the
         parquet footers or CSV line counts)
@@ -578,6 +583,9 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
         row groups), so the statistics, and hence the analytic replay, are identical on every
         engine for equal ``num_workers`` (default: local 1, process the CPU count, Ray the
         cluster's CPUs)
+    ids : how the log's IDs become table rows (:class:`~.logs.IdMode`): ``"raw"`` (default; a
+        row with an ID out of its table's range is a bad row, ``"out_of_range"``), ``"hash"``
+        (ID mod each table's ``num_rows``) or ``"hash:ROWS"``
 
     Raises
     ------
@@ -593,7 +601,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     _check_out_dir(out)
     spec = parse_window(window) if window is not None else None
     topo = topology if isinstance(topology, Topology) else Topology.load(topology)
-    log = _open_log(logs, tables, read_batch_size, skip_bad_rows)
+    log = _open_log(logs, tables, read_batch_size, skip_bad_rows, ids)
     run = _Run(topo, _window_spec(spec, log), int(batch_size), int(checks_per_window),
                int(top_k), model or CostModel(), evaluation == "analytic", half_life_windows)
     report = _Progress(progress, log.total_rows)
@@ -1045,10 +1053,13 @@ def _write(out: Path, summary: dict, cdf: dict, final: Mapping[str, Plan],
 
 def _traffic_npz(acc: _Acc, link_class: np.ndarray) -> bytes:
     """``traffic/<strategy>.npz``: the mean G x G byte matrices per iteration (``a2a`` and each
-    component), the link-class matrix and the iterations averaged."""
+    component), the link-class matrix and the iterations averaged. ``a2a`` is the bytes over
+    links: under the ``torchrec`` profile the components also hold each rank's own chunk on their
+    diagonal, which ``a2a`` leaves out (as ``Cost.a2a_bytes`` does)."""
     k = max(acc.n, 1)
     mats = {c: acc.mats[c] / k for c in COMPONENTS}
     a2a = sum(mats[c] for c in A2A_COMPONENTS)
+    np.fill_diagonal(a2a, 0.0)
     buf = io.BytesIO()
     np.savez(buf, a2a=a2a, link_class=link_class, iterations=np.int64(acc.n), **mats)
     return buf.getvalue()

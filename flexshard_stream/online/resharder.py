@@ -196,7 +196,7 @@ def _codes(tp: TablePlan) -> tuple[np.ndarray, np.ndarray]:
 
 def _from_codes(tp: TablePlan, ids: np.ndarray, codes: np.ndarray) -> TablePlan:
     g, n, p = codes == -1, codes <= -2, codes >= 0
-    kw = {}
+    kw = {"sharding": tp.sharding}
     if hasattr(tp, "hbm_fraction"):
         kw["hbm_fraction"] = tp.hbm_fraction
     return TablePlan(tp.table, tp.cold, global_ids=ids[g], node_ids=ids[n],

@@ -65,6 +65,7 @@ import numpy as np
 
 from ..errors import ConfigError, FlexShardError, FormatError
 from ..formats.files import read_json, read_npy, staging_directory, write_json, write_npy
+from ..formats.units import fmt_bytes
 from ..stats.batch import Batch
 from ..stats.summary import FrequencySummary
 from .export_layout import TableMapping, map_table, torchrec_rw_shard_rows
@@ -211,6 +212,7 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
     out_dir = Path(out_dir)
     check_export_target(out_dir)
     _check_features(plan)
+    _check_columns(plan)
     with staging_directory(out_dir) as tmp:
         parts = [_export_table(tmp, i, name, tp, plan.topology, cold_sharding, node_replicas,
                                summaries or {}, mean_lengths or {})
@@ -260,6 +262,16 @@ def check_export_target(out_dir: str | os.PathLike) -> None:
         if any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
             raise ConfigError(f"{out_dir}: a non-empty directory that is not a TorchRec export "
                               f"(no {MANIFEST_FILE}); refusing to overwrite it")
+
+
+def _check_columns(plan: Plan) -> None:
+    """Column shards have no export yet (the cold table would need TorchRec's column_wise with
+    the plan's widths and ranks): refuse rather than export them as one table."""
+    cw = [n for n, tp in plan.tables.items() if tp.column_wise]
+    if cw:
+        raise ConfigError(f"tables {cw} are column-wise: the export writes row-wise, "
+                          f"table-row-wise, table-wise and data-parallel tables only; run "
+                          f"column-wise plans with online.torchrec_runtime.sharding_plan")
 
 
 def _check_features(plan: Plan) -> None:
@@ -459,7 +471,7 @@ def describe_export(manifest: Mapping[str, Any]) -> list[str]:
              f"({manifest['local_world_size']} per node) for TorchRec "
              f"{manifest['torchrec_version']}:"]
     for e in manifest["tables"]:
-        lines.append(f"  {e['table']} (remap {e['remap_bytes']:,} bytes)")
+        lines.append(f"  {e['table']} (remap {fmt_bytes(e['remap_bytes'])})")
         if e["hot"]:
             lines.append(f"    {e['hot']['table']}: data_parallel, {e['hot']['rows']:,} rows")
         c = e["cold"]
@@ -468,8 +480,8 @@ def describe_export(manifest: Mapping[str, Any]) -> list[str]:
                     f", {c['rows_on_plan_gpu'] / max(c['rows'], 1):.1%} on plan GPU")
             lines.append(f"    {c['table']}: {c['sharding_type']}, {c['rows']:,} rows{kept}")
     rb = manifest["row_bytes_per_gpu"]
-    lines.append(f"stored rows per GPU, max: plan {max(rb['plan']) / 1e9:.3g} GB, export "
-                 f"{max(rb['export']) / 1e9:.3g} GB")
+    lines.append(f"stored rows per GPU, max: plan {fmt_bytes(max(rb['plan']))}, export "
+                 f"{fmt_bytes(max(rb['export']))}")
     return lines
 
 

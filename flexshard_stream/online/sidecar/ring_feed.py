@@ -20,7 +20,7 @@ from typing import Any
 
 from ...errors import FlexShardError
 from ...formats.files import jsonable, read_json
-from ...placement.tables import load_tables
+from ...placement.tables import load_tables, row_map
 from ...placement.topology import Topology
 from ...stats.batch import Batch
 from ...stats.config import TableConfig
@@ -48,7 +48,7 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
              queue_batches: int = 64, resume: bool = True, status_every_s: float = 0.0,
              unlink: bool = False, stop: threading.Event | None = None,
              emit: Callable[[Mapping[str, Any]], None] = _emit,
-             handle_signals: bool = True) -> dict[str, Any]:
+             handle_signals: bool = True, ids: Any = None) -> dict[str, Any]:
     """Consume ring ``ring`` (created if missing) into a :class:`Sidecar` until ``stop`` is set
     or SIGTERM/SIGINT arrives; then close it (final checkpoint). Returns the final report.
 
@@ -56,11 +56,16 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
     ``status_every_s`` seconds, 0: never) and ``stopped``. Records left in the ring at shutdown
     stay there for the next run (unless ``unlink``: then they are drained first and the ring file
     removed).
+
+    ``ids`` (``"raw"``, ``"hash"`` or ``"hash:ROWS"``, :class:`~flexshard_stream.sources.logs.
+    IdMode`): with a hash mode every batch read from the ring has its IDs taken modulo the
+    tables' rows before the statistics see it (producers writing raw IDs).
     """
     stop = stop or threading.Event()
     got_signal: list[str] = []
     with _stopping_on_signals(stop, got_signal, handle_signals):
         tabs = load_tables(tables) if isinstance(tables, (str, os.PathLike)) else list(tables)
+        rows = row_map(tabs, ids)
         topo = topology if isinstance(topology, Topology) else Topology.load(topology)
         cfg = config or ReshardConfig()
         stats = DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in tabs],
@@ -83,7 +88,8 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
             emit({"event": "ready", "ring": str(r.path), "pid": os.getpid(), "slots": r.slots,
                   "slot_capacity": r.slot_capacity, "out": str(out),
                   "ring_batches_read": read0})
-            errors = _consume(sc, r, stop, emit, status_every_s, unlink)
+            feed = _HashedRing(r, rows) if rows.mode.hashed else r
+            errors = _consume(sc, feed, stop, emit, status_every_s, unlink)
             doc = _stopped(sc, r, got_signal, errors)
             emit(doc)
             return doc
@@ -171,6 +177,21 @@ def _stopped(sc: Sidecar, ring: Ring, got_signal: list[str], errors: int) -> dic
             "ring": {"batches_written": rst.batches_written, "batches_read": rst.batches_read,
                      "batches_dropped": rst.batches_dropped, "ids_dropped": rst.ids_dropped,
                      "records_discarded": rst.records_discarded, "lag_bytes": rst.lag_bytes}}
+
+
+class _HashedRing:
+    """A ring whose polled batches have their IDs mapped to table rows (``RowMap.map_batch``);
+    everything else is the ring's."""
+
+    def __init__(self, ring: Ring, rows: Any):
+        self._ring = ring
+        self._rows = rows
+
+    def poll(self, **kwargs: Any) -> list[Batch]:
+        return [self._rows.map_batch(b) for b in self._ring.poll(**kwargs)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ring, name)
 
 
 def _submit_all(sc: Sidecar, batches: list[Batch]) -> int:
