@@ -3,6 +3,7 @@ rate from a CPU budget (the sidecar's; docs/SIDECAR.md, docs/STATISTICS.md).
 
 The controller is driven by a simulated ingest thread (cost per ID ``a + b / k``, one core, a
 bounded queue): no timing, no threads."""
+import itertools
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +15,7 @@ from flexshard_stream.errors import ConfigError, FormatError, IncompatibleError
 from flexshard_stream.formats.container import pack, unpack
 from flexshard_stream.online.sidecar.rate import Interval, RateController
 from flexshard_stream.stats.batch import Batch
-from flexshard_stream.stats.config import SketchConfig, TableConfig
+from flexshard_stream.stats.config import SketchConfig
 from flexshard_stream.stats.stream import StreamStats
 from flexshard_stream.stats.table_stats import TableStats, sampled_count_bounds
 from flexshard_stream.stats.window import DecayedStats, WindowedStats
@@ -195,17 +196,19 @@ def test_tables_on_an_executor_give_the_statistics_of_one_thread():
 
 
 class World:
-    """A simulated ingest thread: ``cost(k)`` CPU seconds per ID (``a + b / k``; the unsampled
-    kernel ``a + b``), one core, a queue of ``queue_ids``; ``noise``: relative error of each
+    """A simulated ingest thread: ``cost(k)`` CPU seconds per ID (``a + (b + gap) / k``; the
+    unsampled kernel ``a + b``), one core, a queue of ``queue_ids``; ``noise``: relative error of each
     interval's cost measurement."""
 
-    def __init__(self, a, b, *, queue_ids=64 << 19, noise=0.0, seed=0, dt=0.5):
-        self.a, self.b, self.queue_ids, self.noise, self.dt = a, b, queue_ids, noise, dt
+    def __init__(self, a, b, *, gap=0.0, queue_ids=64 << 19, noise=0.0, seed=0, dt=0.5):
+        self.a, self.b, self.gap, self.queue_ids, self.noise, self.dt = a, b, gap, queue_ids, \
+            noise, dt
         self.backlog = 0.0
         self.rng = np.random.default_rng(seed)
 
     def cost(self, k):
-        return self.a + self.b / k
+        """``gap``: what drawing the random gap to the next kept ID costs (sampled rates only)."""
+        return self.a + self.b if k == 1 else self.a + (self.b + self.gap) / k
 
     def interval(self, k, rate):
         offered = rate * self.dt
@@ -257,7 +260,7 @@ def test_follows_the_offered_rate_up_at_once_and_down_after_settling():
     assert 160e6 * world.cost(k_high) <= 0.5
     ks, _ = run(ctrl, world, 20e6, 60)
     assert ks[ctrl.settle - 2] == k_high                    # not before `settle` calm intervals
-    assert all(b in (a, a // 2) for a, b in zip(ks, ks[1:]))   # down one halving at a time
+    assert all(b in (a, a // 2) for a, b in itertools.pairwise(ks))   # one halving at a time
     assert k_low <= ctrl.k <= 2 * k_low and not ctrl.over_budget
     assert 20e6 * world.cost(ctrl.k) <= 0.5 * ctrl.target
 
@@ -269,6 +272,20 @@ def test_an_impossible_budget_is_reported_and_k_stops_where_sampling_stops_payin
     assert ctrl.over_budget
     assert ctrl.k < 1 << 16                                 # no point in k beyond a + b/k ~ a
     assert world.cost(ctrl.k) <= 1.1 * world.cost(1 << 16) + 1e-12
+    k = ctrl.k
+    ks, dropped = run(ctrl, world, 100e6, 30)              # drops go on: k stays where it is
+    assert dropped > 0 and set(ks) == {k} and ctrl.over_budget
+
+
+def test_a_sparse_rate_that_costs_more_than_no_sampling_does_not_stop_the_climb():
+    # at k = 2 the random gaps cost more than they save: k = 1 is cheaper than k = 2
+    world = World(a=3e-9, b=20e-9, gap=25e-9)
+    assert world.cost(2) > world.cost(1)
+    ctrl = RateController(0.5)
+    ks, _ = run(ctrl, world, 25e6, 20)
+    assert ks[0] == 2                          # the first step lands on the costlier rate
+    assert 25e6 * world.cost(ctrl.k) <= 0.5 and not ctrl.over_budget
+    assert run(ctrl, world, 25e6, 20)[1] == 0
 
 
 def test_an_idle_stream_returns_to_counting_every_id():
@@ -286,10 +303,10 @@ def test_drops_or_a_filling_queue_raise_k_without_a_cost_measurement():
     assert ctrl.observe(Interval(0.5, 0.0, 0.0, 0, 10_000, 0, 0.6)) == 16
 
 
-@pytest.mark.parametrize("kw", [dict(cpu_budget=0), dict(cpu_budget=-1),
-                                dict(cpu_budget=math.nan), dict(cpu_budget=0.5, max_k=0),
-                                dict(cpu_budget=0.5, low=0.8, target=0.7),
-                                dict(cpu_budget=0.5, settle=0)])
+@pytest.mark.parametrize("kw", [{"cpu_budget": 0}, {"cpu_budget": -1},
+                                {"cpu_budget": math.nan}, {"cpu_budget": 0.5, "max_k": 0},
+                                {"cpu_budget": 0.5, "low": 0.8, "target": 0.7},
+                                {"cpu_budget": 0.5, "settle": 0}])
 def test_controller_settings_are_checked(kw):
     with pytest.raises(ConfigError):
         RateController(**kw)

@@ -34,8 +34,11 @@ __all__ = ["Interval", "RateController"]
 _EWMA = 0.5
 #: A rate's cost measurement older than this is left out of the fit (seconds).
 _MEMORY_S = 60.0
-#: When no rate meets the budget: the smallest ``k`` within this fraction of the cheapest cost.
+#: ``k`` goes no sparser than the first rate whose predicted cost is within this fraction of the
+#: sparsest rate's (the accuracy a sparser rate loses would buy almost no CPU).
 _DIMINISHING = 0.1
+#: The sampled rates measured must span this factor before ``a + b / k`` is fitted on them.
+_SPAN = 4
 
 
 class Interval(NamedTuple):
@@ -143,22 +146,28 @@ class RateController:
 
     def _go_up(self, load: float | None) -> int | None:
         """The smallest doubling of ``k`` predicted to bring ``load`` to ``target`` (one doubling
-        without a measured load); ``over_budget`` when none does."""
+        without a measured load), never sparser than where sparser rates stop paying (what every
+        ID costs dominates: :meth:`_useful`); ``over_budget`` when no rate is enough."""
         self._calm = 0
         rates = [self.k << j for j in range(1, 64) if self.k << j <= self.max_k]
+        useful = self._useful([self.k, *rates])
+        rates = [k for k in rates if k <= useful]
+        self.over_budget = not rates
         if not rates:
-            self.over_budget = True
             return None
         if load is None:
             return self._change(rates[0])
         for k in rates:
             if load * self._ratio(k) <= self.target:
-                self.over_budget = False
                 return self._change(k)
-        self.over_budget = True   # no rate is enough: stop where a sparser one gains little
+        self.over_budget = True
+        return self._change(rates[-1])
+
+    def _useful(self, rates: list[int]) -> int:
+        """The first of ``rates`` whose predicted cost is within ``_DIMINISHING`` of the
+        sparsest's: going further would lose accuracy for (almost) no CPU."""
         floor = self._predict(rates[-1])
-        return self._change(next(k for k in [self.k, *rates]
-                                 if self._predict(k) <= floor * (1 + _DIMINISHING)))
+        return next(k for k in rates if self._predict(k) <= floor * (1 + _DIMINISHING))
 
     def _halved_load(self, load: float) -> float:
         """The load at half the rate: from the cost measured there lately, else twice this one
@@ -198,20 +207,21 @@ class RateController:
         return {k: c for k, (c, t) in self._cost.items() if self._clock - t <= _MEMORY_S}
 
     def model(self) -> tuple[float, float]:
-        """``(a, b)``: CPU seconds per ID every ID costs, and per ID kept, for sampled rates
-        (fitted on ``k >= 2`` when two of them were measured: sampling draws a random gap per kept
-        ID, which the unsampled kernel does not)."""
+        """``(a, b)``: CPU seconds per ID every ID costs, and per ID kept, for sampled rates.
+
+        Fitted on the sampled rates (``k >= 2``: sampling draws a random gap per kept ID, which
+        the unsampled kernel does not, so ``k = 1`` is off the curve) once they span a factor of
+        ``_SPAN`` (closer rates differ by less than the noise of a shared machine); until then
+        ``a = 0`` through the sparsest rate measured (or ``k = 1``)."""
         fresh = self._fresh()
         sampled = {k: c for k, c in fresh.items() if k > 1}
-        if len(sampled) >= 2:
-            fresh = sampled
         if not fresh:
             return 0.0, 1.0
-        if len(fresh) == 1:
-            (k, c), = fresh.items()
-            return 0.0, c * k
-        xs = [1.0 / k for k in fresh]
-        ys = list(fresh.values())
+        if not sampled or max(sampled) < _SPAN * min(sampled):
+            k = max(sampled or fresh)
+            return 0.0, fresh[k] * k
+        xs = [1.0 / k for k in sampled]
+        ys = list(sampled.values())
         n = len(xs)
         mx, my = sum(xs) / n, sum(ys) / n
         sxx = sum((x - mx) ** 2 for x in xs)
