@@ -11,7 +11,10 @@ thread (a batch every ``batch_ids / rate`` seconds; the JSON holds the rates act
    a process of its own), fed at 25, 50, 100, 200, 400 M IDs/s; at each rate ``--adapt-s`` seconds
    to choose the rate, then ``--measure-s`` seconds counted: drops, the CPU share of the ingest
    threads, the sampling rate. The ladder stops at the first rate with drops, after one more rate
-   halfway (geometrically) between it and the last good one. ``--runs`` runs; the median.
+   halfway (geometrically) between it and the last good one. ``--runs`` runs; the median. Also:
+   ``cpu_share_when_dropping`` (cores the ingest threads got at the first rate with drops: below
+   the budget, the machine gave no more) and ``ids_per_s_the_budget_pays_for`` (the budget over
+   the CPU seconds per ID measured: what a whole half core would ingest at that cost).
 2. Step time (``step_time_overhead`` at ``--step-rate``, 50 M IDs/s): a one-thread training loop,
    each step a fixed amount of GIL-free compute (a Numba ``nogil`` loop calibrated to
    ``batch_ids / step_rate`` seconds: 10.5 ms) plus taking the next batch; interleaved blocks of
@@ -21,10 +24,15 @@ thread (a batch every ``batch_ids / rate`` seconds; the JSON holds the rates act
    defaults: decayed statistics, ``cpu_budget=0.5``, nice 19, checks every ``--check-every-s``.
    ``--runs`` runs; the median.
 3. Accuracy (``sampled_recall_at_1000``, ``sampled_rel_err_top1000``): a sidecar with the budget,
-   the block policy (no batch lost: exact counts are known) and undecayed statistics, fed
-   ``--accuracy-ids`` IDs at the capacity found in 1 (at most 200 M IDs/s): the rate it chose and
-   changed on the way, then top-1000 recall (ties allowed) and mean relative error of the true top
-   1000 against exact counts, the worse of the two tables (``bench/ingest.py``'s measures).
+   the block policy (no batch lost: exact counts are known) and undecayed statistics, fed at the
+   capacity found in 1 (at most 200 M IDs/s) for as many IDs as the default decayed statistics
+   hold at that rate (a half-life of 4 checks weighs as much as ``4 * check_every_s / ln 2``
+   seconds counted in full: 14.4 s with checks every 2.5 s); the rate it chose and changed on the
+   way, then top-1000 recall (ties allowed) and mean relative error of the true top 1000 against
+   exact counts, the worse of the two tables (``bench/ingest.py``'s measures), from a checkpoint's
+   statistics. The same at ``--accuracy-ids`` (200M, ``bench/ingest.py``'s length) in
+   ``accuracy.by_stream_ids``: the error of a sampled count is about ``sqrt(k / f)``, so it
+   depends on how many lookups the statistics hold.
 4. Ring throughput between processes (``ring_bytes_per_s``).
 
 The machine is shared (2 cores, other engineers' jobs): the JSON holds the load average before and
@@ -53,7 +61,7 @@ from ingest import SAMPLED_STREAM_IDS, as_batches, recall_and_err, zipf_ids
 
 from flexshard_stream.online.resharder import ReshardConfig
 from flexshard_stream.online.ring import ring_throughput
-from flexshard_stream.online.sidecar import Sidecar
+from flexshard_stream.online.sidecar import Sidecar, read_checkpoint
 from flexshard_stream.placement.tables import EmbeddingTable
 from flexshard_stream.placement.topology import Topology
 from flexshard_stream.stats.batch import Batch
@@ -146,11 +154,11 @@ def capacity_run(pool: list[Batch], args) -> dict:
             log(f"  {levels[-1]['rate'] / 1e6:5.0f} M IDs/s: {levels[-1]}")
     ok = [lv for lv in levels if not lv["dropped_ids"]]
     best = max(ok, key=lambda lv: lv["rate"]) if ok else None
-    last = levels[-1]
+    dropping = [lv for lv in levels if lv["dropped_ids"]]
     return {"max_offered_ids_per_s": best["offered_ids_per_s"] if best else 0.0,
             "sample_k": best["sample_k"] if best else None,
             "cpu_share": best["cpu_share"] if best else None,
-            "cpu_share_when_dropping": last["cpu_share"] if last["dropped_ids"] else None,
+            "cpu_share_when_dropping": dropping[0]["cpu_share"] if dropping else None,
             "ids_per_s_the_budget_pays_for": max(
                 (lv["ids_per_s_the_budget_pays_for"] for lv in levels
                  if math.isfinite(lv["ids_per_s_the_budget_pays_for"])), default=math.nan),
@@ -245,28 +253,47 @@ def step_run(pool: list[Batch], n_iter: int, args) -> dict:
 # ----------------------------------------------------------------------------- 3. accuracy
 
 
+def memory_s(args) -> float:
+    """Seconds of traffic the sidecar's default statistics hold: decayed with a half-life of 4
+    checks, they weigh as much as ``half_life / ln 2`` seconds counted in full."""
+    return 4 * args.check_every_s / math.log(2)
+
+
 def accuracy_run(pool: list[Batch], rate: float, args) -> dict:
-    """``--accuracy-ids`` IDs (whole cycles of the pool) through a sidecar with the budget at
-    ``rate``; recall and error of the worse table against exact counts."""
-    cycles = max(1, round(args.accuracy_ids / (len(pool) * pool[0].num_values)))
+    """Whole cycles of the pool through a sidecar with the budget at ``rate``, undecayed
+    statistics; at ``--accuracy-ids`` IDs and at what the default decayed statistics hold at this
+    rate (:func:`memory_s`), a checkpoint's statistics against exact counts: recall and error of
+    the worse table."""
+    per_cycle = len(pool) * pool[0].num_values
+    held = max(1, round(rate * memory_s(args) / per_cycle))     # the figure reported
+    marks = sorted({max(1, round(args.accuracy_ids / per_cycle)), held})
+    snapshots, done, t0 = {}, 0, time.perf_counter()
     with new_sidecar(Path(tempfile.mkdtemp(prefix="bench-sidecar-")), args,
                      cpu_budget=args.budget, nice=args.capacity_nice, policy="block",
                      stats=StreamStats({k: ROWS for k in KEYS})) as sc:
-        _, dt = paced(sc, pool, rate, count=cycles * len(pool))
-        sc.flush(600)
+        for cycles in marks:
+            paced(sc, pool, rate, count=(cycles - done) * len(pool))
+            done = cycles
+            snapshots[cycles] = read_checkpoint(sc.checkpoint(600))[3]["stats.fss"]
         st = sc.stats()
-    res = {"offered_ids_per_s": cycles * len(pool) * pool[0].num_values / dt,
-           "stream_ids": cycles * len(pool) * pool[0].num_values,
-           "sample_k": st.sample_k, "sample_k_changes": st.sample_k_changes,
-           "sampled_recall_at_1000": 1.0, "sampled_rel_err_top1000": 0.0}
-    for key in KEYS:
-        ids = np.concatenate([b.values[b.key_offsets()[b.keys.index(key)]:
-                                       b.key_offsets()[b.keys.index(key) + 1]] for b in pool])
-        recall, err = recall_and_err(sc.stats_object[key], ids, repeat=cycles)
-        res["sampled_recall_at_1000"] = min(res["sampled_recall_at_1000"], recall)
-        res["sampled_rel_err_top1000"] = max(res["sampled_rel_err_top1000"], err)
-        d = sc.stats_object[key].distinct()[0]
-        res[f"distinct_rel_err_{key}"] = abs(d - np.unique(ids).size) / np.unique(ids).size
+    res = {"offered_ids_per_s": done * per_cycle / (time.perf_counter() - t0),
+           "sample_k": st.sample_k, "sample_k_changes": st.sample_k_changes, "by_stream_ids": {}}
+    for cycles, blob in snapshots.items():
+        stats = StreamStats.from_bytes(blob)
+        res["by_stream_ids"][cycles * per_cycle] = acc = {
+            "sample_k": stats.config.sample_k, "sampled_recall_at_1000": 1.0,
+            "sampled_rel_err_top1000": 0.0, "distinct_rel_err": 0.0}
+        for key in KEYS:
+            ids = np.concatenate([b.values[b.key_offsets()[b.keys.index(key)]:
+                                           b.key_offsets()[b.keys.index(key) + 1]] for b in pool])
+            recall, err = recall_and_err(stats[key], ids, repeat=cycles)
+            acc["sampled_recall_at_1000"] = min(acc["sampled_recall_at_1000"], recall)
+            acc["sampled_rel_err_top1000"] = max(acc["sampled_rel_err_top1000"], err)
+            true_distinct = np.unique(ids).size
+            acc["distinct_rel_err"] = max(acc["distinct_rel_err"], abs(
+                stats[key].distinct()[0] - true_distinct) / true_distinct)
+    res.update(res["by_stream_ids"][held * per_cycle])
+    res["stream_ids"] = held * per_cycle
     return res
 
 
@@ -288,22 +315,23 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--adapt-s", type=float, default=None, help="seconds per rate to adapt "
                     "(1; full: 3)")
     ap.add_argument("--measure-s", type=float, default=None, help="seconds per rate measured "
-                    "(1.5; full: 5)")
+                    "(1.25; full: 5)")
     ap.add_argument("--capacity-nice", type=int, default=0, help="nice of the capacity and "
                     "accuracy sidecars (0, as the ring command)")
     ap.add_argument("--step-rate", type=float, default=5e7, help="offered IDs/s of the step test")
     ap.add_argument("--reps", type=int, default=None, help="pairs of blocks per step run "
-                    "(10; full: 60)")
+                    "(8; full: 60)")
     ap.add_argument("--steps", type=int, default=10, help="steps per block")
-    ap.add_argument("--check-every-s", type=float, default=5.0, help="seconds between checks")
+    ap.add_argument("--check-every-s", type=float, default=2.5, help="seconds between checks "
+                    "(the decayed statistics' half-life is 4 checks)")
     ap.add_argument("--accuracy-ids", type=float, default=SAMPLED_STREAM_IDS,
-                    help="IDs of the accuracy stream")
+                    help="IDs of the second accuracy figure (bench/ingest.py's stream length)")
     args = ap.parse_args(argv)
     quick = args.quick
     args.runs = args.runs or (3 if quick else 5)
     args.adapt_s = args.adapt_s or (1.0 if quick else 3.0)
-    args.measure_s = args.measure_s or (1.5 if quick else 5.0)
-    args.reps = args.reps or (10 if quick else 60)
+    args.measure_s = args.measure_s or (1.25 if quick else 5.0)
+    args.reps = args.reps or (8 if quick else 60)
     return args
 
 

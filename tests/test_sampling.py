@@ -197,8 +197,8 @@ def test_tables_on_an_executor_give_the_statistics_of_one_thread():
 
 class World:
     """A simulated ingest thread: ``cost(k)`` CPU seconds per ID (``a + (b + gap) / k``; the
-    unsampled kernel ``a + b``), one core, a queue of ``queue_ids``; ``noise``: relative error of each
-    interval's cost measurement."""
+    unsampled kernel ``a + b``), one core, a queue of ``queue_ids``; ``noise``: relative error of
+    each interval's cost measurement."""
 
     def __init__(self, a, b, *, gap=0.0, queue_ids=64 << 19, noise=0.0, seed=0, dt=0.5):
         self.a, self.b, self.gap, self.queue_ids, self.noise, self.dt = a, b, gap, queue_ids, \

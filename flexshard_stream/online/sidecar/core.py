@@ -169,7 +169,7 @@ class Sidecar:
         if ingest_threads is None:
             ingest_threads = max(1, min(math.ceil(cpu_budget or 1), os.cpu_count() or 1,
                                         len(self.tables)))
-        self.cpu_budget, self.configured_sample_k = cpu_budget, k
+        self.cpu_budget, self._configured_k = cpu_budget, k
         return Sampling(self._stats, TableThreads(ingest_threads, nice), controller)
 
     def _build(self, memory: Any, model: Any, planner: Any, plan: Plan | None, callback: Any,
@@ -359,7 +359,8 @@ class Sidecar:
         s = self.stats()
         return (f"Sidecar({str(self.out_dir)!r}, policy={self.policy!r}, "
                 f"accepted={s.accepted}, dropped={s.dropped}, queued={s.queued_batches}, "
-                f"plan_seq={s.plan_seq}, sample_k={s.sample_k}{', closed' if self._closed else ''})")
+                f"plan_seq={s.plan_seq}, sample_k={s.sample_k}"
+                f"{', closed' if self._closed else ''})")
 
     # ================================================================== start / resume
     def _resume(self) -> bool:
@@ -368,11 +369,11 @@ class Sidecar:
                    ingest=self._ingest, publisher=self._publisher, check_plan=self._check_plan)
         self._ledger.go_on(r)
         k = self._stats.config.sample_k
-        if self.cpu_budget is None and k != self.configured_sample_k:
+        if self.cpu_budget is None and k != self._configured_k:
             # a fixed rate is the configured one: the restored counts are rescaled to it
             log.info("sidecar: the checkpoint was sampled 1 in %d; going on at the configured "
-                     "1 in %d", k, self.configured_sample_k)
-            self._stats.resample(self.configured_sample_k)
+                     "1 in %d", k, self._configured_k)
+            self._stats.resample(self._configured_k)
         return r.taken_up
 
     def _check_plan(self, plan: Plan, where: Path) -> None:

@@ -27,7 +27,7 @@ from .cores import TableThreads
 from .loader import batch_bytes
 from .rate import Interval, RateController
 
-__all__ = ["BoundedQueue", "IngestWorker", "Ingested", "SidecarStats"]
+__all__ = ["BoundedQueue", "IngestWorker", "Ingested", "Sampling", "SidecarStats"]
 
 _QUEUE_COUNTS = ("submitted", "accepted", "dropped", "submitted_ids", "accepted_ids",
                  "dropped_ids", "max_queued_batches", "max_queued_ids", "max_queued_bytes")
