@@ -2,8 +2,8 @@
 stays within a CPU budget at the offered load, without dropping batches.
 
 :class:`RateController` is the decision alone (no threads, no clocks): the ingest thread hands it
-one :class:`Interval` of measurements every ``interval_s`` seconds and applies the ``k`` it
-returns between two batches (``resample``, docs/STATISTICS.md). The model: ingesting one ID costs
+one :class:`Interval` of measurements about every half second (``ingest.SAMPLING_INTERVAL_S``)
+and applies the ``k`` it returns between two batches (``resample``, docs/STATISTICS.md). The model: ingesting one ID costs
 ``a + b / k`` CPU seconds (``a``: what every ID costs: validation, its hash, the HyperLogLog
 register; ``b``: what only kept IDs cost: count-min, heavy hitters, and one sample in ``k`` of the
 length sketch), fitted on the costs measured at the rates used recently. The load is the CPU the
