@@ -1400,6 +1400,9 @@ def sidecar_command(
         status_every: float = typer.Option(0.0, help="Print a status line every this many "
                                            "seconds (0: never)."),
         unlink: bool = typer.Option(False, help="At shutdown, drain the ring and remove it."),
+        cpu_budget: float = typer.Option(0.5, help="Cores the ingestion may use: above it the "
+                                         "sidecar samples one ID in k, k chosen from the offered "
+                                         "rate (0: never sample; docs/SIDECAR.md)."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress to stderr.")):
     """Consume a shared-memory ring of batches: statistics, re-sharding, published plans and
     deltas, checkpoints; clean shutdown (final checkpoint) on SIGTERM/SIGINT. Prints JSON lines
@@ -1425,7 +1428,8 @@ def sidecar_command(
                     memory=MemoryPolicy(bytes_per_gpu=memory_bytes),
                     model=CostModel(dedup=dedup, profile=profile),
                     checkpoint_every_s=checkpoint_every or None, queue_batches=queue_batches,
-                    resume=resume, status_every_s=status_every, unlink=unlink, ids=ids)
+                    resume=resume, status_every_s=status_every, unlink=unlink, ids=ids,
+                    cpu_budget=cpu_budget or None)
 
 
 def main() -> None:
