@@ -744,7 +744,7 @@ def _print_plan(doc: Mapping[str, Any], p, result) -> None:
          f"({topo.num_gpus} GPUs, {hbm} HBM each) written to {doc['out']}")
     _say(f"made for B = {s['batch_size']} samples per GPU, de-duplication "
          f"{'on' if s['dedup'] else 'off'}, IDs {s['ids']}; tables {s['tables_source']}; "
-         f"figures {_profile_label(doc['profile'])}.")
+         f"{_profile_label(doc['profile'])} figures.")
     for issue in doc["torchrec_issues"]:
         _warn(f"TorchRec 1.8 cannot run this as planned: {issue}")
     if doc.get("equals"):
@@ -937,8 +937,8 @@ def _print_evaluation(results: Mapping[str, Mapping[str, Any]], plans) -> None:
     first = next(iter(results.values()))
     topo = plans[0][1].topology
     _say(f"per iteration: {topo.num_gpus} GPUs x B = {first['batch_size']} samples, "
-         f"de-duplication {'on' if first['dedup'] else 'off'}, figures "
-         f"{_profile_label(first['profile'])}; "
+         f"de-duplication {'on' if first['dedup'] else 'off'}, "
+         f"{_profile_label(first['profile'])} figures; "
          + "; ".join(f"{r['label']}: {r['iterations']:,} iterations, IDs {r['ids']}"
                      for r in results.values()))
     labels = [r["label"] for r in results.values()]
@@ -1059,8 +1059,8 @@ def _print_replay(res) -> None:
     st = tot["strategies"]
     _say(f"{tot['windows']} window(s) of {s['window']['describe']}, {tot['iterations']:,} "
          f"iteration(s) x {s['samples_per_iteration']:,} samples (B = {s['batch_size']}), "
-         f"de-duplication {'on' if s['model']['dedup'] else 'off'}; per iteration, figures "
-         f"{_profile_label(s['model'].get('profile', 'ideal'))}:")
+         f"de-duplication {'on' if s['model']['dedup'] else 'off'}; per iteration, "
+         f"{_profile_label(s['model'].get('profile', 'ideal'))} figures:")
     typer.echo(_cost_rows([(n, st[n]) for n in REPLAYED], vs_rw=True))
     rs, sta = st["resharder"].get("speedup_vs_rw"), st["static"].get("speedup_vs_rw")
     _say(f"rw: row-wise; twrw: table-row-wise; static: a FlexShard plan made on the first "
@@ -1433,6 +1433,9 @@ def sidecar_command(
         status_every: float = typer.Option(0.0, help="Print a status line every this many "
                                            "seconds (0: never)."),
         unlink: bool = typer.Option(False, help="At shutdown, drain the ring and remove it."),
+        cpu_budget: float = typer.Option(0.5, help="Cores the ingestion may use: above it the "
+                                         "sidecar samples one ID in k, k chosen from the offered "
+                                         "rate (0: never sample; docs/SIDECAR.md)."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress to stderr.")):
     """Consume a shared-memory ring of batches: statistics, re-sharding, published plans and
     deltas, checkpoints; clean shutdown (final checkpoint) on SIGTERM/SIGINT. Prints JSON lines
@@ -1458,7 +1461,8 @@ def sidecar_command(
                     memory=MemoryPolicy(bytes_per_gpu=memory_bytes),
                     model=CostModel(dedup=dedup, profile=profile),
                     checkpoint_every_s=checkpoint_every or None, queue_batches=queue_batches,
-                    resume=resume, status_every_s=status_every, unlink=unlink, ids=ids)
+                    resume=resume, status_every_s=status_every, unlink=unlink, ids=ids,
+                    cpu_budget=cpu_budget or None)
 
 
 def main() -> None:

@@ -46,7 +46,8 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
              config: ReshardConfig | None = None, half_life: float | None = None,
              memory: Any = None, model: Any = None, checkpoint_every_s: float | None = 60.0,
              queue_batches: int = 64, resume: bool = True, status_every_s: float = 0.0,
-             unlink: bool = False, stop: threading.Event | None = None,
+             unlink: bool = False, cpu_budget: float | None = 0.5,
+             stop: threading.Event | None = None,
              emit: Callable[[Mapping[str, Any]], None] = _emit,
              handle_signals: bool = True, ids: Any = None) -> dict[str, Any]:
     """Consume ring ``ring`` (created if missing) into a :class:`Sidecar` until ``stop`` is set
@@ -55,7 +56,8 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
     ``emit`` receives JSON-able events: ``resume``, ``ready``, ``status`` (every
     ``status_every_s`` seconds, 0: never) and ``stopped``. Records left in the ring at shutdown
     stay there for the next run (unless ``unlink``: then they are drained first and the ring file
-    removed).
+    removed). ``cpu_budget``: cores the ingestion may use (:class:`Sidecar`; None: no sampling
+    beyond the statistics' configured rate).
 
     ``ids`` (``"raw"``, ``"hash"`` or ``"hash:ROWS"``, :class:`~flexshard_stream.sources.logs.
     IdMode`): with a hash mode every batch read from the ring has its IDs taken modulo the
@@ -82,7 +84,8 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
             sc = Sidecar(tabs, topo, batch_size, out_dir=out, stats=stats, config=cfg,
                          memory=memory, model=model, queue_batches=queue_batches, queue_ids=None,
                          queue_bytes=None, policy="block", checkpoint_every_s=checkpoint_every_s,
-                         resume=resume, nice=0, source=src, source_batches=read0, source_ids=ids0)
+                         resume=resume, nice=0, source=src, source_batches=read0, source_ids=ids0,
+                         cpu_budget=cpu_budget)
             _ring_loss(sc, r, read0, ids0)
             emit({"event": "resume", **sc.resume_report.to_dict()})
             emit({"event": "ready", "ring": str(r.path), "pid": os.getpid(), "slots": r.slots,
