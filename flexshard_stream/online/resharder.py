@@ -1,17 +1,21 @@
 """The incremental re-sharder: moves the replication threshold online as the row distribution drifts.
 
-Fed batches (or pointed at a :class:`~flexshard_stream.stats.window.DecayedStats` /
-:class:`~flexshard_stream.stats.window.WindowedStats` view), it checks every ``check_every`` batches or
-seconds: it plans the target with the FlexShard planner on the current statistics, prices the
-current plan on the same statistics (one evaluator, ``evaluate_analytic``), and computes the
-:class:`~flexshard_stream.placement.delta.PlanDelta`. A change is applied only when its modelled saving over
-the horizon beats its migration time by the hysteresis margin; when the whole delta moves more than
-the migration budget of one check, the largest gains go first: the rows the target promotes in
-decreasing access probability, the rows it demotes in increasing probability, a fraction of each
-(1, 1/2, 1/4, ...) chosen so the step fits both the migration budget and the memory budget. A
-re-plan that fails (bad statistics, infeasible budget) keeps the current plan and says why. Every
-check returns its :class:`Decision`; the caller publishes one that carries a delta (the re-sharder
-calls nothing back). The decision rule is documented in docs/RESHARDER.md.
+Fed batches (or pointed at a :class:`~flexshard_stream.stats.window.WindowedStats` /
+:class:`~flexshard_stream.stats.window.DecayedStats` view; :func:`default_stats` by default), it
+checks every ``check_every`` batches or seconds: it plans the target with the FlexShard planner on
+the current statistics, prices the current plan on the same statistics (one evaluator,
+``evaluate_analytic``), and computes the :class:`~flexshard_stream.placement.delta.PlanDelta`. It
+is judged, and decides, on total cost: communication + migration transfer + a fixed pause per
+applied delta (:func:`~flexshard_stream.placement.delta.migration_cost`; :class:`CostLedger`). A
+change is applied only when its modelled saving over the horizon beats ``(1 + hysteresis)`` times
+its pause and transfer, the horizon and hysteresis following the measured drift rate
+(:class:`DriftMeter`); a change that does not pay waits and goes with the next. When the whole
+delta moves more than the migration budget of one check, the largest gains go first: the rows the
+target promotes in decreasing access probability, the rows it demotes in increasing probability, a
+fraction of each (1, 3/4, 1/2, ...) chosen so the step fits both the migration budget and the
+memory budget. A re-plan that fails (bad statistics, infeasible budget) keeps the current plan and
+says why. Every check returns its :class:`Decision`; the caller publishes one that carries a delta
+(the re-sharder calls nothing back). The decision rule is documented in docs/RESHARDER.md.
 """
 
 from __future__ import annotations
@@ -683,7 +687,8 @@ class Resharder:
         ``G x batch_size``); they are priced with the plan in force (:attr:`cost`) and scale the
         horizon. Returns the :class:`Decision`; when it carries a ``delta``, :attr:`plan` moved by
         it (the caller publishes the change). Never raises for a failed re-plan: the decision says
-        ``failed`` and why, and the current plan stays in force.
+        ``failed`` and why, and the current plan stays in force. A negative or non-finite
+        ``iterations`` is a ConfigError (nothing changes).
         """
         cfg = self.config
         n = self.checks
@@ -723,10 +728,10 @@ class Resharder:
     def _iterations_since(self, iterations: float | None) -> float:
         """Training iterations since the previous check (see :meth:`check`); resets the count of
         samples fed."""
+        if iterations is not None and not (math.isfinite(iterations) and iterations >= 0):
+            raise ConfigError(f"iterations must be a finite number >= 0, got {iterations!r}")
         samples, self._samples = self._samples, 0
         if iterations is not None:
-            if not (math.isfinite(iterations) and iterations >= 0):
-                raise ConfigError(f"iterations must be a finite number >= 0, got {iterations!r}")
             return float(iterations)
         if self.config.iterations_per_check is not None:
             return float(self.config.iterations_per_check)
