@@ -578,7 +578,8 @@ def main(argv=None):
     pauses = [args.pause, 0.0, 10 * args.pause]
     t0 = time.perf_counter()
     log(f"== drift bench (2x8, dedup {'on' if args.dedup else 'off'}, a window = "
-        f"{args.iterations_per_window:g} iterations, pauses {pauses} s, {args.stats} statistics)")
+        f"{args.iterations_per_window:g} iterations, pauses {pauses} s, {args.stats} statistics, "
+        f"{model.execution.label} figures)")
     names = [n for n in (*SYNTHETIC, "movielens", "criteo")
              if not args.only or n in args.only.split(",")]
     resharder_module.plan_flexshard = MemoPlanner(resharder_module.plan_flexshard)
