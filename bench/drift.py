@@ -592,7 +592,8 @@ def main(argv=None):
     per = {n: r for n, r in done.items() if "error" not in r}
     errors = {n: r for n, r in done.items() if "error" in r}
     by_pause = {str(p): aggregate(per, p) for p in pauses}
-    result = {"quick": args.quick, "dedup": args.dedup, "stats": args.stats, "profile": args.profile,
+    result = {"quick": args.quick, "dedup": args.dedup, "stats": args.stats,
+              "profile": args.profile,
               "iterations_per_window": args.iterations_per_window,
               "checks_per_window": args.checks_per_window, "pause_s": args.pause,
               "pauses": pauses, **by_pause[str(args.pause)], "by_pause": by_pause,

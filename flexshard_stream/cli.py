@@ -175,8 +175,8 @@ def _default_trace() -> Path:
     from .data import DEFAULT_TRACE
     if DEFAULT_TRACE.exists():
         return DEFAULT_TRACE
-    raise FlexShardError("the embedded default trace is missing; regenerate it with "
-                         "`python -m flexshard_stream.sources.synth default data/default_trace.parquet`")
+    raise FlexShardError("the embedded default trace is missing; regenerate it with `python -m "
+                         "flexshard_stream.sources.synth default data/default_trace.parquet`")
 
 
 def _stderr_console():
@@ -1004,7 +1004,8 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
 
 # ============================================================================ replay, demo, report
 class _ReplayProgress:
-    """A rich progress bar on stderr fed by :func:`flexshard_stream.online.replay.replay`'s callback."""
+    """A rich progress bar on stderr fed by the callback of
+    :func:`flexshard_stream.online.replay.replay`."""
 
     def __init__(self, enabled: bool = True):
         from rich.progress import (
