@@ -807,6 +807,45 @@ def test_torch_remap_equals_the_numpy_twin(tmp_path_factory, plan, node_replicas
     assert np.array_equal(scripted(ids).numpy(), ex.remaps[name].dense())
 
 
+def _split_in_worker(remap, batch):
+    """A DataLoader's collate step: the KJT of original IDs through KJTRemap, in the worker."""
+    from torch.utils.data import get_worker_info
+
+    split, masks = remap.split(_kjt(batch, weighted=True))
+    return get_worker_info().id, split, masks
+
+
+def test_torch_remap_runs_in_dataloader_workers(tmp_path):
+    """KJTRemap applied in the data loader, as a training script runs it: a real DataLoader of 2
+    worker processes remaps every batch's KJT there, and what reaches the training process equals
+    the numpy twin on the same batch."""
+    pytest.importorskip("torchrec")
+    from functools import partial
+
+    from torch.utils.data import DataLoader
+
+    from flexshard_stream.placement.torchrec_loader import KJTRemap
+
+    plan = Plan("two", TOPO, list(_tiered_plan("pooled").tables.values())
+                + [TablePlan(EmbeddingTable("s", 64, 8), ColdSharding.hashed(range(8)),
+                             global_ids=[1, 5], placed_ids=[7], placed_gpus=[2])])
+    _, ex = _export(plan, tmp_path)
+    rng = np.random.default_rng(4)
+    batches = [_random_batch(plan, rng, 5 + i) for i in range(6)]
+    loader = DataLoader(batches, batch_size=None, num_workers=2,
+                        collate_fn=partial(_split_in_worker, KJTRemap(ex)))
+    workers = set()
+    for batch, (worker, split, masks) in zip(batches, loader, strict=True):
+        workers.add(worker)
+        want, want_masks = ex.remap_batch(batch)
+        assert split.keys() == list(want.keys)
+        assert np.array_equal(split.values().numpy(), want.values)
+        assert np.array_equal(split.lengths().numpy(), want.lengths)
+        assert np.array_equal(split.weights().numpy(), want.weights)
+        assert all(np.array_equal(masks[k].numpy(), want_masks[k]) for k in want_masks)
+    assert workers == {0, 1}
+
+
 def test_torch_remap_refuses_ids_out_of_range(tmp_path):
     pytest.importorskip("torchrec")
     import torch

@@ -592,7 +592,8 @@ def rank_main(rank: int, job: RankJob) -> None:
 
 
 def _rank_command(job_path: Path, rank: int) -> list[str]:
-    return [sys.executable, "-m", "flexshard_stream.online.torchrec_world", str(job_path), str(rank)]
+    return [sys.executable, "-m", "flexshard_stream.online.torchrec_world", str(job_path),
+            str(rank)]
 
 
 def _child_env() -> dict[str, str]:

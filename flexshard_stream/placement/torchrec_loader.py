@@ -47,8 +47,8 @@ from .export_torchrec import (
 )
 from .id_remap import IdRemap
 
-__all__ = ["remap_ids", "TableRemap", "KJTRemap", "EmbeddingModules", "exported_embeddings", "exported_modules",
-           "sharding_plan_from_doc", "MODULE_PATHS"]
+__all__ = ["remap_ids", "TableRemap", "KJTRemap", "EmbeddingModules", "exported_embeddings",
+           "exported_modules", "sharding_plan_from_doc", "MODULE_PATHS"]
 
 #: Default module paths of the two collections in :class:`EmbeddingModules`.
 MODULE_PATHS: Dict[str, str] = {"EmbeddingBagCollection": "ebc", "EmbeddingCollection": "ec"}
