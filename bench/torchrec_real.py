@@ -14,8 +14,10 @@ de-duplication has no CPU kernel) when this checkout has it, else the byte formu
 (``expected_export_collectives``); the JSON says which (``model``).
 
 Then a 10^9-row table (FlexShard's node replicas plus 400,000 rows replicated or placed by hand,
-weighted cold ranges, 4 x 8 GPUs) is exported: wall seconds and the peak of Python and numpy
-allocations during the call (``tracemalloc``), and the same for hashed 64-bit IDs (2**63 - 1 rows).
+weighted cold ranges, 4 x 8 GPUs) is exported: wall seconds, the peak of Python and numpy
+allocations during the call (``tracemalloc``: ``export_peak_mb_1e9_rows``) and, as a check from the
+operating system, the peak resident memory above the process's before the call (``VmHWM`` after a
+reset: ``export_peak_rss_growth_mb_1e9_rows``); the same for hashed 64-bit IDs (2**63 - 1 rows).
 
     python bench/torchrec_real.py --quick    # B = 8 per rank, 2 iterations: under 3 minutes
     python bench/torchrec_real.py            # B = 32 per rank, 4 iterations
@@ -156,15 +158,43 @@ def big_plan(num_rows: int, cold: ColdSharding, seed: int = 0) -> Plan:
         placed_gpus=rng.integers(0, 32, p.size).astype(np.int32))])
 
 
+def _status_kb(field: str) -> int | None:
+    """A ``VmRSS`` / ``VmHWM`` figure of this process (kB; None off Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's resident high-water mark (Linux ``clear_refs`` 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def timed_export(plan: Plan, work: Path) -> dict:
-    """Wall seconds and tracemalloc peak (MB) of one export; the remap's bytes."""
+    """Wall seconds of one export, its peak of Python and numpy allocations (``tracemalloc``,
+    MB) and its peak resident memory above the process's before the call (``VmHWM`` after a
+    reset, MB; None where Linux's counters are missing); the remap's bytes."""
+    rss0 = _status_kb("VmRSS")
+    reset = _reset_peak_rss()
     tracemalloc.start()
     t0 = time.perf_counter()
     m = export_torchrec(plan, work)
     seconds = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return {"seconds": seconds, "peak_mb": peak / 1e6,
+    hwm = _status_kb("VmHWM")
+    rss_mb = (hwm - rss0) / 1e3 if (reset and rss0 is not None and hwm is not None) else None
+    return {"seconds": seconds, "peak_mb": peak / 1e6, "peak_rss_growth_mb": rss_mb,
             "remap_bytes": sum(e["remap_bytes"] for e in m["tables"]),
             "rows": m["tables"][0]["source_table"]["num_rows"]}
 
@@ -207,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         res["export"] = big
         res["export_seconds_1e9_rows"] = big["1e9_rows"]["seconds"]
         res["export_peak_mb_1e9_rows"] = big["1e9_rows"]["peak_mb"]
+        res["export_peak_rss_growth_mb_1e9_rows"] = big["1e9_rows"]["peak_rss_growth_mb"]
         has_torch = all(_importable(m) for m in ("torch", "torchrec"))
         res["torch"] = has_torch
         if not has_torch:
