@@ -9,7 +9,8 @@ after it is built; ``submit`` never blocks (a full slot drops and counts, see ri
     python examples/ring_workers.py --out /tmp/sidecar-ring --workers 2 --steps 200
 
 starts the sidecar itself (``--no-spawn`` if one already runs with the same ``--ring``), trains,
-then stops it with SIGTERM (a clean shutdown: final checkpoint).
+then stops it with SIGTERM (a clean shutdown: final checkpoint; the sidecar it started drains and
+removes the ring).
 """
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
         sidecar = subprocess.Popen(
             [sys.executable, "-m", "flexshard_stream.cli", "sidecar", "--ring", args.ring,
              "--tables", str(tables), "--topology", "2x8", "--out", args.out,
-             "--batch-size", str(args.batch_size), "--slots", str(max(8, args.workers))],
+             "--batch-size", str(args.batch_size), "--slots", str(max(8, args.workers)),
+             "--unlink"],                             # it made the ring: remove it at the end
             stdout=subprocess.PIPE, text=True)
         for line in sidecar.stdout:                   # JSON lines: wait until it is ready
             if json.loads(line)["event"] == "ready":

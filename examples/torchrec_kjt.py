@@ -1,10 +1,12 @@
 """The sidecar on a loader of TorchRec KeyedJaggedTensors (multi-hot features).
 
 The collate function builds one ``KeyedJaggedTensor`` per batch (key-major lengths and values,
-TorchRec's layout); the sidecar reads it through ``Batch.from_kjt`` (DLPack, zero-copy for int64
-CPU tensors). Submit on the CPU copy, before ``kjt.to(device)``.
+TorchRec's layout) in the loader's ``--workers`` worker processes (2 by default); the sidecar
+reads it in the training process through ``Batch.from_kjt`` (DLPack, zero-copy for int64 CPU
+tensors: the Batch views the KJT's shared-memory tensors). Submit on the CPU copy, before
+``kjt.to(device)``.
 
-    python examples/torchrec_kjt.py --out /tmp/sidecar-kjt --steps 200
+    python examples/torchrec_kjt.py --out /tmp/sidecar-kjt --steps 200 --workers 2
 """
 from __future__ import annotations
 
@@ -54,10 +56,11 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--out", required=True, help="sidecar output directory")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     args = ap.parse_args(argv)
 
     loader = DataLoader(Sessions(args.steps * args.batch_size), batch_size=args.batch_size,
-                        collate_fn=collate_kjt)
+                        collate_fn=collate_kjt, num_workers=args.workers)
     with Sidecar(TABLES, Topology.uniform(1, 2), batch_size=args.batch_size, out_dir=args.out,
                  config=ReshardConfig(check_every=50, top_k=1024), resume=True) as sidecar:
         for kjt in sidecar.attach(loader):

@@ -4,9 +4,9 @@ Commands: ``stats`` (sketch parquet/CSV logs and print per-table statistics, ``-
 machines), ``tables`` (a tables file sized for a log), ``plan``, ``evaluate``, ``replay`` (windows
 of a log through rw, twrw, static FlexShard and the re-sharder; docs/REPLAY.md), ``report`` (HTML
 and PNGs of a replay directory), ``demo`` (replay the embedded default trace and write the
-report), ``merge`` (statistics snapshots of many hosts into one; docs/SCALING.md) and ``sidecar``
-(statistics and re-sharding fed by a shared-memory ring; docs/SIDECAR.md). docs/CLI.md walks
-through them.
+report), ``merge`` (statistics snapshots of many hosts into one; docs/SCALING.md), ``sidecar``
+(statistics and re-sharding fed by a shared-memory ring; docs/SIDECAR.md) and ``export`` (a plan
+for TorchRec; docs/TORCHREC_EXPORT.md). docs/CLI.md walks through them.
 
 Start-up: this module imports only typer and two standard-library-only modules (units, ID modes)
 at the top; every command imports what it needs (numpy, Numba, polars, pyarrow, matplotlib, Ray)
@@ -1330,6 +1330,39 @@ def report_cmd(directory: Path = typer.Argument(..., help="A directory written b
         _fail(f"cannot write the report into {directory}: {e}")
     _say(f"report written to {html.resolve()} with {len(PICTURES)} pictures: "
          + ", ".join(PICTURES))
+
+
+#: ``export_torchrec.COLD_SHARDINGS`` and ``NODE_REPLICAS`` (spelled here: the module is imported
+#: only when the command runs; tests/test_export_torchrec.py checks they agree).
+EXPORT_COLD_SHARDINGS = ("auto", "row_wise", "table_row_wise", "table_wise")
+EXPORT_NODE_REPLICAS = ("hot", "cold")
+
+
+@app.command("export")
+def export_command(
+        plan_dir: Path = typer.Option(..., "--plan", help="Plan directory (flexshard-stream plan "
+                                      "--out)."),
+        out: Path = typer.Option(..., "--out", help="Export directory to write (an export there "
+                                 "is replaced; a file or another non-empty directory is "
+                                 "refused)."),
+        cold_sharding: str = typer.Option("auto", callback=_choice(EXPORT_COLD_SHARDINGS,
+                                                                   "--cold-sharding"),
+                                          help="TorchRec sharding of the cold rows: auto | "
+                                          "row_wise | table_row_wise | table_wise."),
+        node_replicas: str = typer.Option("hot", callback=_choice(EXPORT_NODE_REPLICAS,
+                                                                  "--node-replicas"),
+                                          help="Node replicas (no TorchRec equivalent): hot "
+                                          "(replicated on every GPU) | cold."),
+        json_out: bool = typer.Option(False, "--json", help="Print the manifest as JSON.")) -> None:
+    """Export a plan for TorchRec 1.8: tables, constraints, ShardingPlan, ID remap
+    (docs/TORCHREC_EXPORT.md). Needs no torch."""
+    from .placement.export_torchrec import describe_export, export_torchrec
+    from .placement.plan import Plan
+
+    manifest = export_torchrec(Plan.load(plan_dir), out, cold_sharding=cold_sharding,
+                               node_replicas=node_replicas)
+    typer.echo(json.dumps(manifest) if json_out
+               else "\n".join(describe_export(manifest) + [f"written to {out}"]))
 
 
 @app.command("merge")

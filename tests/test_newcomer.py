@@ -281,7 +281,7 @@ def test_replay_takes_the_plan_and_the_report_reads_well(here):
     pytest.importorskip("matplotlib")
     cli("report", "rep_h")
     html = Path("rep_h/report.html").read_text()
-    assert "Apply this plan" in html and "export_torchrec" in html
+    assert "Apply this plan" in html and "flexshard-stream export --plan plans/" in html
     assert "TORCHREC_EXPORT.md" in html and re.search(r"start \(UTC\)", html)
     assert re.search(r"<td>20\d\d-\d\d-\d\d \d\d:\d\d</td>", html)
 

@@ -177,4 +177,4 @@ def test_epoch_windows_show_dates_and_the_report_says_how_to_apply_it(rep, tmp_p
     assert "Apply this plan" in html and "plans/" in html and "TORCHREC_EXPORT.md" in html
     best = min(("static", "resharder"),
                key=lambda n: s["totals"]["strategies"][n]["comm_time_s_per_iter"])
-    assert f"Plan.load(&#x27;plans/{best}&#x27;)" in html
+    assert f"flexshard-stream export --plan plans/{best} --out torchrec" in html

@@ -2,6 +2,11 @@
 KeyedJaggedTensors of the shared real traces, its outputs and gradients against the unsharded
 modules, and every collective it issues against the byte formulas of docs/TORCHREC_RUNTIME.md.
 
+Exported plans (row-wise, table-wise, FlexShard with replicated hot rows, and a hashed plan with
+explicitly placed rows) run in the same world the way a user runs them: the export's own
+ShardingPlan, real KJTs of original IDs through its KJTRemap into the DistributedModelParallel, the
+outputs merged back; they equal the unsharded modules of the original tables.
+
 The formula and plan tests need no torch; the runs skip when TorchRec is not installed. One gloo
 world (4 processes) and one fake world (1 process simulating rank 5 of 16) serve every run test.
 """
@@ -16,71 +21,32 @@ import pytest
 from conftest import SHARED
 from flexshard_stream.errors import ConfigError
 from flexshard_stream.online.torchrec_runtime import (
-    CollectiveCounter, TableSharding, expected_collectives, run_sharded_cases, run_unsharded,
-    table_shardings, torchrec_column_block, torchrec_row_blocks)
+    CollectiveCounter, TableSharding, compare_components, expected_collectives,
+    expected_export_collectives, export_shardings, initial_weights, run_sharded_cases,
+    run_unsharded, table_shardings, torchrec_column_block, torchrec_row_blocks, trace_workload)
 from flexshard_stream.placement import baselines
+from flexshard_stream.placement.export_torchrec import (export_torchrec, load_torchrec_export,
+                                                        plan_from_export)
 from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.placement.planner import plan_flexshard
 from flexshard_stream.placement.tables import EmbeddingTable
 from flexshard_stream.placement.topology import Topology
-from flexshard_stream.sources import datasets
 from flexshard_stream.stats.batch import Batch, concat_batches, slice_batch
+from flexshard_stream.stats.stream import StreamStats
 
 W, M, B = 4, 2, 8            # ranks, ranks per node, samples per rank
 ITERATIONS = 2
 
 
 # ----------------------------------------------------------------------------- real batches
-def _histories(values: np.ndarray, lengths: np.ndarray, users: slice, keep: int):
-    """The last ``keep`` items of each user in ``users`` (values, lengths)."""
-    offs = np.concatenate([[0], np.cumsum(lengths)])
-    out_v, out_l = [], []
-    for u in range(users.start, users.stop):
-        items = values[offs[u]:offs[u + 1]][-keep:]
-        out_v.append(items)
-        out_l.append(items.size)
-    return np.concatenate(out_v), np.array(out_l)
-
-
-def _real_features(n: int) -> tuple[dict, dict, dict[str, int]]:
-    """Features of ``n`` samples from MovieLens, Amazon and Criteo, IDs made dense per feature:
-    pooled ``C1``..``C5`` (Criteo fields, one ID or none per row, hash mod 64) and ``ml_user``;
-    sequence ``ml_movie`` (a user's last 6 movies), ``az_beauty`` / ``az_toys`` (last 8 items)."""
-    ratings = datasets.movielens_ratings(SHARED / "movielens-latest-small")
-    users = ratings.get_column("user").to_numpy()
-    movies = np.unique(ratings.get_column("movie").to_numpy(), return_inverse=True)[1]
-    order = np.argsort(users, kind="stable")
-    _, per_user = np.unique(users, return_counts=True)
-    feats, lens, rows = {}, {}, {}
-    feats["ml_movie"], lens["ml_movie"] = _histories(movies[order], per_user, slice(0, n), 6)
-    rows["ml_movie"] = int(movies.max()) + 1
-    feats["ml_user"], lens["ml_user"] = np.arange(n) % per_user.size, np.ones(n, np.int64)
-    rows["ml_user"] = per_user.size
-    for key, name in (("az_beauty", "Beauty"), ("az_toys", "Toys_and_Games")):
-        v, ln = datasets.amazon_sequences(name, SHARED / "amazon-reviews-sequences"
-                                          / f"{name}.txt")
-        feats[key], lens[key] = _histories(v, ln, slice(0, n), 8)
-        rows[key] = int(v.max()) + 1
-    frame = datasets.criteo_frame(SHARED / "criteo-1k" / "train.txt")
-    for c in ("C1", "C2", "C3", "C4", "C5"):
-        col = frame.get_column(c).to_numpy()[:n]
-        present = ~np.isnan(col.astype(float))
-        feats[c] = (col[present].astype(np.int64) % 64)
-        lens[c] = present.astype(np.int64)
-        rows[c] = 64
-    return feats, lens, rows
-
-
 @pytest.fixture(scope="module")
 def real():
-    """(tables by feature, global batches of W * B samples) from the shared traces."""
+    """(tables by feature, global batches of W * B samples) from the shared traces
+    (``trace_workload``: MovieLens, Amazon, Criteo)."""
     if not SHARED.exists():
         pytest.skip(f"shared data not found at {SHARED}")
-    n = W * B * ITERATIONS
-    feats, lens, rows = _real_features(n)
-    full = Batch.from_features(feats, lens)
+    tables, full = trace_workload(SHARED, W * B * ITERATIONS)
     batches = [slice_batch(full, i * W * B, (i + 1) * W * B) for i in range(ITERATIONS)]
-    kind = {f: "sequence" if f in ("ml_movie", "az_beauty", "az_toys") else "pooled" for f in feats}
-    tables = {f: EmbeddingTable(f, rows[f], 8, kind=kind[f], feature=f) for f in feats}
     return tables, batches
 
 
@@ -99,15 +65,60 @@ def _case(real, name):
     return [tables[f] for f in spec], spec
 
 
+#: Exported plans run in the world (all nine tables each).
+EXPORTS = ("row_wise", "table_wise", "flexshard", "hashed_placed")
+
+
+def _hashed_placed(tables, topo, batch):
+    """Every table: a hashed cold function, its 2 most looked-up rows replicated, the next 5
+    placed explicitly on GPUs 3, 2, 1, 0, 3 (the export keeps them there)."""
+    tps = []
+    for t in tables:
+        counts = np.bincount(batch.feature_values(t.feature), minlength=t.num_rows)
+        top = np.argsort(-counts, kind="stable")[:7]
+        placed = np.sort(top[2:])
+        tps.append(TablePlan(t, ColdSharding.hashed(range(topo.num_gpus), seed=11),
+                             global_ids=np.sort(top[:2]), placed_ids=placed,
+                             placed_gpus=(3 - np.arange(placed.size)) % topo.num_gpus))
+    return Plan("hashed_placed", topo, tps)
+
+
 @pytest.fixture(scope="module")
-def gloo_runs(real):
-    """Every case of CASES in one spawned gloo world, with the unsharded reference of each."""
+def exports(real, tmp_path_factory):
+    """{name: (plan, TorchRecExport)} of EXPORTS on every real table, W = 4, M = 2."""
+    tables, batches = real
+    ts = list(tables.values())
+    topo = Topology.uniform(W // M, M)
+    full = concat_batches(batches)
+    stats = StreamStats(auto_tables=True)
+    stats.update(full)
+    summaries = stats.summary(k=1000)
+    plans = {"row_wise": baselines.row_wise(ts, topo), "table_wise": baselines.table_wise(ts, topo),
+             "flexshard": plan_flexshard(ts, topo, summaries, B).plan,
+             "hashed_placed": _hashed_placed(ts, topo, full)}
+    out = {}
+    for name, plan in plans.items():
+        d = tmp_path_factory.mktemp("export") / name
+        export_torchrec(plan, d, summaries=summaries)
+        out[name] = (plan, load_torchrec_export(d))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gloo_runs(real, exports):
+    """Every case of CASES and every exported plan of EXPORTS in one spawned gloo world, with
+    the unsharded reference of each (one for the exports: the original tables)."""
     pytest.importorskip("torchrec")
-    _, batches = real
+    tables, batches = real
+    weights = initial_weights(list(tables.values()))
     cases = [_case(real, name) for name in CASES]
-    runs = run_sharded_cases(cases, batches, world_size=W, local_world_size=M)
-    refs = [run_unsharded(t, batches, world_size=W) for t, _ in cases]
-    return {name: (case, run, ref) for name, case, run, ref in zip(CASES, cases, runs, refs)}
+    runs = run_sharded_cases(cases + [exports[n][1] for n in EXPORTS], batches, world_size=W,
+                             local_world_size=M, weights=weights)
+    refs = [run_unsharded(t, batches, world_size=W, weights=weights) for t, _ in cases]
+    out = {name: (case, run, ref) for name, case, run, ref in zip(CASES, cases, runs, refs)}
+    ref = run_unsharded(list(tables.values()), batches, world_size=W, weights=weights)
+    out.update({name: (None, run, ref) for name, run in zip(EXPORTS, runs[len(cases):])})
+    return out
 
 
 # ----------------------------------------------------------------------------- runs on gloo
@@ -115,18 +126,7 @@ def gloo_runs(real):
 def test_sharded_outputs_and_gradients_equal_the_unsharded_module(gloo_runs, name):
     (tables, _), run, ref = gloo_runs[name]
     assert run.ranks == tuple(range(W))
-    for it in range(ITERATIONS):
-        for r in range(W):
-            assert run.outputs[it][r].keys() == ref.outputs[it][r].keys() == \
-                {t.feature for t in tables}
-            for f, out in run.outputs[it][r].items():
-                np.testing.assert_allclose(out, ref.outputs[it][r][f], rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{name} it {it} rank {r} {f}")
-        for t in tables:
-            g = run.grads[it][t.name]
-            assert np.abs(g).max() > 0, f"{t.name}: no gradient reached the table"
-            np.testing.assert_allclose(g, ref.grads[it][t.name], rtol=1e-5, atol=1e-6,
-                                       err_msg=f"{name} it {it} {t.name}")
+    _assert_equal_runs(run, ref, tables, name)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -143,6 +143,85 @@ def test_counted_bytes_equal_the_formulas(gloo_runs, real, name):
             assert len(extra) == (W if "data_parallel" in spec.values() else 0)
             got = {k: v for k, v in got.items() if k not in extra}
         assert got == expected
+
+
+def _assert_equal_runs(run, ref, tables, what):
+    """Outputs of every rank and feature and the gradient of every table equal (fp32
+    rounding), and every table got a gradient."""
+    for it in range(ITERATIONS):
+        for r in range(W):
+            assert run.outputs[it][r].keys() == ref.outputs[it][r].keys() == \
+                {t.feature for t in tables}
+            for f, out in run.outputs[it][r].items():
+                np.testing.assert_allclose(out, ref.outputs[it][r][f], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{what} it {it} rank {r} {f}")
+        for t in tables:
+            g = run.grads[it][t.name]
+            assert np.abs(g).max() > 0, f"{t.name}: no gradient reached the table"
+            np.testing.assert_allclose(g, ref.grads[it][t.name], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{what} it {it} {t.name}")
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_exported_plan_runs_like_the_unsharded_modules(gloo_runs, real, name):
+    """The remap loses and mixes no row: through KJTRemap, the export's ShardingPlan and
+    KJTRemap.merge, every output and gradient equals the unsharded original tables'."""
+    tables, _ = real
+    _, run, ref = gloo_runs[name]
+    _assert_equal_runs(run, ref, list(tables.values()), name)
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_exported_plan_moves_the_bytes_of_the_formulas(gloo_runs, exports, real, name):
+    _, batches = real
+    _, ex = exports[name]
+    _, run, _ = gloo_runs[name]
+    for it in range(ITERATIONS):
+        expected = expected_export_collectives(ex, batches[it])
+        got = run.counter.select(iteration=it)
+        if it == 0:   # DDP's static-graph bookkeeping: 4 int32 bytes per DDP parameter
+            extra = [r for r in got.records if r.dtype == "int32"]
+            assert {r.component for r in extra} <= {"data_parallel_all_reduce"}
+            got = CollectiveCounter(r for r in got.records if r.dtype != "int32")
+        assert got.summary() == expected.summary()
+        cmp = compare_components(got.component_bytes(), expected.component_bytes())
+        assert all(c["err"] == 0 for c in cmp.values())
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_exported_plan_bytes_equal_the_evaluator(gloo_runs, exports, real, name):
+    """The cost model's torchrec profile, on the plan TorchRec runs (plan_from_export) and the
+    same batches, prices every component within 2% of what TorchRec sent (in fact exactly)."""
+    from flexshard_stream.placement.cost import CostModel, evaluate_trace
+
+    try:
+        model = CostModel(profile="torchrec", dedup=False)   # no de-duplication on CPU
+    except TypeError:
+        pytest.skip("this checkout's evaluator has no execution profiles yet")
+    _, batches = real
+    _, ex = exports[name]
+    _, run, _ = gloo_runs[name]
+    tc = evaluate_trace(plan_from_export(ex), batches, B, model)
+    cmp = compare_components(run.counter.mean_component_bytes(), tc.mean.collectives)
+    assert {"input_values", "input_lengths", "input_splits"} <= set(cmp)
+    assert all(c["err"] <= 0.02 for c in cmp.values()), cmp
+
+
+def test_exports_use_every_path_of_the_remap(exports):
+    """What the exported runs cover: replicated rows of pooled and of sequence tables (the
+    latter run as plain nn.Embedding modules under DDP on CPU), explicitly placed rows kept on
+    their GPU, row-wise, table-row-wise and table-wise cold tables."""
+    fs = exports["flexshard"][1]
+    sh = export_shardings(fs)
+    kinds = {(t.kind, sh[t.name].sharding_type, sh[t.name].kernel) for t in fs.new_tables()}
+    assert ("sequence", "data_parallel", "torch_module") in kinds
+    assert ("pooled", "data_parallel", "dense") in kinds
+    hp = exports["hashed_placed"][1]
+    for e in hp.manifest["tables"]:
+        assert e["cold"]["placed_rows"] == 5 and e["cold"]["placed_on_plan_gpu"] == 5
+    cold = {sh.sharding_type for ex in (fs, exports["table_wise"][1], hp)
+            for sh in export_shardings(ex).values()}
+    assert {"row_wise", "table_wise", "data_parallel"} <= cold
 
 
 def test_every_collective_of_an_iteration_is_a_torchrec_dist(gloo_runs):
@@ -320,6 +399,31 @@ def test_sharding_plan_of_our_plan_has_ranks_and_offsets():
     rw = sharding_plan(baselines.row_wise(tables, topo))
     assert [s.shard_sizes for s in rw.plan["ec"]["s"].sharding_spec.shards] == \
         [[2, 8], [2, 8], [2, 8], [1, 8]]
+
+
+def test_torch_module_tables_stay_out_of_torchrec():
+    """compute_kernel="torch_module": a data-parallel table as a plain nn.Embedding(Bag) outside
+    the collections (DDP replicates it), not in the ShardingPlan; the only way to replicate a
+    sequence table on CPU, so the refusal of sequence data-parallel names it."""
+    pytest.importorskip("torchrec")
+    from torch import nn
+
+    from flexshard_stream.online.torchrec_world import build_collections, module_sharding_plan
+
+    s, p = EmbeddingTable("s", 10, 4), EmbeddingTable("p", 12, 4, kind="pooled")
+    sh = {"s": TableSharding("data_parallel", compute_kernel="torch_module"),
+          "p": TableSharding("data_parallel", compute_kernel="torch_module")}
+    for t in (s, p):
+        sh[t.name].check(t, W, M)
+    model = build_collections([s, p], shardings=sh)
+    assert model.ebc is None and model.ec is None
+    assert isinstance(model.plain["s"], nn.Embedding) and isinstance(model.plain["p"],
+                                                                     nn.EmbeddingBag)
+    assert module_sharding_plan([s, p], sh, W, M).plan == {}
+    with pytest.raises(ConfigError, match="torch_module"):
+        TableSharding("data_parallel").check(s, W, M)
+    with pytest.raises(ConfigError, match="use the dense kernel"):
+        TableSharding("data_parallel", compute_kernel="fused").check(p, W, M)
 
 
 def test_fake_world_runs_pooled_tables_only():

@@ -597,19 +597,17 @@ def _apply_section(summary: dict) -> str:
             f"replay)" if sp is not None else "")
     if sp is not None and sp < 1:
         gain += "; row-wise (<code>plans/rw</code>) was faster here, so keep row-wise"
-    code = ("from flexshard_stream.placement.plan import Plan\n"
-            "from flexshard_stream.placement.export_torchrec import export_torchrec\n"
-            f"export_torchrec(Plan.load('plans/{name}'), 'torchrec')")
+    code = f"flexshard-stream export --plan plans/{name} --out torchrec"
     return (
         "<h2>Apply this plan</h2>"
         f"<p>Every strategy's final plan is in <code>plans/</code> of this directory. The one to "
         f"take is <code>plans/{name}</code>, {where}{gain}. To run it in TorchRec, export it "
         "from this directory: per table a replicated hot table, a row-wise cold table, an ID "
-        "remapping and <code>ParameterConstraints</code> for TorchRec's planner, in "
-        "<code>torchrec/</code>:</p>"
+        "remap, <code>ParameterConstraints</code> and the <code>ShardingPlan</code> for "
+        "<code>DistributedModelParallel</code>, in <code>torchrec/</code>:</p>"
         f"<pre>{html.escape(code)}</pre>"
         "<p>docs/TORCHREC_EXPORT.md describes the files and the data-loader side "
-        "(<code>split_jagged</code> routes each feature's IDs to the hot and cold tables). To "
+        "(<code>KJTRemap</code> routes each feature's IDs to the hot and cold tables). To "
         "keep the placement current while training, run the sidecar beside the data loaders "
         "(<code>flexshard-stream sidecar</code>, docs/SIDECAR.md).</p>")
 

@@ -27,6 +27,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError, FlexShardError
+from ..placement.export_layout import torchrec_rw_shard_rows
+from ..placement.export_torchrec import TorchRecExport, load_torchrec_export
 from ..placement.plan import Plan, TablePlan
 from ..placement.tables import EmbeddingTable
 from ..stats.batch import Batch, slice_batch
@@ -35,7 +37,9 @@ __all__ = ["SHARDING_TYPES", "CPU_SHARDING_TYPES", "OPENED_SHARDING_TYPES", "Tab
            "table_shardings", "sharding_plan", "CollectiveRecord", "CollectiveCounter",
            "expected_collectives", "RunResult", "RunError", "run_sharded", "run_sharded_cases",
            "run_unsharded", "initial_weights", "upstream_gradient", "torchrec_row_blocks",
-           "torchrec_column_block", "CaseJob", "RankJob", "RankResult"]
+           "torchrec_column_block", "CaseJob", "RankJob", "RankResult", "TORCH_MODULE",
+           "export_shardings", "expected_export_collectives", "compare_components",
+           "trace_workload", "TRACE_DATASETS"]
 
 #: Every sharding type this module builds plans for (TorchRec's ``ShardingType`` values).
 SHARDING_TYPES: tuple[str, ...] = ("data_parallel", "table_wise", "column_wise",
@@ -52,6 +56,8 @@ OPENED_SHARDING_TYPES: dict[str, tuple[str, ...]] = {
     "sequence": (),
 }
 _DTYPES = ("int64", "int32")
+#: The "kernel" of a data-parallel table run as a plain torch module (see :class:`TableSharding`).
+TORCH_MODULE = "torch_module"
 _EXTRA_HINT = ("TorchRec is not installed: install the 'torchrec' extra (make install-dev does), "
                "see docs/TORCHREC_RUNTIME.md")
 
@@ -78,7 +84,11 @@ class TableSharding:
     compute_kernel : str, optional
         TorchRec compute kernel; default what TorchRec's sharders offer on CPU: ``"dense"`` for
         data-parallel, ``"fused"`` otherwise (``"dense"`` is also accepted for pooled tables).
-        The kernel does not change what is communicated.
+        ``"torch_module"`` (data-parallel only) is not a TorchRec kernel: the table is a plain
+        ``nn.EmbeddingBag`` / ``nn.Embedding`` outside TorchRec's collections, which
+        ``DistributedModelParallel`` replicates and DDP keeps in sync, as TorchRec's data-parallel
+        sharding does (the one way to replicate a sequence table on CPU). The kernel does not
+        change what is communicated.
     """
 
     sharding_type: str
@@ -164,18 +174,24 @@ class TableSharding:
                               f"keeps the shards on one node")
 
 
+    @property
+    def plain_module(self) -> bool:
+        """The table runs as a plain torch module (``compute_kernel="torch_module"``)."""
+        return self.kernel == TORCH_MODULE
+
     def _check_kernel(self, table: EmbeddingTable, where: str) -> None:
         k = self.kernel
-        if self.sharding_type == "data_parallel" and k != "dense":
+        if self.sharding_type == "data_parallel" and k not in ("dense", TORCH_MODULE):
             raise ConfigError(f"{where}: data-parallel tables use the dense kernel (TorchRec "
-                              f"keeps replicas in sync with DDP), got {k!r}")
+                              f"keeps replicas in sync with DDP) or {TORCH_MODULE!r}, got {k!r}")
         if self.sharding_type != "data_parallel" and k not in ("fused", "dense"):
             raise ConfigError(f"{where}: kernel {k!r} does not run on CPU; use 'fused'")
         if table.kind == "sequence" and k == "dense":
             raise ConfigError(f"{where}: the dense kernel of fbgemm-gpu-cpu 1.8 pools sequence "
                               f"lookups (PoolingMode.NONE is ignored on CPU); sequence tables "
                               f"need the fused kernel, so sequence data-parallel cannot run "
-                              f"on CPU")
+                              f"on CPU in TorchRec (compute_kernel={TORCH_MODULE!r} replicates "
+                              f"the table as a plain nn.Embedding under DDP instead)")
 
 
 def torchrec_column_block(dim: int, n: int) -> int:
@@ -192,10 +208,10 @@ def torchrec_column_block(dim: int, n: int) -> int:
 def torchrec_row_blocks(num_rows: int, n: int) -> np.ndarray:
     """Bounds (int64[n + 1]) of TorchRec's row-wise blocks: ``ceil(num_rows / n)`` rows each,
     shard ``i`` on the ``i``-th rank, the last ones shorter or empty (``sharding_plan.py``
-    ``_calculate_rw_shard_sizes_and_offsets``; the input bucketization uses the same block,
-    ``rw_sharding.py`` ``RwSparseFeaturesDist``)."""
-    block = -(-num_rows // n)
-    return np.minimum(np.arange(n + 1, dtype=np.int64) * block, num_rows)
+    ``_calculate_rw_shard_sizes_and_offsets``, :func:`~flexshard_stream.placement.export_layout.
+    torchrec_rw_shard_rows`; the input bucketization uses the same block, ``rw_sharding.py``
+    ``RwSparseFeaturesDist``)."""
+    return np.concatenate([[0], np.cumsum(torchrec_rw_shard_rows(num_rows, n))]).astype(np.int64)
 
 
 def _equal_ranges(tp: TablePlan) -> bool:
@@ -433,6 +449,30 @@ class CollectiveCounter:
                 m[r.rank, dst] += b
         return m
 
+    def component_bytes(self) -> dict[str, int]:
+        """Bytes per component, summed over ranks, as the cost model's ``torchrec`` profile
+        prices them: every collective but all-reduce, the bytes of each rank's input destined to
+        each member of its group (itself included), forward only (an output's backward moves the
+        same bytes back); ``data_parallel_all_reduce``, the float32 buffers all-reduced (DDP's
+        first-iteration int32 bookkeeping left out). Select the iterations first
+        (``select(iteration=...)``); divide by their number for a per-iteration figure."""
+        out: dict[str, int] = defaultdict(int)
+        for r in self.records:
+            if r.op == "all_reduce":
+                if r.dtype == "float32":
+                    out[r.component] += r.input_bytes
+            elif r.phase == "forward":
+                out[r.component] += sum(r.send_bytes)
+        return dict(out)
+
+    def mean_component_bytes(self) -> dict[str, float]:
+        """:meth:`component_bytes` per iteration, averaged over the iterations the records
+        hold (setup and teardown left out): what the cost model prices per iteration."""
+        its = sorted({r.iteration for r in self.records if r.iteration is not None})
+        per = [self.select(iteration=it).component_bytes() for it in its]
+        comps = set().union(*per) if per else set()
+        return {c: float(np.mean([p.get(c, 0) for p in per])) for c in sorted(comps)}
+
     def summary(self) -> dict[tuple, tuple[int, int, tuple[int, ...], tuple[int, ...]]]:
         """Per (rank, group, op, component, phase, dtype): the summed input and output bytes and
         the element-wise summed ``send_bytes`` and ``recv_bytes``. Two runs (or a run and
@@ -668,6 +708,96 @@ def expected_collectives(tables: Sequence[EmbeddingTable],
     return CollectiveCounter(records + _data_parallel(dp, world_size))
 
 
+def compare_components(measured: Mapping[str, float], model: Mapping[str, float]
+                       ) -> dict[str, dict[str, float]]:
+    """Per component of either: ``measured`` and ``model`` bytes, their ``ratio`` (model /
+    measured; 1 when both are 0, inf when only the measurement is 0) and the relative error
+    ``err = |model - measured| / measured`` (0 when both are 0)."""
+    out = {}
+    for comp in sorted(set(measured) | set(model)):
+        got, want = float(measured.get(comp, 0.0)), float(model.get(comp, 0.0))
+        if got:
+            ratio, err = want / got, abs(want - got) / got
+        else:
+            ratio, err = (1.0, 0.0) if not want else (math.inf, math.inf)
+        out[comp] = {"measured": got, "model": want, "ratio": ratio, "err": err}
+    return out
+
+
+def expected_export_collectives(export: TorchRecExport | str | Path, batch: Any, *,
+                                values_dtype: str = "int64", lengths_dtype: str = "int64",
+                                weighted: bool = False) -> CollectiveCounter:
+    """:func:`expected_collectives` of an exported plan on a batch of original IDs: the batch
+    remapped as ``KJTRemap`` does (:meth:`TorchRecExport.remap_batch`), the exported tables
+    and their shardings (:func:`export_shardings`), the export's world."""
+    ex = _as_export(export)
+    world = int(ex.manifest["world_size"])
+    remapped, _ = ex.remap_batch(_as_batches([batch], world)[0])
+    return expected_collectives(ex.new_tables(), export_shardings(ex), remapped,
+                                world_size=world,
+                                local_world_size=int(ex.manifest["local_world_size"]),
+                                values_dtype=values_dtype, lengths_dtype=lengths_dtype,
+                                weighted=weighted)
+
+
+# ----------------------------------------------------------------------------- real traces
+#: The features :func:`trace_workload` builds, by dataset of the shared traces.
+TRACE_DATASETS: dict[str, tuple[str, ...]] = {
+    "movielens": ("ml_movie", "ml_user"), "amazon": ("az_beauty", "az_toys"),
+    "criteo": ("C1", "C2", "C3", "C4", "C5")}
+_TRACE_SEQUENCES = ("ml_movie", "az_beauty", "az_toys")
+
+
+def _last_items(values: np.ndarray, lengths: np.ndarray, users: int, keep: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The last ``keep`` items of each of the first ``users`` users (values, lengths)."""
+    offs = np.concatenate([[0], np.cumsum(lengths)])
+    parts = [values[offs[u]:offs[u + 1]][-keep:] for u in range(users)]
+    return np.concatenate(parts), np.array([p.size for p in parts], np.int64)
+
+
+def trace_workload(shared_dir: str | Path, samples: int, dim: int = 8
+                   ) -> tuple[dict[str, EmbeddingTable], Batch]:
+    """Tables and one batch of ``samples`` samples from the shared real traces, the workload of
+    the TorchRec runs (tests and ``bench/torchrec_real.py``; :data:`TRACE_DATASETS`).
+
+    IDs are made dense per feature. Sequence features: ``ml_movie`` (a MovieLens user's last 6
+    movies), ``az_beauty`` / ``az_toys`` (an Amazon Beauty / Toys user's last 8 items); pooled:
+    ``ml_user`` (the user) and ``C1`` .. ``C5`` (Criteo fields, one ID or none per row, modulo
+    64). ``shared_dir`` holds ``movielens-latest-small``, ``amazon-reviews-sequences`` and
+    ``criteo-1k``; every table has ``dim`` fp32 columns and is fed by the feature of its name.
+    """
+    from ..sources import datasets
+
+    shared = Path(shared_dir)
+    ratings = datasets.movielens_ratings(shared / "movielens-latest-small")
+    users = ratings.get_column("user").to_numpy()
+    movies = np.unique(ratings.get_column("movie").to_numpy(), return_inverse=True)[1]
+    _, per_user = np.unique(users, return_counts=True)
+    feats, lens, rows = {}, {}, {}
+    feats["ml_movie"], lens["ml_movie"] = _last_items(movies[np.argsort(users, kind="stable")],
+                                                      per_user, samples, 6)
+    rows["ml_movie"] = int(movies.max()) + 1
+    feats["ml_user"], lens["ml_user"] = np.arange(samples) % per_user.size, np.ones(samples,
+                                                                                    np.int64)
+    rows["ml_user"] = per_user.size
+    for key, name in (("az_beauty", "Beauty"), ("az_toys", "Toys_and_Games")):
+        v, ln = datasets.amazon_sequences(name, shared / "amazon-reviews-sequences"
+                                          / f"{name}.txt")
+        feats[key], lens[key] = _last_items(v, ln, samples, 8)
+        rows[key] = int(v.max()) + 1
+    frame = datasets.criteo_frame(shared / "criteo-1k" / "train.txt")
+    for c in TRACE_DATASETS["criteo"]:
+        col = frame.get_column(c).to_numpy()[:samples]
+        present = ~np.isnan(col.astype(float))
+        feats[c] = col[present].astype(np.int64) % 64
+        lens[c] = present.astype(np.int64)
+        rows[c] = 64
+    tables = {f: EmbeddingTable(f, rows[f], dim, kind="sequence" if f in _TRACE_SEQUENCES
+                                else "pooled", feature=f) for f in feats}
+    return tables, Batch.from_features(feats, lens)
+
+
 # ----------------------------------------------------------------------------- runs
 def initial_weights(tables: Sequence[EmbeddingTable], seed: int = 0) -> dict[str, np.ndarray]:
     """Per table, float32[H, D] weights uniform in ``±sqrt(1 / H)`` (TorchRec's default range),
@@ -691,12 +821,24 @@ def upstream_gradient(seed: int, iteration: int, rank: int, feature: int,
 @dataclass
 class CaseJob:
     """One model and plan of a run: its tables, their shardings (empty for the unsharded
-    reference), initial weights, and whether pooled inputs carry weights."""
+    reference), initial weights, and whether pooled inputs carry weights.
+
+    An export case (``export_dir`` set) runs the exported tables of that directory
+    (``tables``: ``<table>__hot`` / ``<table>__cold``) under the export's own ``ShardingPlan``,
+    fed through its ``KJTRemap``; ``source`` holds the original tables, whose features the
+    batches carry and whose outputs and gradients the run reports."""
 
     tables: tuple[EmbeddingTable, ...]
     shardings: dict[str, TableSharding]
     weights: dict[str, np.ndarray]
     weighted: bool = False
+    export_dir: str = ""
+    source: tuple[EmbeddingTable, ...] = ()
+
+    @property
+    def input_tables(self) -> tuple[EmbeddingTable, ...]:
+        """The tables whose features the batches carry (the original ones of an export)."""
+        return self.source or self.tables
 
 
 @dataclass
@@ -813,9 +955,69 @@ def _case(tables: Sequence[EmbeddingTable], shardings: Mapping[str, TableShardin
           seed: int) -> CaseJob:
     weights = dict(weights) if weights is not None else initial_weights(tables, seed)
     _check_inputs(tables, batches, weights)
-    weighted = any(t.kind == "pooled" for t in tables) and all(b.weights is not None
-                                                               for b in batches)
-    return CaseJob(tuple(tables), dict(shardings), weights, weighted)
+    return CaseJob(tuple(tables), dict(shardings), weights, _weighted(tables, batches))
+
+
+def _weighted(tables: Sequence[EmbeddingTable], batches: Sequence[Batch]) -> bool:
+    """Pooled inputs carry weights: some table is pooled and every batch has weights."""
+    return any(t.kind == "pooled" for t in tables) and all(b.weights is not None
+                                                           for b in batches)
+
+
+def _as_export(export: Any) -> TorchRecExport:
+    return export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
+
+
+def export_shardings(export: TorchRecExport | str | Path) -> dict[str, TableSharding]:
+    """Per exported table (``<table>__hot`` / ``<table>__cold``), the :class:`TableSharding` of
+    the export's ``sharding_plan.json``: its sharding type, ranks and kernel. On CPU a
+    data-parallel table of a sequence feature runs as a plain ``nn.Embedding``
+    (``compute_kernel="torch_module"``), as ``torchrec_loader.exported_embeddings`` builds it."""
+    ex = _as_export(export)
+    doc = ex.sharding_plan_doc()
+    world, local = int(doc["world_size"]), int(doc["local_world_size"])
+    kind = {t.name: t.kind for t in ex.new_tables()}
+    out = {}
+    for name, e in doc["tables"].items():
+        st, ranks, kernel = e["sharding_type"], list(e["ranks"]), e["compute_kernel"]
+        if st == "data_parallel":
+            out[name] = TableSharding(st, compute_kernel="dense" if kind[name] == "pooled"
+                                      else TORCH_MODULE)
+        elif st == "table_wise":
+            out[name] = TableSharding(st, tuple(ranks), compute_kernel=kernel)
+        elif st == "row_wise" and ranks == list(range(world)):
+            out[name] = TableSharding(st, compute_kernel=kernel)
+        elif st == "table_row_wise" and ranks and ranks[0] % local == 0 and \
+                ranks == list(range(ranks[0], ranks[0] + local)):
+            out[name] = TableSharding(st, host=ranks[0] // local, compute_kernel=kernel)
+        else:
+            raise ConfigError(f"{ex.path}: table {name!r}: {st} on ranks {ranks} is not a "
+                              f"sharding of a world of {world} ranks, {local} per node")
+    return out
+
+
+def _export_case(export: TorchRecExport | str | Path, batches: Sequence[Batch],
+                 weights: Mapping[str, np.ndarray] | None, seed: int, world_size: int,
+                 local_world_size: int) -> CaseJob:
+    """An export case: the exported tables, their shardings, and the original tables' weights
+    (given, else :func:`initial_weights` of the original tables) split onto them."""
+    ex = _as_export(export)
+    m = ex.manifest
+    if (m["world_size"], m["local_world_size"]) != (world_size, local_world_size):
+        raise ConfigError(f"{ex.path}: exported for {m['world_size']} ranks, "
+                          f"{m['local_world_size']} per node; the run has {world_size}, "
+                          f"{local_world_size}")
+    source = tuple(EmbeddingTable(**e["source_table"]) for e in m["tables"])
+    tables = tuple(ex.new_tables())
+    sh = export_shardings(ex)
+    for t in tables:
+        sh[t.name].check(t, world_size, local_world_size)
+    w = dict(weights) if weights is not None else initial_weights(source, seed)
+    _check_inputs(source, batches, w)
+    split: dict[str, np.ndarray] = {}
+    for t in source:
+        split.update(ex.split_rows(t.name, np.asarray(w[t.name], np.float32)))
+    return CaseJob(tables, sh, split, _weighted(source, batches), str(ex.path), source)
 
 
 def _check_dtypes(values_dtype: str, lengths_dtype: str) -> None:
@@ -843,16 +1045,28 @@ def _assemble_grads(tables: Sequence[EmbeddingTable], results: Sequence[RankResu
     return out
 
 
+def _case_grads(case: CaseJob, results: Sequence[RankResult], iteration: int,
+                export: TorchRecExport | None) -> dict[str, np.ndarray]:
+    """Full gradients of one iteration, per table of the case; an export case's exported tables
+    are mapped back onto the original tables' rows."""
+    grads = _assemble_grads(case.tables, results, iteration)
+    if export is None:
+        return grads
+    return {t.name: export.merge_rows(t.name, grads) for t in case.source}
+
+
 def _run_result(case: CaseJob, results: Sequence[RankResult], job: RankJob) -> RunResult:
     n = 0 if job.fake else len(job.batches)
+    ex = load_torchrec_export(case.export_dir) if case.export_dir else None
     return RunResult(outputs=[[res.outputs[i] for res in results] for i in range(n)],
-                     grads=[_assemble_grads(case.tables, results, i) for i in range(n)],
+                     grads=[_case_grads(case, results, i, ex) for i in range(n)],
                      counter=CollectiveCounter(r for res in results for r in res.records),
                      world_size=job.world_size, local_world_size=job.local_world_size,
                      ranks=job.run_ranks)
 
 
-def run_sharded_cases(cases: Sequence[tuple[Sequence[EmbeddingTable], Any]],
+def run_sharded_cases(cases: Sequence[tuple[Sequence[EmbeddingTable], Any]
+                                       | TorchRecExport | str | Path],
                       batches: Iterable[Any], *, world_size: int = 4, local_world_size: int = 2,
                       weights: Mapping[str, np.ndarray] | None = None, seed: int = 0,
                       values_dtype: str = "int64", lengths_dtype: str = "int64",
@@ -861,6 +1075,14 @@ def run_sharded_cases(cases: Sequence[tuple[Sequence[EmbeddingTable], Any]],
     """:func:`run_sharded` for several (tables, shardings) cases in one spawned world, one
     after the other (each case its own ``DistributedModelParallel``); starting the processes
     costs seconds, a case a fraction of that. Returns one :class:`RunResult` per case.
+
+    A case may also be a TorchRec export (its directory or :class:`TorchRecExport`): the
+    exported tables run under the export's ``ShardingPlan`` (``torchrec_sharding_plan``), the
+    batches' original features go through its ``KJTRemap`` before the sharded model and the
+    outputs come back through ``KJTRemap.merge``; the result's outputs and gradients are those
+    of the original features and tables (compare them with :func:`run_unsharded` of the original
+    tables), its counter has the exported tables' collectives (:func:`expected_export_collectives`).
+    ``weights`` are then the original tables' (split onto the exported ones).
 
     ``fake_ranks``: start only these ranks, each alone in a world of ``world_size`` on torch's
     fake process group, in which every rank holds the simulated rank's local batch (see
@@ -874,7 +1096,13 @@ def run_sharded_cases(cases: Sequence[tuple[Sequence[EmbeddingTable], Any]],
         raise ConfigError(f"fake_ranks {list(fake)} must be ranks in [0, {world_size})")
     bs = _as_batches(batches, world_size)
     jobs = []
-    for tables, shardings in cases:
+    for case in cases:
+        if isinstance(case, (TorchRecExport, str, Path)):
+            if fake:
+                raise ConfigError("export cases run on a real gloo world, not a fake one")
+            jobs.append(_export_case(case, bs, weights, seed, world_size, local_world_size))
+            continue
+        tables, shardings = case
         tables, world_size, local_world_size = _resolve_world(shardings, tables, world_size,
                                                               local_world_size)
         if fake and any(t.kind == "sequence" for t in tables):

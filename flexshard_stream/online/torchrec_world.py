@@ -10,7 +10,8 @@ its functions, so that the package imports without torch. It holds
   row-wise and table-row-wise on CPU (TorchRec lists them for cuda and mtia only);
 - the model of a run: one ``EmbeddingBagCollection`` (pooled tables) and one
   ``EmbeddingCollection`` (sequence tables) under one module, built from
-  :class:`~flexshard_stream.placement.tables.EmbeddingTable` rows;
+  :class:`~flexshard_stream.placement.tables.EmbeddingTable` rows, or an export's model, plan and
+  remap (:mod:`flexshard_stream.placement.torchrec_loader`);
 - :func:`rank_main`, the entry point of one spawned rank.
 """
 
@@ -30,20 +31,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec import (EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection,
-                      EmbeddingConfig, KeyedJaggedTensor)
+from torchrec import EmbeddingBagConfig, EmbeddingConfig, KeyedJaggedTensor
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
+from ..placement.export_torchrec import torchrec_sharding_plan
 from ..placement.tables import EmbeddingTable
+from ..placement.torchrec_loader import EmbeddingModules, KJTRemap, exported_embeddings
 from ..stats.batch import Batch, slice_batch
 from .torchrec_runtime import (OPENED_SHARDING_TYPES, CaseJob, CollectiveRecord, RankJob,
                                RankResult, RunError, TableSharding, upstream_gradient)
 
 __all__ = ["CountingProcessGroup", "BACKEND", "FAKE_WORLD", "register_backend",
-           "CpuEmbeddingBagCollectionSharder", "cpu_sharders", "FUSED_PARAMS", "Collections",
+           "CpuEmbeddingBagCollectionSharder", "cpu_sharders", "FUSED_PARAMS",
            "build_collections", "parameter_sharding", "module_sharding_plan", "kjt_from_batch",
            "load_weights", "rank_main", "spawn_ranks", "run_reference"]
 
@@ -331,11 +333,14 @@ def parameter_sharding(table: EmbeddingTable, sh: TableSharding, world_size: int
 
 def module_sharding_plan(tables: Sequence[EmbeddingTable], shardings: Mapping[str, TableSharding],
                          world_size: int, local_world_size: int) -> Any:
-    """A TorchRec ``ShardingPlan`` for the module of :func:`build_collections`."""
+    """A TorchRec ``ShardingPlan`` for the module of :func:`build_collections` (tables run as
+    plain torch modules are not in it)."""
     from torchrec.distributed.types import EmbeddingModuleShardingPlan
 
     plans: dict[str, Any] = {}
     for t in tables:
+        if shardings[t.name].plain_module:     # not TorchRec's: DMP replicates it, DDP syncs it
+            continue
         path = POOLED_PATH if t.kind == "pooled" else SEQUENCE_PATH
         plans.setdefault(path, EmbeddingModuleShardingPlan())[t.name] = parameter_sharding(
             t, shardings[t.name], world_size, local_world_size)
@@ -343,38 +348,23 @@ def module_sharding_plan(tables: Sequence[EmbeddingTable], shardings: Mapping[st
 
 
 # ----------------------------------------------------------------------------- the model
-class Collections(nn.Module):
-    """The embedding part of a model: pooled tables in ``ebc``, sequence tables in ``ec``."""
-
-    def __init__(self, tables: Sequence[EmbeddingTable], weighted: bool = False,
-                 device: str = "cpu"):
-        super().__init__()
-        def config(cls: type, t: EmbeddingTable) -> Any:
-            return cls(name=t.name, embedding_dim=t.dim, num_embeddings=t.num_rows,
-                       feature_names=[t.feature])
-
-        pooled = [config(EmbeddingBagConfig, t) for t in tables if t.kind == "pooled"]
-        seq = [config(EmbeddingConfig, t) for t in tables if t.kind == "sequence"]
-        dev = torch.device(device)
-        self.ebc = (EmbeddingBagCollection(pooled, is_weighted=weighted, device=dev) if pooled
-                    else None)
-        self.ec = EmbeddingCollection(seq, device=dev) if seq else None
-
-    def forward(self, pooled: KeyedJaggedTensor | None,
-                sequence: KeyedJaggedTensor | None) -> dict[str, torch.Tensor]:
-        """Per feature: the pooled ``[B, D]`` or the sequence ``[sum(lengths), D]`` embeddings."""
-        out: dict[str, torch.Tensor] = {}
-        if self.ebc is not None and pooled is not None:
-            out.update(self.ebc(pooled).to_dict())
-        if self.ec is not None and sequence is not None:
-            out.update({k: jt.values() for k, jt in self.ec(sequence).items()})
-        return out
-
-
 def build_collections(tables: Sequence[EmbeddingTable], weighted: bool = False,
-                      device: str = "cpu") -> Collections:
-    """The :class:`Collections` module of ``tables`` (fp32; weights to be loaded)."""
-    return Collections(tables, weighted, device)
+                      device: str = "cpu",
+                      shardings: Mapping[str, TableSharding] | None = None) -> EmbeddingModules:
+    """The model of a run: ``tables`` (fp32; weights to be loaded) as an
+    ``EmbeddingBagCollection`` (pooled, under ``ebc``) and an ``EmbeddingCollection`` (sequence,
+    under ``ec``); tables whose sharding is a plain torch module (``TableSharding.plain_module``)
+    as ``nn.EmbeddingBag`` / ``nn.Embedding`` under ``plain``."""
+    def config(t: EmbeddingTable) -> Any:
+        cls = EmbeddingBagConfig if t.kind == "pooled" else EmbeddingConfig
+        return cls(name=t.name, embedding_dim=t.dim, num_embeddings=t.num_rows,
+                   feature_names=[t.feature])
+
+    plain = {t.name for t in tables if shardings and shardings[t.name].plain_module}
+    pooled = [config(t) for t in tables if t.kind == "pooled" and t.name not in plain]
+    seq = [config(t) for t in tables if t.kind == "sequence" and t.name not in plain]
+    return EmbeddingModules(pooled, seq, [config(t) for t in tables if t.name in plain], weighted,
+                            device)
 
 
 def kjt_from_batch(batch: Batch, keys: Sequence[str], values_dtype: str = "int64",
@@ -406,13 +396,26 @@ def _features(tables: Sequence[EmbeddingTable], kind: str) -> list[str]:
     return [t.feature for t in tables if t.kind == kind]
 
 
-def _model_inputs(job: RankJob, case: CaseJob, batch: Batch) -> tuple[Any, Any]:
-    """(pooled KJT, sequence KJT) of one local batch."""
-    pooled = kjt_from_batch(batch, _features(case.tables, "pooled"), job.values_dtype,
+def _forward(job: RankJob, case: CaseJob, model: nn.Module, batch: Batch,
+             remap: KJTRemap | None) -> dict[str, torch.Tensor]:
+    """The model's outputs per feature on one local batch: a pooled and a sequence KJT of the
+    batch's features (an export case's original ones, split by ``remap`` before the model and
+    merged back after it)."""
+    tables = case.input_tables
+    pooled = kjt_from_batch(batch, _features(tables, "pooled"), job.values_dtype,
                             job.lengths_dtype, case.weighted)
-    seq = kjt_from_batch(batch, _features(case.tables, "sequence"), job.values_dtype,
+    seq = kjt_from_batch(batch, _features(tables, "sequence"), job.values_dtype,
                          job.lengths_dtype)
-    return pooled, seq
+    if remap is None:
+        return dict(model(pooled, seq))
+    masks: dict[str, torch.Tensor] = {}
+    if pooled is not None:
+        pooled, m = remap.split(pooled)
+        masks.update(m)
+    if seq is not None:
+        seq, m = remap.split(seq)
+        masks.update(m)
+    return remap.merge(model(pooled, seq), masks)
 
 
 def _loss(outputs: Mapping[str, torch.Tensor], job: RankJob, iteration: int,
@@ -526,7 +529,7 @@ def _gradients(model: nn.Module, case: CaseJob,
 
 
 def _iterate(job: RankJob, case: CaseJob, model: nn.Module, ranks: Sequence[int],
-             record: bool) -> list[RankResult]:
+             record: bool, remap: KJTRemap | None = None) -> list[RankResult]:
     """Forward and backward of every batch, on the initial weights each time; one result per
     rank in ``ranks`` (a sharded model runs its own rank; the reference runs every rank's
     samples and sums their losses)."""
@@ -538,8 +541,8 @@ def _iterate(job: RankJob, case: CaseJob, model: nn.Module, ranks: Sequence[int]
         total = torch.zeros(())
         for res in results:
             RECORDER.at(it, "forward")
-            out = dict(model(*_model_inputs(job, case, slice_batch(batch, res.rank * b,
-                                                                    (res.rank + 1) * b))))
+            out = _forward(job, case, model, slice_batch(batch, res.rank * b,
+                                                         (res.rank + 1) * b), remap)
             total = total + _loss(out, job, it, res.rank)
             res.outputs.append({k: v.detach().numpy().copy() for k, v in out.items()})
         RECORDER.at(it, "backward")
@@ -556,13 +559,21 @@ def _iterate(job: RankJob, case: CaseJob, model: nn.Module, ranks: Sequence[int]
 def _run_case(rank: int, job: RankJob, case: CaseJob) -> RankResult:
     RECORDER.records.clear()
     RECORDER.at(None, "setup")
-    plan = module_sharding_plan(case.tables, case.shardings, job.world_size, job.local_world_size)
-    dmp = DistributedModelParallel(build_collections(case.tables, case.weighted),
-                                   env=ShardingEnv.from_process_group(dist.group.WORLD),
+    remap = None
+    if case.export_dir:     # what a user of the export runs: its model, plan and remap
+        model = exported_embeddings(case.export_dir, "cpu", case.weighted,
+                                    dense_sequence_hot=True)
+        plan = torchrec_sharding_plan(case.export_dir, device="cpu", dense_sequence_hot=True)
+        remap = KJTRemap(case.export_dir)
+    else:
+        model = build_collections(case.tables, case.weighted, shardings=case.shardings)
+        plan = module_sharding_plan(case.tables, case.shardings, job.world_size,
+                                    job.local_world_size)
+    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD),
                                    device=torch.device("cpu"), plan=plan,
                                    sharders=cpu_sharders(job.open_row_wise))
     load_weights(dmp, case.tables, case.weights)
-    return _iterate(job, case, dmp, [rank], record=True)[0]
+    return _iterate(job, case, dmp, [rank], record=True, remap=remap)[0]
 
 
 def rank_main(rank: int, job: RankJob) -> None:
@@ -581,7 +592,8 @@ def rank_main(rank: int, job: RankJob) -> None:
 
 
 def _rank_command(job_path: Path, rank: int) -> list[str]:
-    return [sys.executable, "-m", "flexshard_stream.online.torchrec_world", str(job_path), str(rank)]
+    return [sys.executable, "-m", "flexshard_stream.online.torchrec_world", str(job_path),
+            str(rank)]
 
 
 def _child_env() -> dict[str, str]:

@@ -1,10 +1,10 @@
-"""Export a plan for TorchRec 1.8 users: hot table + cold table + ID remapping + constraints.
+"""Export a plan for TorchRec 1.8 users: hot and cold tables, ID remap, constraints, sharding plan.
 
 TorchRec cannot place an arbitrary set of rows (``docs/TORCHREC_COMPAT.md``): a table is sharded
 whole (data-parallel, table-wise, column-wise) or in contiguous, equal row blocks (row-wise,
-table-row-wise). A FlexShard plan (:mod:`flexshard_stream.placement.plan`) replicates individually chosen
-rows. The export therefore splits every table ``T`` of a plan into at most two TorchRec tables and
-renumbers the rows:
+table-row-wise). A FlexShard plan (:mod:`flexshard_stream.placement.plan`) replicates individually
+chosen rows. The export therefore splits every table ``T`` of a plan into at most two TorchRec
+tables and renumbers the rows (:mod:`flexshard_stream.placement.export_layout`):
 
 ``T__hot``
     the replicated rows, sharding type ``"data_parallel"`` (compute kernel ``"dense"``, the only one
@@ -14,22 +14,23 @@ renumbers the rows:
 ``T__cold``
     every other row, sharding type ``"row_wise"`` (or ``"table_row_wise"`` / ``"table_wise"``, see
     ``cold_sharding``), compute kernel ``"fused"``. Omitted when every row is hot.
-``remap`` (``T.remap.npy``, int64[H])
-    a permutation of ``[0, H)``: ``new = remap[id]``; ``new < K`` is row ``new`` of ``T__hot``,
-    otherwise row ``new - K`` of ``T__cold`` (K = ``hot_rows`` in the manifest). The data loader
-    sends hot IDs to feature ``<feature>__hot`` and cold IDs to ``<feature>__cold``
-    (:meth:`TorchRecExport.split_jagged` does it for a jagged batch).
+the remap (``T.remap_exceptions.npy``, ``T.remap_segments.npy``)
+    a bijection of ``[0, H)`` (:class:`~flexshard_stream.placement.id_remap.IdRemap`): the
+    replicated and explicitly placed rows in a sorted map, every other row by arithmetic, so its
+    size is that of the rows chosen individually, not the table's; ``new < K`` is row ``new`` of
+    ``T__hot``, otherwise row ``new - K`` of ``T__cold`` (K = ``hot_rows`` in the manifest). The
+    data loader sends hot IDs to feature ``<feature>__hot`` and cold IDs to ``<feature>__cold``
+    (:meth:`TorchRecExport.remap_batch` in numpy; the torch module ``KJTRemap`` of
+    :mod:`flexshard_stream.placement.torchrec_loader` on a ``KeyedJaggedTensor``).
 
 Cold rows are numbered so that TorchRec's equal row blocks (``ceil(C / n)`` rows per rank,
 ``torchrec/distributed/sharding_plan.py`` l.181-237, the same block size the input bucketization
 uses, ``sharding/rw_sharding.py`` l.429-431) hold, as far as their sizes allow, the rows the plan put
-on that GPU: each rank keeps up to its block size of the plan's rows (explicitly placed rows first,
-then by ID), the overflow fills the other ranks' free slots in ID order, and every block is in
-increasing original-ID order. For a contiguous-range plan with no replicas and block-sized ranges the
-remap is the identity.
+on that GPU (:mod:`~flexshard_stream.placement.export_layout`). For a contiguous-range plan with no
+replicas and block-sized ranges the remap is the identity.
 
-Files written into ``out_dir`` (atomically; an existing export there is replaced, any other
-non-empty directory is refused):
+Files written into ``out_dir`` (atomically; an existing export there is replaced, a file or any
+other non-empty directory is refused: :func:`check_export_target`):
 
 * ``torchrec_export.json``: the manifest (this module's own format, with a schema version; the
   returned dict);
@@ -38,12 +39,16 @@ non-empty directory is refused):
   :func:`torchrec_constraints` turns it into ``dict[str, ParameterConstraints]``;
 * ``embedding_configs.json``: per new table, ``EmbeddingConfig`` / ``EmbeddingBagConfig`` fields;
   :func:`torchrec_embedding_configs` builds the objects;
-* ``<T>.remap.npy`` per table.
+* ``sharding_plan.json``: per new table its ``ParameterSharding`` (sharding type, compute kernel,
+  ranks, each shard's rank, offsets and sizes), which :func:`torchrec_sharding_plan` turns into
+  the ``ShardingPlan`` to pass as ``DistributedModelParallel(plan=...)``: the placement is ours,
+  not TorchRec's planner's;
+* ``<T>.remap_exceptions.npy`` and ``<T>.remap_segments.npy`` per table (int64, no pickles).
 
-torch and torchrec are never imported except by the two loaders, which import them lazily.
-``docs/TORCHREC_EXPORT.md`` states the mapping, what TorchRec cannot express, and how much of the
-modelled benefit survives (:func:`plan_from_export` rebuilds the plan TorchRec will actually run, in
-our plan type, for :func:`flexshard_stream.placement.cost.evaluate_analytic`).
+torch and torchrec are never imported except by the loaders, which import them lazily.
+``docs/TORCHREC_EXPORT.md`` states the mapping, what TorchRec cannot express, what runs, and how
+much of the modelled benefit survives (:func:`plan_from_export` rebuilds the plan TorchRec will
+actually run, in our plan type, for :func:`flexshard_stream.placement.cost.evaluate_analytic`).
 """
 
 from __future__ import annotations
@@ -54,28 +59,38 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
+from ..errors import ConfigError, FlexShardError, FormatError
 from ..formats.files import read_json, read_npy, staging_directory, write_json, write_npy
+from ..formats.units import fmt_bytes
+from ..stats.batch import Batch
 from ..stats.summary import FrequencySummary
-from .plan import ColdSharding, Plan, Router, TablePlan
+from .export_layout import TableMapping, map_table, torchrec_rw_shard_rows
+from .id_remap import IdRemap, regular_id
+from .plan import ColdSharding, Plan, TablePlan
 from .tables import EmbeddingTable, summaries_by_table
 from .topology import Topology
 
 __all__ = ["export_torchrec", "load_torchrec_export", "plan_from_export", "TorchRecExport",
-           "torchrec_constraints", "torchrec_embedding_configs", "torchrec_rw_shard_rows",
+           "torchrec_constraints", "torchrec_embedding_configs", "torchrec_sharding_plan",
+           "torchrec_rw_shard_rows", "check_export_target", "describe_export",
            "PARAMETER_CONSTRAINTS_FIELDS", "COLD_SHARDINGS", "NODE_REPLICAS",
-           "EXPORT_SCHEMA_VERSION", "MANIFEST_FILE", "CONSTRAINTS_FILE", "CONFIGS_FILE"]
+           "EXPORT_SCHEMA_VERSION", "MANIFEST_FILE", "CONSTRAINTS_FILE", "CONFIGS_FILE",
+           "SHARDING_PLAN_FILE", "HOT_SUFFIX", "COLD_SUFFIX"]
 
 TORCHREC_VERSION = "1.8.0"
-EXPORT_SCHEMA_VERSION = 1
+#: Version 2: the compact remap (IdRemap) and sharding_plan.json; version 1 (a dense int64[H]
+#: remap) is not read: export the plan again.
+EXPORT_SCHEMA_VERSION = 2
 EXPORT_FORMAT = "flexshard_stream.torchrec_export"
+REMAP_ENCODING = "exceptions+segments"
 MANIFEST_FILE = "torchrec_export.json"
 CONSTRAINTS_FILE = "constraints.json"
 CONFIGS_FILE = "embedding_configs.json"
+SHARDING_PLAN_FILE = "sharding_plan.json"
 HOT_SUFFIX = "__hot"
 COLD_SUFFIX = "__cold"
 
@@ -107,101 +122,8 @@ _DATA_TYPE = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
-# ----------------------------------------------------------------------------- TorchRec facts
-def torchrec_rw_shard_rows(num_rows: int, num_shards: int) -> np.ndarray:
-    """Rows per shard of a TorchRec 1.8 row-wise (or table-row-wise) table: ``ceil(H / n)`` on every
-    shard until the rows run out (``sharding_plan.py`` l.181-237, ``_calculate_rw_shard_sizes_and_
-    offsets``; e.g. 10 rows on 4 ranks: 3, 3, 3, 1; 5 on 4: 2, 2, 1, 0). Row ``i`` lives on shard
-    ``i // ceil(H / n)``, as the input bucketization computes it (``rw_sharding.py`` l.429-431,
-    ``twrw_sharding.py`` l.369-371)."""
-    if num_shards <= 0:
-        raise ConfigError(f"num_shards must be > 0, got {num_shards}")
-    if num_rows <= 0:
-        return np.zeros(num_shards, np.int64)
-    block = -(-num_rows // num_shards)
-    last = num_rows // block
-    out = np.zeros(num_shards, np.int64)
-    out[:min(last, num_shards)] = block
-    if last < num_shards:
-        out[last] = num_rows - block * last
-    return out
-
-
 # ----------------------------------------------------------------------------- per-table mapping
-def _choose_cold(tp: TablePlan, topo: Topology, cold_sharding: str, owners: np.ndarray
-                 ) -> tuple[str, np.ndarray, list[str]]:
-    """TorchRec sharding type and target ranks of the cold table, with notes."""
-    t = tp.table
-    M, G = topo.gpus_per_node, topo.num_gpus
-    used = np.unique(owners) if owners.size else np.unique(tp.cold.gpus)
-    notes: list[str] = []
-    one_node = used.size > 0 and np.unique(used // M).size == 1
-    counts = np.bincount(owners, minlength=G) if owners.size else np.zeros(G, np.int64)
-    if cold_sharding == "auto":
-        if used.size == 1:
-            kind = "table_wise"
-        elif one_node and M > 1 and t.kind == "pooled":
-            kind = "table_row_wise"
-        else:
-            kind = "row_wise"
-            if one_node and M > 1:
-                notes.append("the plan keeps the cold rows on one node, but TorchRec 1.8's "
-                             "EmbeddingCollectionSharder offers no table_row_wise for sequence "
-                             "tables (embedding.py l.1836-1843): exported row_wise over all ranks")
-    else:
-        kind = cold_sharding
-    if kind == "table_row_wise" and t.kind != "pooled":
-        raise ConfigError(f"table {t.name!r}: cold_sharding 'table_row_wise' is impossible for a "
-                          "sequence table: TorchRec 1.8's EmbeddingCollectionSharder offers only "
-                          "data_parallel, table_wise, column_wise and row_wise (embedding.py "
-                          "l.1836-1843); use 'row_wise' or 'auto'")
-    if kind == "row_wise":
-        ranks = np.arange(G, dtype=np.int64)
-    elif kind == "table_row_wise":
-        node = int(np.argmax(np.bincount(np.arange(G) // M, weights=counts, minlength=topo.nodes)))
-        ranks = topo.gpus_of_node(node).astype(np.int64)
-        if not one_node:
-            notes.append(f"table_row_wise puts all cold rows on one node (TorchRec picks which; "
-                         f"the reverse mapping assumes node {node}, the one holding most of them "
-                         f"in the plan)")
-        else:
-            notes.append(f"TorchRec's planner picks the node; the reverse mapping assumes the "
-                         f"plan's node {node}")
-    else:  # table_wise
-        ranks = np.array([int(np.argmax(counts))], np.int64)
-        if used.size > 1:
-            notes.append(f"table_wise puts all cold rows on one rank (the reverse mapping assumes "
-                         f"GPU {int(ranks[0])}, the one holding most of them in the plan)")
-        notes.append("TorchRec's planner picks the rank of a table_wise table")
-    return kind, ranks, notes
-
-
-def _cold_blocks(cold_ids: np.ndarray, owners: np.ndarray, placed: np.ndarray,
-                 ranks: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, int]:
-    """Block (index into ``ranks``) of every cold row: each rank keeps up to ``caps`` of the rows
-    the plan put on it (placed rows first, then by ID); the overflow fills the free slots in rank
-    order, by ID. Returns (block per row, rows kept on their plan GPU)."""
-    G = int(max(int(owners.max()) if owners.size else 0, int(ranks.max()) if ranks.size else 0)) + 1
-    pos = np.full(G, ranks.size, np.int64)
-    pos[ranks] = np.arange(ranks.size)
-    j = pos[owners]
-    order = np.lexsort((cold_ids, ~placed, j))
-    js = j[order]
-    starts = np.searchsorted(js, np.arange(ranks.size + 1))
-    within = np.arange(js.size) - starts[np.minimum(js, ranks.size)]
-    capx = np.concatenate([caps, [0]])
-    keep_sorted = within < capx[js]
-    block = np.empty(cold_ids.size, np.int64)
-    block[order[keep_sorted]] = js[keep_sorted]
-    kept = np.bincount(js[keep_sorted], minlength=ranks.size)[:ranks.size]
-    free = caps - kept
-    over = order[~keep_sorted]
-    over = over[np.argsort(cold_ids[over], kind="stable")]
-    block[over] = np.repeat(np.arange(ranks.size), free)
-    return block, int(keep_sorted.sum())
-
-
-def _hot_share(tp: TablePlan, hot_ids: np.ndarray, s: FrequencySummary | None) -> float | None:
+def _hot_share(hot_ids: np.ndarray, s: FrequencySummary | None) -> float | None:
     """Access probability of the hot rows, from a frequency summary (None without one)."""
     if s is None or not s.total:
         return None
@@ -210,60 +132,6 @@ def _hot_share(tp: TablePlan, hot_ids: np.ndarray, s: FrequencySummary | None) -
     n_top_hot = int(np.count_nonzero(inside))
     share = float(p[inside].sum()) + max(0, hot_ids.size - n_top_hot) * s.tail_probability()
     return min(1.0, max(0.0, share))
-
-
-def _table_mapping(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: str
-                   ) -> dict[str, Any]:
-    t = tp.table
-    H = t.num_rows
-    if tp.replicated:
-        return {"remap": np.arange(H, dtype=np.int64), "hot_ids": np.arange(H, dtype=np.int64),
-                "K": H, "K0": H, "K1_hot": 0, "cold": None,
-                "notes": ["data-parallel table: exported whole as the hot (data_parallel) table "
-                          "with the identity remap"]}
-    notes: list[str] = []
-    hot_ids = tp.global_ids
-    if node_replicas == "hot" and tp.node_ids.size:
-        hot_ids = np.union1d(hot_ids, tp.node_ids)
-        notes.append(f"{tp.node_ids.size} node replicas folded into the data-parallel hot table "
-                     f"(stored on every GPU instead of once per node)")
-    elif tp.node_ids.size:
-        notes.append(f"{tp.node_ids.size} node replicas exported as cold rows (TorchRec has no "
-                     f"one-copy-per-node sharding); each goes where the plan's cold function "
-                     f"puts it")
-    K = int(hot_ids.size)
-    is_hot = np.zeros(H, np.bool_)
-    is_hot[hot_ids] = True
-    cold_ids = np.flatnonzero(~is_hot).astype(np.int64)
-    remap = np.empty(H, np.int64)
-    remap[hot_ids] = np.arange(K, dtype=np.int64)
-    cold: dict[str, Any] | None = None
-    if cold_ids.size:
-        # plan owner of every cold row: explicit placement, else the plan's cold function (node
-        # replicas demoted to cold follow the cold function too)
-        owners = Router(TablePlan(t, tp.cold), topo).route(cold_ids, 0).astype(np.int64)
-        placed = np.zeros(cold_ids.size, np.bool_)
-        if tp.placed_ids.size:
-            at = np.searchsorted(cold_ids, tp.placed_ids)
-            owners[at] = tp.placed_gpus
-            placed[at] = True
-        kind, ranks, cnotes = _choose_cold(tp, topo, cold_sharding, owners)
-        notes += cnotes
-        C = int(cold_ids.size)
-        caps = torchrec_rw_shard_rows(C, ranks.size)
-        block, kept = _cold_blocks(cold_ids, owners, placed, ranks, caps)
-        order = np.lexsort((cold_ids, block))
-        cidx = np.empty(C, np.int64)
-        cidx[order] = np.arange(C, dtype=np.int64)
-        remap[cold_ids] = K + cidx
-        plan_gpus = np.unique(owners)
-        cold = {"rows": C, "sharding_type": kind, "ranks": ranks.tolist(),
-                "shard_rows": caps.tolist(), "plan_gpus": plan_gpus.tolist(),
-                "rows_on_plan_gpu": kept, "placed_rows": int(placed.sum()),
-                "node_rows": int(tp.node_ids.size) if node_replicas == "cold" else 0}
-    return {"remap": remap, "hot_ids": hot_ids, "K": K, "K0": int(tp.global_ids.size),
-            "K1_hot": int(tp.node_ids.size) if node_replicas == "hot" else 0, "cold": cold,
-            "notes": notes}
 
 
 def _constraints(sharding: str, kernel: str, feature: str, pooling: float | None
@@ -296,15 +164,15 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
                     node_replicas: str = "hot",
                     summaries: Mapping[str, FrequencySummary] | None = None,
                     mean_lengths: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """Write ``plan`` as TorchRec 1.8 tables, constraints and ID remapping arrays.
+    """Write ``plan`` as TorchRec 1.8 tables, constraints, a sharding plan and ID remaps.
 
     Parameters
     ----------
     plan : Plan
         Any plan (FlexShard, HugeCTR hybrid, the baselines).
     out_dir : path
-        Output directory, created or replaced atomically. A non-empty directory that is not an
-        export is refused.
+        Output directory, created or replaced atomically. A file, or a non-empty directory that
+        is not an export, is refused.
     cold_sharding : {"auto", "row_wise", "table_row_wise", "table_wise"}
         TorchRec sharding type of the cold tables. ``auto`` follows the plan: ``table_wise`` when its
         cold rows are on one GPU, ``table_row_wise`` when they are on one node and the table is
@@ -331,11 +199,18 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
     ------
     ConfigError
         Unknown ``cold_sharding`` / ``node_replicas``, ``table_row_wise`` for a sequence table,
-        a non-empty ``out_dir`` that is not an export, an empty plan.
+        an ``out_dir`` that is a file or a non-empty directory that is not an export, an empty
+        plan.
+
+    Notes
+    -----
+    Memory and time grow with the replicated and explicitly placed rows and the GPUs, not with the
+    tables' rows (:class:`~flexshard_stream.placement.id_remap.IdRemap`): a table of 10^9 rows, or
+    of hashed 64-bit IDs, exports like a small one.
     """
     _check_export(plan, cold_sharding, node_replicas)
     out_dir = Path(out_dir)
-    _check_export_dir(out_dir)
+    check_export_target(out_dir)
     _check_features(plan)
     _check_columns(plan)
     with staging_directory(out_dir) as tmp:
@@ -351,6 +226,11 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
             "format": "torchrec.EmbeddingConfigs", "torchrec_version": TORCHREC_VERSION,
             "schema_version": EXPORT_SCHEMA_VERSION,
             "tables": [c for p in parts for c in p.configs]})
+        _write_json(tmp / SHARDING_PLAN_FILE, {
+            "format": "torchrec.ShardingPlan", "torchrec_version": TORCHREC_VERSION,
+            "schema_version": EXPORT_SCHEMA_VERSION, "world_size": plan.topology.num_gpus,
+            "local_world_size": plan.topology.gpus_per_node,
+            "tables": {k: v for p in parts for k, v in p.shardings.items()}})
         _write_json(tmp / MANIFEST_FILE, manifest)
         load_torchrec_export(tmp)  # verify before publishing
     return manifest
@@ -370,11 +250,15 @@ def _check_export(plan: Plan, cold_sharding: str, node_replicas: str) -> None:
         raise ConfigError("the plan has no tables to export")
 
 
-def _check_export_dir(out_dir: Path) -> None:
-    """Refuse to replace anything but an export (or an empty directory): it would be deleted."""
-    if out_dir.exists():
+def check_export_target(out_dir: str | os.PathLike) -> None:
+    """Refuse to replace anything but an export or an empty directory (it would be deleted): a
+    file, or a non-empty directory without an export manifest, is a :class:`ConfigError`. The one
+    check of what an export may overwrite (``export_torchrec`` and ``flexshard-stream export``)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() or out_dir.is_symlink():
         if not out_dir.is_dir():
-            raise ConfigError(f"{out_dir}: exists and is not a directory")
+            raise ConfigError(f"{out_dir}: exists and is not a directory; refusing to replace "
+                              f"it with a TorchRec export")
         if any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
             raise ConfigError(f"{out_dir}: a non-empty directory that is not a TorchRec export "
                               f"(no {MANIFEST_FILE}); refusing to overwrite it")
@@ -402,12 +286,14 @@ def _check_features(plan: Plan) -> None:
 
 @dataclass
 class _TableExport:
-    """One original table, exported: its manifest entry, the constraints and embedding configs
-    of its new tables, and the bytes of stored rows per GPU under the plan and under TorchRec."""
+    """One original table, exported: its manifest entry, the constraints, embedding configs and
+    sharding-plan entries of its new tables, and the bytes of stored rows per GPU under the plan
+    and under TorchRec."""
 
     entry: dict[str, Any]
     constraints: dict[str, dict[str, Any]]
     configs: list[dict[str, Any]]
+    shardings: dict[str, dict[str, Any]]
     plan_row_bytes: np.ndarray          # bytes per GPU
     export_row_bytes: np.ndarray        # bytes per GPU
 
@@ -416,42 +302,46 @@ def _export_table(tmp: Path, index: int, name: str, tp: TablePlan, topo: Topolog
                   cold_sharding: str, node_replicas: str,
                   summaries: Mapping[str, FrequencySummary],
                   mean_lengths: Mapping[str, float]) -> _TableExport:
-    """Split table ``name`` into its hot and cold TorchRec tables and write its remap array into
+    """Split table ``name`` into its hot and cold TorchRec tables and write its remap arrays into
     ``tmp``."""
     t = tp.table
-    m = _table_mapping(tp, topo, cold_sharding, node_replicas)
-    rows = np.full(topo.num_gpus, m["K"], np.int64)
-    if m["cold"] is not None:
-        rows[np.asarray(m["cold"]["ranks"])] += np.asarray(m["cold"]["shard_rows"])
+    m = map_table(tp, topo, cold_sharding, node_replicas)
+    rows = np.full(topo.num_gpus, m.hot_rows, np.int64)
+    if m.cold is not None:
+        rows[m.cold.ranks] += m.cold.shard_rows
     pb = tp.rows_per_gpu(topo) * float(t.row_bytes)
     eb = rows * float(t.row_bytes)
     L, share = _length_and_hot_share(name, tp, m, summaries, mean_lengths)
     pf_hot = pf_cold = None
     if L is not None and share is not None:
         pf_hot, pf_cold = float(L) * share, float(L) * (1.0 - share)
-    notes = list(m["notes"])
+    notes = list(m.notes)
     if pf_hot is None:
         notes.append("pooling_factors: TorchRec's default [1.0] (pass summaries= to split "
                      "the mean length by access share)")
-    fn = f"{name}.remap.npy" if _SAFE_NAME.match(name) else f"t{index}.remap.npy"
-    sha = write_npy(tmp / fn, m["remap"], mode=0o644)
-    out = _TableExport({}, {}, [], pb, eb)
-    hot = _hot_table(out, name, t, m, pf_hot) if m["K"] else None
-    cold = _cold_table(out, name, tp, topo, m, pf_cold) if m["cold"] is not None else None
+    stem = name if _SAFE_NAME.match(name) else f"t{index}"
+    remap = {"encoding": REMAP_ENCODING, "rows": t.num_rows}
+    for part in ("exceptions", "segments"):
+        arr = getattr(m.remap, part)
+        fn = f"{stem}.remap_{part}.npy"
+        remap[part] = {"file": fn, "dtype": "int64", "shape": list(arr.shape),
+                       "sha256": write_npy(tmp / fn, arr, mode=0o644)}
+    out = _TableExport({}, {}, [], {}, pb, eb)
+    hot = _hot_table(out, name, t, m, pf_hot, topo) if m.hot_rows else None
+    cold = _cold_table(out, name, tp, topo, m, pf_cold) if m.cold is not None else None
     out.entry = {
         "table": name, "source_table": dataclasses.asdict(t),
-        "hot_rows": m["K"], "hot": hot, "cold": cold,
+        "hot_rows": m.hot_rows, "hot": hot, "cold": cold,
         "node_replicas": node_replicas if tp.node_ids.size else None,
         "hot_access_share": share,
         "row_bytes_per_gpu_max": {"plan": float(pb.max()), "export": float(eb.max())},
         "mean_length": None if L is None else float(L),
         "plan_cold": tp.cold.to_dict(), "plan_tiers": tp.tier_sizes(),
-        "remap": {"file": fn, "dtype": "int64", "shape": [t.num_rows], "sha256": sha},
-        "notes": notes}
+        "remap": remap, "remap_bytes": m.remap.nbytes, "notes": notes}
     return out
 
 
-def _length_and_hot_share(name: str, tp: TablePlan, m: Mapping[str, Any],
+def _length_and_hot_share(name: str, tp: TablePlan, m: TableMapping,
                           summaries: Mapping[str, FrequencySummary],
                           mean_lengths: Mapping[str, float]) -> tuple[float | None, float | None]:
     """IDs per sample (given by table name or feature, else the summary's mean length) and the
@@ -461,44 +351,69 @@ def _length_and_hot_share(name: str, tp: TablePlan, m: Mapping[str, Any],
     L = mean_lengths.get(name, mean_lengths.get(t.feature))
     if L is None and s is not None:
         L = s.mean_length or None
-    share = _hot_share(tp, m["hot_ids"], s) if m["K"] < t.num_rows else 1.0
+    share = _hot_share(m.hot_ids, s) if m.cold is not None else 1.0
     return L, share
 
 
-def _hot_table(out: _TableExport, name: str, t: EmbeddingTable, m: Mapping[str, Any],
-               pooling: float | None) -> dict[str, Any]:
-    """``<name>__hot``: data-parallel, dense kernel; its constraints and config go into ``out``;
-    returns its manifest entry."""
+def _shard_entry(module: str, sharding: str, kernel: str, ranks: Sequence[int],
+                 shard_rows: Sequence[int] | None, dim: int) -> dict[str, Any]:
+    """One table of ``sharding_plan.json``: what ``ParameterSharding`` holds (``shards``: row
+    offset and size of each rank's shard, all columns; None for data-parallel)."""
+    shards = None
+    if shard_rows is not None:
+        offsets = np.concatenate([[0], np.cumsum(shard_rows)[:-1]]).astype(np.int64)
+        shards = [{"rank": int(r), "offsets": [int(o), 0], "sizes": [int(n), int(dim)]}
+                  for r, o, n in zip(ranks, offsets, shard_rows)]
+    return {"module": module, "sharding_type": sharding, "compute_kernel": kernel,
+            "ranks": [int(r) for r in ranks], "shards": shards, "cache_params": None}
+
+
+def _module_of(t: EmbeddingTable) -> str:
+    return "EmbeddingBagCollection" if t.kind == "pooled" else "EmbeddingCollection"
+
+
+def _hot_table(out: _TableExport, name: str, t: EmbeddingTable, m: TableMapping,
+               pooling: float | None, topo: Topology) -> dict[str, Any]:
+    """``<name>__hot``: data-parallel, dense kernel; its constraints, config and sharding go into
+    ``out``; returns its manifest entry."""
     hname, hfeat = name + HOT_SUFFIX, t.feature + HOT_SUFFIX
     out.constraints[hname] = _constraints(_DATA_PARALLEL, _DENSE, hfeat, pooling)
-    out.configs.append(_config(t, hname, m["K"], hfeat))
-    return {"table": hname, "feature": hfeat, "rows": m["K"],
-            "sharding_type": _DATA_PARALLEL, "global_rows": m["K0"],
-            "node_rows": m["K1_hot"],
+    out.configs.append(_config(t, hname, m.hot_rows, hfeat))
+    out.shardings[hname] = _shard_entry(_module_of(t), _DATA_PARALLEL, _DENSE,
+                                        range(topo.num_gpus), None, t.dim)
+    return {"table": hname, "feature": hfeat, "rows": m.hot_rows,
+            "sharding_type": _DATA_PARALLEL, "global_rows": m.global_rows,
+            "node_rows": m.node_rows_hot,
             # DDP all-reduces the dense gradient of a data-parallel table every
             # iteration (model_parallel.py l.163-190), touched or not
-            "dense_grad_bytes": m["K"] * t.embedding_bytes}
+            "dense_grad_bytes": m.hot_rows * t.embedding_bytes}
 
 
 def _cold_table(out: _TableExport, name: str, tp: TablePlan, topo: Topology,
-                m: Mapping[str, Any], pooling: float | None) -> dict[str, Any]:
+                m: TableMapping, pooling: float | None) -> dict[str, Any]:
     """``<name>__cold``: the mapping's sharding type, fused kernel (UVM caching when the plan
-    has a host memory tier); its constraints and config go into ``out``; returns its manifest
-    entry."""
-    t = tp.table
+    has a host memory tier); its constraints, config and sharding go into ``out``; returns its
+    manifest entry."""
+    t, c = tp.table, m.cold
     cname, cfeat = name + COLD_SUFFIX, t.feature + COLD_SUFFIX
-    cons = _constraints(m["cold"]["sharding_type"], _FUSED, cfeat, pooling)
+    cons = _constraints(c.sharding_type, _FUSED, cfeat, pooling)
     out.constraints[cname] = cons
-    out.configs.append(_config(t, cname, m["cold"]["rows"], cfeat))
-    cold = {"table": cname, "feature": cfeat, **m["cold"]}
+    out.configs.append(_config(t, cname, m.cold_rows, cfeat))
+    shard = _shard_entry(_module_of(t), c.sharding_type, _FUSED, c.ranks.tolist(),
+                         c.shard_rows.tolist(), t.dim)
+    out.shardings[cname] = shard
+    cold = {"table": cname, "feature": cfeat,
+            **c.entry(m.cold_rows, tp.placed_ids.size, m.node_rows_cold), "notes": c.notes}
     if tp.has_host_tier:
         # the RecShard tier: TorchRec keeps such a table in UVM with an HBM cache; its load
         # factor is the plan's share of the cold rows kept in HBM (the cache picks rows by
         # frequency, as the plan's split does)
         host = float(tp.host_rows_per_gpu(topo).sum())
-        lf = min(1.0, max(0.0, 1.0 - host / max(m["cold"]["rows"], 1)))
+        lf = min(1.0, max(0.0, 1.0 - host / max(m.cold_rows, 1)))
         cons["compute_kernels"] = [_UVM_CACHING]
         cons["cache_params"] = {"algorithm": "LFU", "load_factor": lf}
+        shard["compute_kernel"] = _UVM_CACHING
+        shard["cache_params"] = dict(cons["cache_params"])
         cold["host_rows"] = host
         cold["hbm_load_factor"] = lf
     return cold
@@ -520,10 +435,11 @@ def _manifest(plan: Plan, cold_sharding: str, node_replicas: str,
         "node_replicas": node_replicas,
         # stored rows (embedding + optimizer state) per GPU, plan vs TorchRec export
         "row_bytes_per_gpu": {"plan": plan_bytes.tolist(), "export": export_bytes.tolist()},
-        "remap_encoding": "new = remap[id]; new < hot_rows: row new of <table>__hot (feature "
-                          "<feature>__hot); else row new - hot_rows of <table>__cold (feature "
-                          "<feature>__cold)",
-        "files": {"constraints": CONSTRAINTS_FILE, "embedding_configs": CONFIGS_FILE},
+        "remap_encoding": "new = remap(id) (IdRemap: sorted exceptions + runs by arithmetic); "
+                          "new < hot_rows: row new of <table>__hot (feature <feature>__hot); "
+                          "else row new - hot_rows of <table>__cold (feature <feature>__cold)",
+        "files": {"constraints": CONSTRAINTS_FILE, "embedding_configs": CONFIGS_FILE,
+                  "sharding_plan": SHARDING_PLAN_FILE},
         "tables": [p.entry for p in parts]}
 
 
@@ -543,20 +459,46 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     if doc["schema_version"] != EXPORT_SCHEMA_VERSION:
         raise FormatError(f"{path}: {what} schema version {doc['schema_version']!r} is not "
                           f"supported (this flexshard_stream reads version "
-                          f"{EXPORT_SCHEMA_VERSION})")
+                          f"{EXPORT_SCHEMA_VERSION}; export the plan again)")
     return doc
+
+
+def describe_export(manifest: Mapping[str, Any]) -> list[str]:
+    """Human lines (under 80 columns for names up to 30 characters) about an export: per table
+    its hot and cold TorchRec tables, the cold rows kept on their plan GPU and the remap's size;
+    then the stored bytes per GPU, plan vs export."""
+    lines = [f"{manifest['strategy']} plan on {manifest['world_size']} GPUs "
+             f"({manifest['local_world_size']} per node) for TorchRec "
+             f"{manifest['torchrec_version']}:"]
+    for e in manifest["tables"]:
+        lines.append(f"  {e['table']} (remap {fmt_bytes(e['remap_bytes'])})")
+        if e["hot"]:
+            lines.append(f"    {e['hot']['table']}: data_parallel, {e['hot']['rows']:,} rows")
+        c = e["cold"]
+        if c:
+            kept = ("" if c["rows_on_plan_gpu"] is None else
+                    f", {c['rows_on_plan_gpu'] / max(c['rows'], 1):.1%} on plan GPU")
+            lines.append(f"    {c['table']}: {c['sharding_type']}, {c['rows']:,} rows{kept}")
+    rb = manifest["row_bytes_per_gpu"]
+    lines.append(f"stored rows per GPU, max: plan {fmt_bytes(max(rb['plan']))}, export "
+                 f"{fmt_bytes(max(rb['export']))}")
+    return lines
 
 
 # ----------------------------------------------------------------------------- reading back
 @dataclass(frozen=True, eq=False)
 class TorchRecExport:
-    """A verified export: the manifest and the remap array of every original table."""
+    """A verified export: the manifest and the :class:`IdRemap` of every original table.
+
+    The numpy side of the data loader's step (the torch twin is
+    ``flexshard_stream.placement.torchrec_loader.KJTRemap``: identical IDs)."""
 
     path: Path
     manifest: dict[str, Any]
-    remaps: dict[str, np.ndarray]
+    remaps: dict[str, IdRemap]
 
     def entry(self, table: str) -> dict[str, Any]:
+        """The manifest entry of an original table."""
         for e in self.manifest["tables"]:
             if e["table"] == table:
                 return e
@@ -567,13 +509,13 @@ class TorchRecExport:
         """K: rows of ``<table>__hot``; remapped IDs below K are hot."""
         return int(self.entry(table)["hot_rows"])
 
+    def apply(self, table: str, ids: Any) -> np.ndarray:
+        """New index (int64) of each original ID of ``table``."""
+        return self.remaps[self.entry(table)["table"]].apply(ids, f"table {table!r}")
+
     def split(self, table: str, ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(is_hot, hot_ids, cold_ids)`` for original IDs of ``table``: the data loader's step."""
-        remap = self.remaps[self.entry(table)["table"]]
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= remap.size):
-            raise ConfigError(f"table {table!r}: IDs must lie in [0, {remap.size})")
-        new = remap[ids]
+        new = self.apply(table, ids)
         K = self.hot_rows(table)
         is_hot = new < K
         return is_hot, new[is_hot], new[~is_hot] - K
@@ -587,18 +529,99 @@ class TorchRecExport:
         lengths = np.asarray(lengths, dtype=np.int64)
         if lengths.ndim != 1 or (lengths.size and lengths.min() < 0):
             raise ConfigError(f"table {table!r}: lengths must be a 1-d array of counts >= 0")
-        values = np.asarray(values, dtype=np.int64)
+        values = np.asarray(values)
         if int(lengths.sum()) != values.size:
             raise ConfigError(f"table {table!r}: lengths sum to {int(lengths.sum())} but there are "
                               f"{values.size} values")
         is_hot, hot, cold = self.split(table, values)
-        seg = np.repeat(np.arange(lengths.size), lengths)
-        hl = np.bincount(seg[is_hot], minlength=lengths.size).astype(np.int64)
+        csum = np.concatenate([[0], np.cumsum(is_hot, dtype=np.int64)])
+        ends = np.cumsum(lengths)
+        hl = csum[ends] - csum[ends - lengths]
         return hot, hl, cold, lengths - hl, is_hot
+
+    def table_of_feature(self, feature: str) -> str | None:
+        """The original table a batch key feeds (None if no exported table reads it)."""
+        for e in self.manifest["tables"]:
+            if (e["source_table"]["feature"] or e["table"]) == feature:
+                return e["table"]
+        return None
+
+    def remap_batch(self, batch: Batch) -> tuple[Batch, dict[str, np.ndarray]]:
+        """A :class:`Batch` of original IDs as the exported model reads it: every exported
+        feature ``f`` becomes ``f__hot`` and / or ``f__cold`` (the parts the table has, hot first),
+        other keys pass through; weights follow their IDs. Returns the batch and, per exported
+        feature, ``is_hot`` (bool per value). The numpy twin of ``KJTRemap``."""
+        keys, vals, lens, wts, masks = [], [], [], [], {}
+        offs = batch.key_offsets()
+        for i, key in enumerate(batch.keys):
+            v = batch.values[offs[i]:offs[i + 1]]
+            w = None if batch.weights is None else batch.weights[offs[i]:offs[i + 1]]
+            ln = batch.feature_lengths(key)
+            table = self.table_of_feature(key)
+            if table is None:
+                keys.append(key), vals.append(v), lens.append(ln), wts.append(w)
+                continue
+            hv, hl, cv, cl, is_hot = self.split_jagged(table, v, ln)
+            masks[key] = is_hot
+            e = self.entry(table)
+            for part, pv, pl, pw in (("hot", hv, hl, None if w is None else w[is_hot]),
+                                     ("cold", cv, cl, None if w is None else w[~is_hot])):
+                if e[part] is not None:
+                    keys.append(e[part]["feature"]), vals.append(pv), lens.append(pl)
+                    wts.append(pw)
+        weights = None if batch.weights is None else np.concatenate(wts)
+        return Batch(keys, np.concatenate(vals), np.concatenate(lens), weights,
+                     batch.timestamp), masks
+
+    def new_tables(self) -> list[EmbeddingTable]:
+        """The exported tables (``<table>__hot``, ``<table>__cold``) as :class:`EmbeddingTable`
+        rows, in export order, each fed by its own feature."""
+        out = []
+        for e in self.manifest["tables"]:
+            src = EmbeddingTable(**e["source_table"])
+            for part in ("hot", "cold"):
+                p = e[part]
+                if p is not None:
+                    out.append(dataclasses.replace(src, name=p["table"], num_rows=p["rows"],
+                                                   feature=p["feature"]))
+        return out
+
+    def split_rows(self, table: str, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-row data of an original table (weights, gradients: ``rows[id]``) as the exported
+        tables hold it: ``{<table>__hot: rows[ids of hot rows 0..K-1], <table>__cold: ...}``.
+        ``O(H)``: for moving trained weights."""
+        e = self.entry(table)
+        remap = self.remaps[e["table"]]
+        K = int(e["hot_rows"])
+        out = {}
+        for part, lo, hi in (("hot", 0, K), ("cold", K, remap.num_rows)):
+            if e[part] is not None:
+                out[e[part]["table"]] = rows[remap.original(np.arange(lo, hi, dtype=np.int64))]
+        return out
+
+    def merge_rows(self, table: str, parts: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The inverse of :meth:`split_rows`: per-row data of the exported tables back on the
+        original rows (e.g. a run's gradients)."""
+        e = self.entry(table)
+        remap = self.remaps[e["table"]]
+        K = int(e["hot_rows"])
+        first = next(iter(parts.values()))
+        out = np.zeros((remap.num_rows,) + first.shape[1:], first.dtype)
+        for part, lo in (("hot", 0), ("cold", K)):
+            if e[part] is not None:
+                rows = parts[e[part]["table"]]
+                out[remap.original(np.arange(lo, lo + rows.shape[0], dtype=np.int64))] = rows
+        return out
+
+    def sharding_plan_doc(self) -> dict[str, Any]:
+        """``sharding_plan.json``: per exported table, its ``ParameterSharding`` as JSON."""
+        return _read_json(self.path / SHARDING_PLAN_FILE, "sharding plan")
 
 
 def load_torchrec_export(path: str | os.PathLike) -> TorchRecExport:
-    """Read an export directory, verifying its version and the remap checksums and permutations."""
+    """Read an export directory, verifying its version, the remap checksums and that every remap
+    is a bijection of its table's rows (in time and memory of the remap's size, not the
+    table's)."""
     path = Path(path)
     doc = _read_json(path / MANIFEST_FILE, "TorchRec export manifest")
     if doc.get("format") != EXPORT_FORMAT:
@@ -608,80 +631,51 @@ def load_torchrec_export(path: str | os.PathLike) -> TorchRecExport:
     try:
         for e in doc["tables"]:
             spec = e["remap"]
-            arr = read_npy(path, spec["file"], spec["sha256"], "remap file")
-            f = path / spec["file"]
-            if arr.dtype != np.int64 or list(arr.shape) != spec["shape"]:
-                raise FormatError(f"{f}: {arr.dtype} {list(arr.shape)}, expected int64 "
-                                  f"{spec['shape']}")
-            seen = np.zeros(arr.size, np.bool_)
-            if arr.size and (arr.min() < 0 or arr.max() >= arr.size):
-                raise FormatError(f"{f}: remap values must lie in [0, {arr.size})")
-            seen[arr] = True
-            if not seen.all():
-                raise FormatError(f"{f}: remap is not a permutation of [0, {arr.size})")
-            remaps[e["table"]] = arr
-    except (KeyError, TypeError) as err:
+            if spec.get("encoding") != REMAP_ENCODING:
+                raise FormatError(f"{path / MANIFEST_FILE}: table {e['table']!r}: remap "
+                                  f"encoding {spec.get('encoding')!r}, expected "
+                                  f"{REMAP_ENCODING!r}")
+            arrays = {}
+            for part in ("exceptions", "segments"):
+                s = spec[part]
+                arr = read_npy(path, s["file"], s["sha256"], "remap file")
+                if arr.dtype != np.int64 or list(arr.shape) != s["shape"]:
+                    raise FormatError(f"{path / s['file']}: {arr.dtype} {list(arr.shape)}, "
+                                      f"expected int64 {s['shape']}")
+                arrays[part] = arr
+            remap = IdRemap(int(spec["rows"]), arrays["exceptions"], arrays["segments"])
+            remap.verify(f"{path}: table {e['table']!r} remap")
+            if remap.num_rows != int(e["source_table"]["num_rows"]) or not \
+                    0 <= int(e["hot_rows"]) <= remap.num_rows:
+                raise FormatError(f"{path / MANIFEST_FILE}: table {e['table']!r}: remap of "
+                                  f"{remap.num_rows} rows, hot rows {e['hot_rows']}")
+            remaps[e["table"]] = remap
+    except (KeyError, TypeError, ValueError) as err:
+        if isinstance(err, FlexShardError):
+            raise
         raise FormatError(f"{path / MANIFEST_FILE}: inconsistent manifest "
                           f"({type(err).__name__}: {err})") from None
     return TorchRecExport(path, doc, remaps)
 
 
 def plan_from_export(export: TorchRecExport | str | os.PathLike) -> Plan:
-    """The plan TorchRec will run, in our plan type (strategy ``"torchrec_export"``).
+    """The plan TorchRec will run, in our plan type (strategy ``"torchrec_export"``), exactly.
 
-    Per original table: hot rows become global replicas; cold rows are owned by the rank TorchRec's
-    equal blocks give them (``ranks[cold_index // ceil(C / n)]``), written as a cold function plus
-    explicit placements for the rows that function gets wrong. Of two cold functions, the one
-    needing fewer placements is used: TorchRec's blocks as ranges over original IDs (bounds = the
-    first original ID of each block; exact when the cold order is monotone in the ID) or the plan's
-    own cold function (right for every row kept on its plan GPU). For
-    ``table_wise`` / ``table_row_wise`` the rank / node is the one recorded in the manifest
-    (TorchRec's planner may pick another; by symmetry the modelled cost is the same on a uniform
-    topology). Feed it to :func:`flexshard_stream.placement.cost.evaluate_analytic` to see how much of the
-    plan's modelled benefit survives.
+    Per original table: hot rows become global replicas; every cold row is owned by the rank of
+    its TorchRec block (``ranks[cold_index // ceil(C / n)]``): the remap's runs of regular rows,
+    cut at the block boundaries, become a range cold function over original IDs (a GPU may hold
+    several ranges), and the explicitly placed rows explicit placements. For ``table_wise`` /
+    ``table_row_wise`` the rank / node is the one recorded in the export's sharding plan. Memory
+    grows with the remap, not the table. Feed it to
+    :func:`flexshard_stream.placement.cost.evaluate_analytic` to see how much of the plan's
+    modelled benefit survives.
     """
     ex = export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
     doc = ex.manifest
     try:
         topo = Topology.from_dict(doc["topology"])
-        tps = []
-        for e in doc["tables"]:
-            t = EmbeddingTable(**e["source_table"])
-            remap = ex.remaps[e["table"]]
-            H, K = t.num_rows, int(e["hot_rows"])
-            if K == H:
-                tps.append(TablePlan(t, ColdSharding.replicated()))
-                continue
-            hot_ids = np.flatnonzero(remap < K).astype(np.int64)
-            c = e["cold"]
-            ranks = np.asarray(c["ranks"], np.int64)
-            C = H - K
-            cold_ids = np.flatnonzero(remap >= K).astype(np.int64)
-            cidx = remap[cold_ids] - K
-            block = cidx // (-(-C // ranks.size))
-            owner = ranks[block]
-            by_cidx = np.empty(C, np.int64)
-            by_cidx[cidx] = cold_ids
-            offs = np.concatenate([[0], np.cumsum(c["shard_rows"])])
-            bounds = np.where(offs < C, by_cidx[np.minimum(offs, C - 1)], H)
-            bounds[0] = 0
-            bounds[-1] = H
-            bounds = np.maximum.accumulate(bounds)
-            # two candidate cold functions, the one with fewer exceptions wins (ties: the blocks):
-            # TorchRec's blocks as ranges over original IDs (exact when the cold order is
-            # monotone), or the plan's own cold function (right for every row kept on its plan GPU)
-            best = None
-            for base in (ColdSharding("range", ranks.astype(np.int32), bounds),
-                         ColdSharding.from_dict(e["plan_cold"])):
-                if base.kind == "replicated":
-                    continue
-                got = Router(TablePlan(t, base), topo).route(cold_ids, 0)
-                wrong = np.flatnonzero(got != owner)
-                if best is None or wrong.size < best[1].size:
-                    best = (base, wrong)
-            base, wrong = best
-            tps.append(TablePlan(t, base, global_ids=hot_ids, placed_ids=cold_ids[wrong],
-                                 placed_gpus=owner[wrong].astype(np.int32)))
+        tps = [_table_plan_of(EmbeddingTable(**e["source_table"]), ex.remaps[e["table"]],
+                              int(e["hot_rows"]), e["cold"]) for e in doc["tables"]]
         return Plan("torchrec_export", topo, tps,
                     {"source_strategy": doc.get("strategy"),
                      "cold_sharding": doc.get("cold_sharding"),
@@ -691,6 +685,41 @@ def plan_from_export(export: TorchRecExport | str | os.PathLike) -> Plan:
             raise FormatError(f"{ex.path}: inconsistent export ({err})") from None
         raise FormatError(f"{ex.path}: inconsistent export ({type(err).__name__}: {err})") \
             from None
+
+
+def _table_plan_of(t: EmbeddingTable, remap: IdRemap, K: int,
+                   cold: Mapping[str, Any] | None) -> TablePlan:
+    """One table of :func:`plan_from_export`."""
+    H = t.num_rows
+    if K == H:
+        return TablePlan(t, ColdSharding.replicated())
+    exc = remap.exceptions
+    hot = exc[:, 1] < K
+    ranks = np.asarray(cold["ranks"], np.int64)
+    block = -(-(H - K) // ranks.size)
+    placed = exc[~hot]
+    # runs of regular rows, cut where they cross a block boundary
+    seg, lengths = remap.segments, remap.segment_lengths()
+    c0 = seg[:, 1] - K
+    first_block, last_block = c0 // block, (c0 + lengths - 1) // block
+    n_cut = last_block - first_block + 1
+    idx = np.repeat(np.arange(seg.shape[0]), n_cut)
+    step = np.arange(idx.size) - np.repeat(np.cumsum(n_cut) - n_cut, n_cut)
+    blk = first_block[idx] + step
+    start_c = np.maximum(blk * block, c0[idx])
+    start_rank = seg[idx, 0] + (start_c - c0[idx])
+    owner = ranks[blk]
+    keep = np.concatenate([[True], owner[1:] != owner[:-1]]) if owner.size else owner.astype(bool)
+    bounds = regular_id(remap.exception_ids, start_rank[keep])
+    if bounds.size:
+        bounds[0] = 0
+        cs = ColdSharding("range", owner[keep].astype(np.int32),
+                          np.concatenate([bounds, [H]]).astype(np.int64))
+    else:   # every cold row is placed explicitly: the cold function routes nothing
+        cs = ColdSharding("range", ranks[:1].astype(np.int32), np.array([0, H], np.int64))
+    return TablePlan(t, cs, global_ids=exc[hot, 0],
+                     placed_ids=placed[:, 0],
+                     placed_gpus=ranks[(placed[:, 1] - K) // block].astype(np.int32))
 
 
 # ----------------------------------------------------------------------------- TorchRec loaders
@@ -711,8 +740,9 @@ def _import_torchrec(what: str) -> dict[str, Any]:
         )
     except ImportError as e:
         raise ImportError(f"{what} needs TorchRec (and torch), which flexshard_stream does not "
-                          f"install: `pip install torchrec=={TORCHREC_VERSION}` plus a matching "
-                          f"torch and fbgemm-gpu. The JSON files can be read without it. "
+                          f"install by default: install the 'torchrec' extra (torch 2.13, "
+                          f"`pip install torchrec=={TORCHREC_VERSION}` and fbgemm-gpu(-cpu); "
+                          f"docs/TORCHREC_RUNTIME.md). The JSON files can be read without it. "
                           f"({e})") from e
     return dict(ParameterConstraints=ParameterConstraints, BoundsCheckMode=BoundsCheckMode,
                 CacheAlgorithm=CacheAlgorithm, CacheParams=CacheParams,
@@ -828,3 +858,39 @@ def torchrec_embedding_configs(path: str | os.PathLike) -> list[Any]:
             "data_type": lambda v, w: _enum(tr["DataType"], v, w),
             "pooling": lambda v, w: _enum(tr["PoolingType"], v, w)}))
     return out
+
+
+def torchrec_sharding_plan(path: str | os.PathLike, *, device: str = "cuda",
+                           module_paths: Mapping[str, str] | None = None,
+                           dense_sequence_hot: bool | None = None) -> Any:
+    """The TorchRec ``ShardingPlan`` of an export, for ``DistributedModelParallel(plan=...)``.
+
+    Built from ``sharding_plan.json`` (every ``ParameterSharding`` with its ranks, shard offsets
+    and sizes, as TorchRec's own generators would make them), so TorchRec's planner chooses
+    nothing. TorchRec is imported here, lazily.
+
+    Parameters
+    ----------
+    path : path
+        The export directory (or its ``sharding_plan.json``).
+    device : {"cuda", "cpu"}
+        Where the shards live (``placement`` ``rank:r/cuda:<local rank>`` or ``rank:r/cpu``).
+    module_paths : mapping, optional
+        Module path of the ``EmbeddingBagCollection`` and ``EmbeddingCollection`` in the model
+        (keys ``"EmbeddingBagCollection"``, ``"EmbeddingCollection"``); default ``"ebc"`` and
+        ``"ec"``, the modules of ``torchrec_loader.EmbeddingModules``.
+    dense_sequence_hot : bool, optional
+        Leave the data-parallel tables of sequence features out of the plan: they run as plain
+        ``nn.Embedding`` modules that ``DistributedModelParallel`` replicates and DDP keeps in
+        sync (the same all-reduce), because fbgemm-gpu-cpu's dense kernel pools sequence lookups
+        (docs/TORCHREC_RUNTIME.md). Default: on CPU only.
+    """
+    from .torchrec_loader import sharding_plan_from_doc
+
+    p = Path(path)
+    doc = _read_json(p / SHARDING_PLAN_FILE if p.is_dir() else p, "sharding plan")
+    if dense_sequence_hot is None:
+        dense_sequence_hot = device == "cpu"
+    return sharding_plan_from_doc(doc, device=device, module_paths=module_paths,
+                                  dense_sequence_hot=dense_sequence_hot)
+

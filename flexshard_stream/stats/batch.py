@@ -8,6 +8,11 @@ Layout (key-major, as in ``torchrec.sparse.jagged_tensor.KeyedJaggedTensor``)::
     weights  = optional, one float per value (pooling weights; statistics count lookups, not weights)
     timestamp= optional: one float (seconds) for the batch, or one per sample
 
+Every key has the same number of samples (TorchRec's layout without a variable batch per feature):
+one ``B`` for the whole batch, which the cost model and the statistics rely on. A
+``KeyedJaggedTensor`` with a variable batch per feature is refused by :meth:`Batch.from_kjt`, which
+names each feature's batch size; take the features of one batch size at a time (``keys=``).
+
 :class:`Batch` only checks the *shape* of the layout on construction (cheap, O(keys)). Checks against
 a table configuration (IDs in range, configured keys) are done by :func:`validate_batch` in
 :mod:`flexshard_stream.stats.stream`, before any state changes.
@@ -240,16 +245,100 @@ class Batch:
         return cls(keys, view(values), view(lengths), view(weights), timestamp)
 
     @classmethod
-    def from_kjt(cls, kjt: Any, timestamp: Any = None) -> "Batch":
+    def from_kjt(cls, kjt: Any, timestamp: Any = None,
+                 keys: Sequence[str] | None = None) -> "Batch":
         """Build from a ``torchrec.KeyedJaggedTensor`` (or anything with ``keys()``, ``values()``,
-        ``lengths()`` and ``weights_or_none()``) through DLPack, zero-copy for int64 values."""
-        weights = kjt.weights_or_none() if hasattr(kjt, "weights_or_none") else None
-        return cls.from_dlpack(list(kjt.keys()), kjt.values(), kjt.lengths(), weights, timestamp)
+        ``lengths()``, optionally ``weights_or_none()`` and ``stride_per_key()``) through DLPack.
+
+        Zero-copy where the dtype allows: int64 values and lengths and float32 weights of CPU
+        tensors are viewed, not copied (the Batch's arrays share the KJT's memory); int32 values or
+        lengths are widened to int64 (one copy). A KJT built from offsets computes its lengths
+        (TorchRec's copy).
+
+        Parameters
+        ----------
+        kjt : KeyedJaggedTensor
+            On the CPU (submit before ``kjt.to(device)``).
+        timestamp : optional
+            As in :class:`Batch`.
+        keys : sequence of str, optional
+            Only these features, in this order (views when they are adjacent in the KJT).
+
+        Raises
+        ------
+        BatchError
+            Tensors not on the CPU; unknown keys; features with different batch sizes (a KJT
+            with a variable batch per feature): a Batch has one batch size for all its features
+            (TorchRec's non-variable layout, and the ``B`` of every cost), so the error names
+            each feature's batch size and asks for the features of one batch size at a time,
+            ``Batch.from_kjt(kjt, keys=[...])``.
+        """
+        all_keys = [str(k) for k in kjt.keys()]
+        values = _host_array(kjt.values(), "values")
+        lengths = _host_array(kjt.lengths(), "lengths")
+        w = kjt.weights_or_none() if hasattr(kjt, "weights_or_none") else None
+        weights = None if w is None else _host_array(w, "weights")
+        strides = _kjt_strides(kjt, all_keys, lengths.size)
+        keys = list(all_keys if keys is None else keys)
+        missing = [k for k in keys if k not in all_keys]
+        if missing:
+            raise BatchError(f"keys {missing} are not in the KeyedJaggedTensor (keys "
+                             f"{all_keys})", field="keys")
+        idx = [all_keys.index(k) for k in keys]
+        if len({strides[i] for i in idx}) > 1:
+            sizes = ", ".join(f"{all_keys[i]}: {strides[i]}" for i in idx)
+            raise BatchError(f"the KeyedJaggedTensor has a variable batch size per feature "
+                             f"({sizes} samples); a Batch has one batch size for all its "
+                             f"features: convert the features of each batch size separately, "
+                             f"Batch.from_kjt(kjt, keys=[...])", field="lengths")
+        len_off = np.concatenate([[0], np.cumsum(strides)]).astype(np.int64)
+        if len_off[-1] != lengths.size:
+            raise BatchError(f"{lengths.size} lengths for batch sizes {strides} of keys "
+                             f"{all_keys}", field="lengths")
+        per_key = np.add.reduceat(lengths, len_off[:-1]) if lengths.size else \
+            np.zeros(len(all_keys), np.int64)
+        per_key = np.where(np.diff(len_off) > 0, per_key, 0)
+        val_off = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
+
+        def pick(arr: Any, off: np.ndarray) -> Any:
+            if arr is None or idx == list(range(len(all_keys))):
+                return arr
+            if idx and idx == list(range(idx[0], idx[-1] + 1)):     # adjacent: a view
+                return arr[off[idx[0]]:off[idx[-1] + 1]]
+            return np.concatenate([arr[off[i]:off[i + 1]] for i in idx]) if idx else arr[:0]
+        return cls(keys, pick(values, val_off), pick(lengths, len_off), pick(weights, val_off),
+                   timestamp)
 
     @classmethod
     def empty(cls, keys: Iterable[str] = ()) -> "Batch":
         """A batch with no samples."""
         return cls(tuple(keys), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def _host_array(x: Any, field: str) -> Any:
+    """A tensor's CPU memory as a numpy array (DLPack, no copy); a BatchError for another
+    device. numpy arrays and lists pass through."""
+    device = getattr(x, "device", None)
+    kind = getattr(device, "type", "cpu")
+    if kind != "cpu":
+        raise BatchError(f"KeyedJaggedTensor {field} are on {device}; give the CPU tensors "
+                         f"(convert before kjt.to(device))", field=field)
+    if hasattr(x, "detach"):
+        x = x.detach()
+    if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
+        return np.from_dlpack(x)
+    return np.asarray(x)
+
+
+def _kjt_strides(kjt: Any, keys: Sequence[str], num_lengths: int) -> list[int]:
+    """Samples of each key of a KJT: ``stride_per_key()`` where the object has it, else equal
+    batch sizes (a BatchError if the lengths do not split evenly)."""
+    if hasattr(kjt, "stride_per_key"):
+        return [int(s) for s in kjt.stride_per_key()]
+    if keys and num_lengths % len(keys):
+        raise BatchError(f"{num_lengths} lengths is not a multiple of {len(keys)} keys",
+                         field="lengths")
+    return [num_lengths // len(keys) if keys else 0] * len(keys)
 
 
 def slice_batch(batch: Batch, start: int, stop: int) -> Batch:

@@ -1,0 +1,359 @@
+"""Where each row of a plan goes in TorchRec: the hot / cold split and the cold rows' blocks.
+
+The TorchRec export (:mod:`flexshard_stream.placement.export_torchrec`) splits a table of ``H``
+rows into a data-parallel hot table (``K`` rows: the plan's replicas) and a cold table (``C = H -
+K`` rows) that TorchRec shards in equal, contiguous row blocks (``ceil(C / n)`` rows on each of its
+``n`` ranks, :func:`torchrec_rw_shard_rows`). :func:`map_table` chooses the new index of every row
+as an :class:`~flexshard_stream.placement.id_remap.IdRemap`, in memory proportional to the rows
+chosen individually (replicas, explicitly placed rows) and the GPUs, never to ``H``:
+
+1. hot rows get ``[0, K)`` in increasing original ID;
+2. each cold rank keeps, up to its block size, the rows the plan put on it: its explicitly placed
+   rows first (the planner places the hottest cold rows by load), by ID, then the rows of its
+   ranges of the cold function, by ID;
+3. the explicitly placed rows that did not fit fill the free slots, rank by rank, by ID; then the
+   other rows that did not fit, by ID;
+4. inside a block: its placed rows (by ID), then its runs of other rows (by ID).
+
+The largest possible number of cold rows stays on its plan GPU (``sum over GPUs of min(plan rows,
+block size)``) when the cold function is a set of ranges (equal or weighted). A hashed cold function
+spreads rows that TorchRec's contiguous blocks cannot follow without a per-row table: its rows are
+laid out in ID order (the explicitly placed rows still go first to their plan GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from .id_remap import IdRemap, regular_rank
+from .plan import ColdSharding, TablePlan
+from .topology import Topology
+
+__all__ = ["ColdLayout", "TableMapping", "map_table", "torchrec_rw_shard_rows",
+           "torchrec_block_starts"]
+
+
+# ----------------------------------------------------------------------------- TorchRec facts
+def torchrec_rw_shard_rows(num_rows: int, num_shards: int) -> np.ndarray:
+    """Rows per shard of a TorchRec 1.8 row-wise (or table-row-wise) table: ``ceil(H / n)`` on every
+    shard until the rows run out (``sharding_plan.py`` l.181-237, ``_calculate_rw_shard_sizes_and_
+    offsets``; e.g. 10 rows on 4 ranks: 3, 3, 3, 1; 5 on 4: 2, 2, 1, 0). Row ``i`` lives on shard
+    ``i // ceil(H / n)``, as the input bucketization computes it (``rw_sharding.py`` l.429-431,
+    ``twrw_sharding.py`` l.369-371)."""
+    if num_shards <= 0:
+        raise ConfigError(f"num_shards must be > 0, got {num_shards}")
+    if num_rows <= 0:
+        return np.zeros(num_shards, np.int64)
+    block = -(-num_rows // num_shards)
+    last = num_rows // block
+    out = np.zeros(num_shards, np.int64)
+    out[:min(last, num_shards)] = block
+    if last < num_shards:
+        out[last] = num_rows - block * last
+    return out
+
+
+def torchrec_block_starts(num_rows: int, num_shards: int) -> np.ndarray:
+    """First row of each of TorchRec's row-wise shards (int64[n]; see
+    :func:`torchrec_rw_shard_rows`)."""
+    sizes = torchrec_rw_shard_rows(num_rows, num_shards)
+    return np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- the result
+@dataclass
+class ColdLayout:
+    """The cold table of one exported table.
+
+    Attributes
+    ----------
+    sharding_type : str
+        ``row_wise``, ``table_row_wise`` or ``table_wise``.
+    ranks : ndarray of int64
+        TorchRec rank of each block, in block order.
+    shard_rows : ndarray of int64
+        Rows of each block (:func:`torchrec_rw_shard_rows` of the cold rows).
+    rows_on_plan_gpu : int or None
+        Cold rows on the GPU the plan gave them (None for a hashed cold function: its other rows
+        land on their hash GPU only by chance, not counted).
+    placed_on_plan_gpu : int
+        Explicitly placed rows on their plan GPU.
+    notes : list of str
+        What the choice of sharding type assumed.
+    """
+
+    sharding_type: str
+    ranks: np.ndarray
+    shard_rows: np.ndarray
+    rows_on_plan_gpu: int | None
+    placed_on_plan_gpu: int
+    plan_gpus: list[int]
+    notes: list[str] = field(default_factory=list)
+
+    def entry(self, rows: int, placed_rows: int, node_rows: int) -> dict[str, Any]:
+        """The manifest's ``cold`` fields."""
+        return {"rows": int(rows), "sharding_type": self.sharding_type,
+                "ranks": self.ranks.tolist(), "shard_rows": self.shard_rows.tolist(),
+                "plan_gpus": self.plan_gpus, "rows_on_plan_gpu": self.rows_on_plan_gpu,
+                "placed_rows": int(placed_rows), "placed_on_plan_gpu": self.placed_on_plan_gpu,
+                "node_rows": int(node_rows)}
+
+
+@dataclass
+class TableMapping:
+    """One table's split: the remap, the hot table's rows (``hot_rows``, K; of them
+    ``global_rows`` global and ``node_rows_hot`` node replicas; ``hot_ids`` the replicated rows'
+    original IDs, empty for a data-parallel table), the cold layout (None without cold rows)."""
+
+    remap: IdRemap
+    hot_rows: int
+    hot_ids: np.ndarray
+    global_rows: int
+    node_rows_hot: int
+    node_rows_cold: int
+    cold: ColdLayout | None
+    notes: list[str]
+
+    @property
+    def cold_rows(self) -> int:
+        """C: rows of the cold table."""
+        return self.remap.num_rows - self.hot_rows
+
+
+# ----------------------------------------------------------------------------- the mapping
+def map_table(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: str
+              ) -> TableMapping:
+    """Split one table plan into its hot and cold TorchRec tables (see the module docstring).
+
+    ``cold_sharding``: ``auto``, ``row_wise``, ``table_row_wise`` or ``table_wise``;
+    ``node_replicas``: ``hot`` (into the data-parallel table) or ``cold`` (regular rows of the cold
+    function). Memory ``O(replicas + placed rows + GPUs)``.
+    """
+    H = tp.table.num_rows
+    if tp.replicated:
+        return TableMapping(IdRemap.identity(H), H, np.zeros(0, np.int64), H, 0, 0, None,
+                            ["data-parallel table: exported whole as the hot (data_parallel) "
+                             "table with the identity remap"])
+    notes: list[str] = []
+    hot_ids = tp.global_ids
+    if node_replicas == "hot" and tp.node_ids.size:
+        hot_ids = np.union1d(hot_ids, tp.node_ids)
+        notes.append(f"{tp.node_ids.size} node replicas folded into the data-parallel hot table "
+                     f"(stored on every GPU instead of once per node)")
+    elif tp.node_ids.size:
+        notes.append(f"{tp.node_ids.size} node replicas exported as cold rows (TorchRec has no "
+                     f"one-copy-per-node sharding); each goes where the plan's cold function "
+                     f"puts it")
+    node_hot = int(tp.node_ids.size) if node_replicas == "hot" else 0
+    K = int(hot_ids.size)
+    hot = np.stack([hot_ids, np.arange(K, dtype=np.int64)], axis=1)
+    if K == H:
+        return TableMapping(IdRemap(H, hot, np.zeros((0, 2), np.int64)), K, hot_ids,
+                            int(tp.global_ids.size), node_hot, 0, None, notes)
+    exc_ids = np.union1d(hot_ids, tp.placed_ids)
+    counts = _plan_cold_rows(tp, topo, hot_ids)
+    kind, ranks, cnotes = _choose_cold(tp, topo, cold_sharding, counts)
+    C = H - K
+    caps = torchrec_rw_shard_rows(C, ranks.size)
+    layout = _ColdFill(tp, exc_ids, ranks, caps, C)
+    placed, segments = layout.run()
+    exceptions = np.concatenate([hot, np.stack([tp.placed_ids, K + placed], axis=1)])
+    exceptions = exceptions[np.argsort(exceptions[:, 0], kind="stable")]
+    segments[:, 1] += K
+    cold = ColdLayout(kind, ranks, caps, None if tp.cold.kind == "hash" else layout.kept,
+                      layout.placed_kept, np.flatnonzero(counts).tolist(), cnotes)
+    if tp.cold.kind == "hash":
+        cold.notes.append("hashed cold function: TorchRec's blocks are contiguous, so its rows "
+                          "are laid out in ID order (explicitly placed rows still go to their "
+                          "plan GPU first)")
+    return TableMapping(IdRemap(H, exceptions, _merge_runs(segments)), K, hot_ids,
+                        int(tp.global_ids.size), node_hot,
+                        int(tp.node_ids.size) - node_hot, cold, notes + cnotes)
+
+
+def _plan_cold_rows(tp: TablePlan, topo: Topology, hot_ids: np.ndarray) -> np.ndarray:
+    """Cold rows per GPU under the plan (int64[G]): placed rows plus the cold function's rows
+    (node replicas exported cold included; a hash over more than 2**24 rows by its expected
+    value, as :meth:`TablePlan.rows_per_gpu` counts it)."""
+    cold_only = TablePlan(tp.table, tp.cold, global_ids=hot_ids, placed_ids=tp.placed_ids,
+                          placed_gpus=tp.placed_gpus)
+    return cold_only.rows_per_gpu(topo) - hot_ids.size
+
+
+def _choose_cold(tp: TablePlan, topo: Topology, cold_sharding: str, counts: np.ndarray
+                 ) -> tuple[str, np.ndarray, list[str]]:
+    """TorchRec sharding type and target ranks of the cold table, with notes; ``counts``: the
+    plan's cold rows per GPU."""
+    t = tp.table
+    M, G = topo.gpus_per_node, topo.num_gpus
+    used = np.flatnonzero(counts)
+    if not used.size:
+        used = np.unique(tp.cold.gpus).astype(np.int64)
+    notes: list[str] = []
+    one_node = used.size > 0 and np.unique(used // M).size == 1
+    kind = cold_sharding
+    if cold_sharding == "auto":
+        if used.size == 1:
+            kind = "table_wise"
+        elif one_node and M > 1 and t.kind == "pooled":
+            kind = "table_row_wise"
+        else:
+            kind = "row_wise"
+            if one_node and M > 1:
+                notes.append("the plan keeps the cold rows on one node, but TorchRec 1.8's "
+                             "EmbeddingCollectionSharder offers no table_row_wise for sequence "
+                             "tables (embedding.py l.1836-1843): exported row_wise over all ranks")
+    if kind == "table_row_wise" and t.kind != "pooled":
+        raise ConfigError(f"table {t.name!r}: cold_sharding 'table_row_wise' is impossible for a "
+                          "sequence table: TorchRec 1.8's EmbeddingCollectionSharder offers only "
+                          "data_parallel, table_wise, column_wise and row_wise (embedding.py "
+                          "l.1836-1843); use 'row_wise' or 'auto'")
+    if kind == "row_wise":
+        return kind, np.arange(G, dtype=np.int64), notes
+    if kind == "table_row_wise":
+        node = int(np.argmax(np.bincount(np.arange(G) // M, weights=counts.astype(float),
+                                         minlength=topo.nodes)))
+        ranks = topo.gpus_of_node(node).astype(np.int64)
+        notes.append(f"table_row_wise puts all cold rows on one node (TorchRec picks which; "
+                     f"the reverse mapping assumes node {node}, the one holding most of them "
+                     f"in the plan)" if not one_node else
+                     f"TorchRec's planner picks the node; the reverse mapping assumes the "
+                     f"plan's node {node}")
+        return kind, ranks, notes
+    ranks = np.array([int(np.argmax(counts))], np.int64)
+    if used.size > 1:
+        notes.append(f"table_wise puts all cold rows on one rank (the reverse mapping assumes "
+                     f"GPU {int(ranks[0])}, the one holding most of them in the plan)")
+    notes.append("TorchRec's planner picks the rank of a table_wise table")
+    return kind, ranks, notes
+
+
+def _regular_runs(cold: ColdSharding, exc_ids: np.ndarray, num_rows: int
+                  ) -> list[tuple[int, int, int]]:
+    """``(first rank, end rank, plan GPU)`` of each run of regular rows the cold function keeps
+    together: one per non-empty range; a hash keeps none together (one run, GPU -1)."""
+    regular = num_rows - exc_ids.size
+    if cold.kind != "range":
+        return [(0, regular, -1)] if regular else []
+    bounds = np.minimum(cold.bounds, num_rows)
+    rb = regular_rank(exc_ids, bounds)
+    return [(int(rb[j]), int(rb[j + 1]), int(cold.gpus[j])) for j in range(cold.gpus.size)
+            if rb[j + 1] > rb[j]]
+
+
+class _ColdFill:
+    """The cold rows of one table filled into TorchRec's blocks (steps 2-4 of the module
+    docstring). :meth:`run` returns the cold index of every placed row and the regular rows'
+    segments ``(rank start, cold index start)``."""
+
+    def __init__(self, tp: TablePlan, exc_ids: np.ndarray, ranks: np.ndarray, caps: np.ndarray,
+                 cold_rows: int):
+        self.tp, self.exc_ids, self.ranks, self.caps = tp, exc_ids, ranks, caps
+        self.n = ranks.size
+        self.block = -(-cold_rows // self.n)
+        self.starts = torchrec_block_starts(cold_rows, self.n)
+        top = max(int(ranks.max()), int(tp.placed_gpus.max()) if tp.placed_gpus.size else 0,
+                  int(tp.cold.gpus.max()) if tp.cold.gpus.size else 0)
+        self.pos = np.full(top + 1, self.n, np.int64)      # block of each GPU, n if none
+        self.pos[ranks] = np.arange(self.n)
+        self.room = caps.astype(np.int64).copy()
+        self.kept = 0
+        self.placed_kept = 0
+
+    def run(self) -> tuple[np.ndarray, np.ndarray]:
+        placed_block = self._keep_placed()
+        pieces, overflow = self._keep_regular()
+        self._fill_placed(placed_block)
+        pieces += self._fill_regular(overflow)
+        return self._layout(placed_block, pieces)
+
+    def _keep_placed(self) -> np.ndarray:
+        """Block of each placed row kept on its plan GPU (-1 for the others)."""
+        tp, n = self.tp, self.n
+        pj = self.pos[tp.placed_gpus]
+        order = np.lexsort((tp.placed_ids, pj))
+        js = pj[order]
+        first = np.searchsorted(js, np.arange(n + 1))
+        within = np.arange(js.size) - first[np.minimum(js, n)]
+        keep = within < np.append(self.caps, 0)[js]
+        block = np.full(tp.placed_ids.size, -1, np.int64)
+        block[order[keep]] = js[keep]
+        self.room -= np.bincount(js[keep], minlength=n + 1)[:n]
+        self.placed_kept = int(keep.sum())
+        self.kept += self.placed_kept
+        return block
+
+    def _keep_regular(self) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+        """Pieces ``(rank start, rows, block)`` of the runs kept on their plan GPU, and the
+        overflow ``(rank start, rows)`` in rank order."""
+        pieces, overflow = [], []
+        for r0, r1, gpu in _regular_runs(self.tp.cold, self.exc_ids, self.tp.table.num_rows):
+            j = int(self.pos[gpu]) if 0 <= gpu < self.pos.size else self.n
+            keep = min(r1 - r0, int(self.room[j])) if j < self.n else 0
+            if keep:
+                pieces.append((r0, keep, j))
+                self.room[j] -= keep
+                self.kept += keep
+            if r1 - r0 > keep:
+                overflow.append((r0 + keep, r1 - r0 - keep))
+        return pieces, overflow
+
+    def _fill_placed(self, block: np.ndarray) -> None:
+        """Placed rows not kept take the free slots, block by block, by ID (in place)."""
+        rest = np.flatnonzero(block < 0)
+        if rest.size:
+            got = np.searchsorted(np.cumsum(self.room), np.arange(rest.size), side="right")
+            block[rest] = got
+            self.room -= np.bincount(got, minlength=self.n)
+
+    def _fill_regular(self, overflow: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+        """The regular rows not kept take the remaining slots, block by block, in rank order."""
+        pieces, j = [], 0
+        for r0, rows in overflow:
+            while rows:
+                while j < self.n and self.room[j] == 0:
+                    j += 1
+                if j == self.n:
+                    raise AssertionError("cold rows exceed TorchRec's blocks")
+                take = min(rows, int(self.room[j]))
+                pieces.append((r0, take, j))
+                self.room[j] -= take
+                r0 += take
+                rows -= take
+        return pieces
+
+    def _layout(self, placed_block: np.ndarray, pieces: list[tuple[int, int, int]]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Cold indices: each block holds its placed rows (by ID), then its pieces (by rank)."""
+        n = self.n
+        order = np.lexsort((self.tp.placed_ids, placed_block))
+        pb = placed_block[order]
+        first = np.searchsorted(pb, np.arange(n))
+        placed = np.empty(pb.size, np.int64)
+        placed[order] = self.starts[pb] + (np.arange(pb.size) - first[pb])
+        per_block = np.bincount(pb, minlength=n).astype(np.int64)
+        if not pieces:
+            return placed, np.zeros((0, 2), np.int64)
+        p = np.asarray(pieces, np.int64).reshape(-1, 3)
+        p = p[np.lexsort((p[:, 0], p[:, 2]))]
+        ends = np.cumsum(p[:, 1])
+        block_first = np.searchsorted(p[:, 2], p[:, 2])         # first piece of each block
+        offset = ends - p[:, 1] - (ends[block_first] - p[block_first, 1])
+        cold_start = self.starts[p[:, 2]] + per_block[p[:, 2]] + offset
+        seg = np.stack([p[:, 0], cold_start], axis=1)
+        return placed, seg[np.argsort(seg[:, 0], kind="stable")]
+
+
+def _merge_runs(segments: np.ndarray) -> np.ndarray:
+    """Join segments that continue each other (the next rank start and new start both follow on);
+    ``segments`` sorted by rank start."""
+    if segments.shape[0] < 2:
+        return segments
+    lengths = np.diff(segments[:, 0])
+    joins = np.diff(segments[:, 1]) == lengths
+    keep = np.concatenate([[True], ~joins])
+    return np.ascontiguousarray(segments[keep])
