@@ -702,7 +702,8 @@ def test_a_cpu_budget_samples_reports_the_rate_and_resumes_at_it(tmp_path):
         assert st.cpu_s > 0 and st.ingest_threads == 1
         ckpt = sc.checkpoint(WAIT)
     counters = json.loads((tmp_path / "counters.json").read_text())
-    assert counters["sample_k"] == 8
+    # written at close: an idle sidecar may have halved its rate since the checkpoint (load)
+    assert counters["sample_k"] == sc.stats().sample_k
     assert json.loads((ckpt / "manifest.json").read_text())["sampling"]["sample_k"] == 8
     stats = sc.stats_object
     for key, parts in sent.items():
