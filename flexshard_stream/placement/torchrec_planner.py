@@ -350,7 +350,17 @@ def _torchrec() -> dict[str, Any]:
         from torchrec.modules.embedding_configs import DataType
     except ImportError as e:
         raise MissingExtraError(f"{_EXTRA_HINT} ({e})") from e
-    return dict(locals())
+    return {"torch": torch, "torchrec": torchrec, "nn": nn, "DataType": DataType,
+            "EmbeddingBagCollection": EmbeddingBagCollection,
+            "EmbeddingBagConfig": EmbeddingBagConfig, "EmbeddingCollection": EmbeddingCollection,
+            "EmbeddingConfig": EmbeddingConfig,
+            "EmbeddingBagCollectionSharder": EmbeddingBagCollectionSharder,
+            "EmbeddingCollectionSharder": EmbeddingCollectionSharder,
+            "EmbeddingShardingPlanner": EmbeddingShardingPlanner,
+            "ParameterConstraints": ParameterConstraints, "EmbeddingStats": EmbeddingStats,
+            "CustomTopologyData": CustomTopologyData, "HardwareConfig": HardwareConfig,
+            "KernelConfig": KernelConfig, "PlannerError": PlannerError,
+            "TopologyFactory": TopologyFactory, "TrainerConfig": TrainerConfig}
 
 
 @contextlib.contextmanager
