@@ -32,9 +32,11 @@ workload where FlexShard is slower than TorchRec's plan or the best baseline, wi
 that makes the difference and both plans' sharding per table. Without the ``torchrec`` extra the
 TorchRec figures are absent and ``torchrec.installed`` is false.
 
-``--quick`` (under 3 minutes on an idle 2-core machine): one iteration planned and one evaluated
-per workload, Amazon Beauty only, the sequence preset at scale 1/32, planning times at 10 tables
-(TorchRec's planner needs minutes from 100 tables up). The last line of output is one JSON object.
+``--quick``: one iteration planned and one evaluated per workload, Amazon Beauty only, the
+sequence preset at scale 1/32, Criteo on 2x8 only, the export with de-duplication off only,
+planning times at 10 tables (TorchRec's planner needs minutes from 100 tables up;
+``--planning-only --plan-tables 10,100`` measures them alone). ``seconds`` in the JSON gives wall
+and CPU time. The last line of output is one JSON object.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -115,6 +117,7 @@ class Workload:
     batch_size: Callable[[Topology], int]
     note: str
     meta: dict = field(default_factory=dict)
+    topologies: tuple[str, ...] = TOPOLOGIES
 
 
 def _tables(specs) -> list[EmbeddingTable]:
@@ -176,9 +179,11 @@ def real_traces(quick: bool, topk: int) -> list[Workload]:
         ids = _dense(col.drop_nulls().to_numpy().astype(np.int64))
         feats[c], lens[c] = ids, ok.astype(np.int64)
         specs.append((c, max(1, int(ids.max()) + 1 if ids.size else 1), "pooled"))
-    out.append(_halves("criteo_26_fields", Batch.from_features(feats, lens), specs, 4, topk,
-                       "26 categorical fields = 26 pooled tables (0 or 1 ID), hashes made dense"))
-    return out
+    criteo = _halves("criteo_26_fields", Batch.from_features(feats, lens), specs, 4, topk,
+                     "26 categorical fields = 26 pooled tables (0 or 1 ID), hashes made dense")
+    if quick:   # TorchRec's planner alone needs about a minute for 26 tables on 128 GPUs
+        criteo.topologies = TOPOLOGIES[:1]
+    return out + [criteo]
 
 
 def workloads(args) -> list[Workload]:
@@ -272,8 +277,9 @@ def _why(fs, other) -> dict:
     return out
 
 
-def compare_setting(w, topo, B, plans, budget, model) -> dict:
-    """FlexShard planned under ``model`` within ``budget``, every plan priced, the speed-ups."""
+def compare_setting(w, topo, B, plans, budget, model, export: bool) -> dict:
+    """FlexShard planned under ``model`` within ``budget``, every plan priced, the speed-ups;
+    with ``export`` (torchrec profile only) the export's gain kept."""
     t0 = time.perf_counter()
     r = plan_flexshard(w.tables, topo, w.summaries, B, MemoryPolicy(bytes_per_gpu=budget), model)
     plan_s = time.perf_counter() - t0
@@ -297,14 +303,16 @@ def compare_setting(w, topo, B, plans, budget, model) -> dict:
         out["speedup"][f"vs_rw_{k}"] = ms["rw"][k] / fs
     losers = [o for o in ("torchrec", *fitting) if o in ms
               and ms[o]["in"] < ms["flexshard"]["in"] * (1 - 1e-9)]
-    out["slower_than_in_sample"] = {o: _why(costs["flexshard"]["in"], costs[o]["in"])
-                                    for o in losers}
-    if model.torchrec:
+    out["slower_than_in_sample"] = {o: {**_why(costs["flexshard"]["in"], costs[o]["in"]),
+                                        "sharding": sharding_of(allp[o])} for o in losers}
+    if export and model.torchrec:
         out["export"] = export_gain(r.plan, ms["rw"], ms["flexshard"], w, B, model, topo)
     return out
 
 
-def compare_on(w: Workload, topo_name: str, torchrec_ok: bool) -> dict:
+def compare_on(w: Workload, topo_name: str, torchrec_ok: bool, quick: bool) -> dict:
+    """Every setting (profile x de-duplication) of one workload on one topology; the export
+    (torchrec profile) with de-duplication off only when ``quick``."""
     topo = Topology.preset(topo_name)
     B = w.batch_size(topo)
     budget = (1 - TORCHREC_RESERVED_SHARE) * float(topo.hbm_bytes.min())
@@ -313,7 +321,7 @@ def compare_on(w: Workload, topo_name: str, torchrec_ok: bool) -> dict:
     for profile in PROFILES:
         for key, dedup in SETTINGS:
             m = CostModel(dedup=dedup, profile=profile)
-            o = compare_setting(w, topo, B, plans, budget, m)
+            o = compare_setting(w, topo, B, plans, budget, m, export=not (quick and dedup))
             res[f"{profile}_{key}"] = o
             sp = o["speedup"]
             log(f"  {w.name:18s} {topo_name:5s} {profile:8s} {key:9s} B={B:<5d} FS "
@@ -386,23 +394,24 @@ def losses(results: dict) -> list[dict]:
                     out.append({"workload": wname, "topology": tname, "setting": skey,
                                 "against": other,
                                 "flexshard_ms": o["time_ms"]["flexshard"]["in"],
-                                "other_ms": o["time_ms"][other]["in"], "why": why,
+                                "other_ms": o["time_ms"][other]["in"],
+                                "why": {k: v for k, v in why.items() if k != "sharding"},
                                 "flexshard_sharding": o["flexshard_sharding"],
-                                "other_sharding": (res.get("torchrec_sharding")
-                                                   if other == "torchrec" else other)})
+                                "other_sharding": why["sharding"]})
     return out
 
 
 # ============================================================================ planning time
-def planning_times(quick: bool, torchrec_ok: bool) -> dict:
-    """FlexShard's and TorchRec's planning seconds on the same tables (many_tables, 32 GPUs),
-    and FlexShard's on 1,000 tables at 32 and 4,096 GPUs; a warm-up first (Numba, imports)."""
+def planning_times(table_counts: Sequence[int], torchrec_ok: bool) -> dict:
+    """FlexShard's and TorchRec's planning seconds on the same tables (many_tables, 32 GPUs,
+    ``table_counts`` tables), and FlexShard's on 1,000 tables at 32 and 4,096 GPUs; a warm-up
+    first (Numba, imports)."""
     topo, tables, sums = many_tables(8, 4, 8)
     plan_flexshard(tables, topo, sums, 64)
     if torchrec_ok:
         plan_torchrec(tables[:2], topo, 64)
     vs = {}
-    for T in (10,) if quick else (10, 100, 300):
+    for T in table_counts:
         topo, tables, sums = many_tables(T, 4, 8)
         t0 = time.perf_counter()
         plan_flexshard(tables, topo, sums, 64)
@@ -486,18 +495,26 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="the short version (see above)")
     ap.add_argument("--topk", type=int, default=None,
                     help="top rows per table summary (default 131072; quick 32768)")
+    ap.add_argument("--plan-tables", default=None,
+                    help="table counts of plan_seconds_vs_torchrec, comma-separated (default "
+                         "10,100,300; quick 10)")
+    ap.add_argument("--planning-only", action="store_true",
+                    help="only the planning times (no workloads)")
     args = ap.parse_args(argv)
+    counts = [int(x) for x in (args.plan_tables or ("10" if args.quick else "10,100,300"))
+              .split(",")]
     args.topk = args.topk or ((1 << 15) if args.quick else (1 << 17))
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     load = os.getloadavg()
     tr = torchrec_status()
     log(f"== bench/torchrec.py{' --quick' if args.quick else ''}: TorchRec "
         f"{tr.get('version', 'not installed')}; load average {load[0]:.1f}")
-    ws = workloads(args)
+    ws = [] if args.planning_only else workloads(args)
     log(f"  workloads built in {time.perf_counter() - t_start:.1f} s")
-    results = {w.name: {t: compare_on(w, t, tr["installed"]) for t in TOPOLOGIES} for w in ws}
+    results = {w.name: {t: compare_on(w, t, tr["installed"], args.quick) for t in w.topologies}
+               for w in ws}
     t0 = time.perf_counter()
-    ptimes = planning_times(args.quick, tr["installed"])
+    ptimes = planning_times(counts, tr["installed"])
     out = {"quick": args.quick, "torchrec": tr, **headline(results, ptimes),
            "losses": losses(results),
            "workloads": {w.name: {"note": w.note, "tables": len(w.tables), **w.meta}
@@ -506,12 +523,14 @@ def main(argv=None):
            "machine": {"cpus": os.cpu_count(), "load_average_start": load,
                        "load_average_end": os.getloadavg()},
            "seconds": {"planning_times": time.perf_counter() - t0,
-                       "total": time.perf_counter() - t_start}}
+                       "total": time.perf_counter() - t_start,
+                       "cpu_total": time.process_time() - cpu_start}}
     for t in out["targets"]:
         fig = t["figure"]
         log(f"  target {t['name']:55s} {'-' if fig is None else f'{fig:.3f}':>8s} (>= "
             f"{t['target']}) {'met' if t['met'] else 'MISSED' if t['met'] is False else 'n/a'}")
-    log(f"  {len(out['losses'])} losses; total {out['seconds']['total']:.0f} s")
+    log(f"  {len(out['losses'])} losses; total {out['seconds']['total']:.0f} s wall, "
+        f"{out['seconds']['cpu_total']:.0f} s CPU")
     print(json.dumps(jsonable(out)))
 
 
