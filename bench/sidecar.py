@@ -42,6 +42,7 @@ after, every run's figures and their medians. Last line of stdout: one JSON obje
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -49,6 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -89,11 +91,15 @@ def make_pool(batch_ids: int, seed: int = 0) -> list[Batch]:
     return as_batches(ids, batch_ids // len(KEYS), keys=KEYS, mean_len=IDS_PER_SAMPLE)
 
 
-def new_sidecar(out: Path, args, **kw) -> Sidecar:
+@contextlib.contextmanager
+def new_sidecar(args, **kw) -> Iterator[Sidecar]:
+    """A running sidecar whose out dir is a temporary directory removed on exit."""
     kw.setdefault("config", ReshardConfig(check_every=args.check_every_s, unit="seconds",
                                           top_k=4096))
     kw.setdefault("checkpoint_every_s", None)
-    return Sidecar(tables(), Topology.preset("2x8"), 512, out_dir=out, **kw)
+    with tempfile.TemporaryDirectory(prefix="bench-sidecar-") as out, \
+            Sidecar(tables(), Topology.preset("2x8"), 512, out_dir=Path(out), **kw) as sc:
+        yield sc
 
 
 def paced(sc: Sidecar, pool: list[Batch], rate: float, seconds: float | None = None,
@@ -138,8 +144,7 @@ def capacity_level(sc: Sidecar, pool: list[Batch], rate: float, args) -> dict:
 def capacity_run(pool: list[Batch], args) -> dict:
     """One run of the ladder; the highest rate without drops in its measured seconds."""
     levels = []
-    with new_sidecar(Path(tempfile.mkdtemp(prefix="bench-sidecar-")), args,
-                     cpu_budget=args.budget, nice=args.capacity_nice) as sc:
+    with new_sidecar(args, cpu_budget=args.budget, nice=args.capacity_nice) as sc:
         paced(sc, pool, LADDER[0], count=4)    # compile, first check
         sc.flush(120)
         for rate in LADDER:
@@ -218,8 +223,7 @@ def run_phase(sc: Sidecar | None, batches: list[Batch], n_iter: int, steps: int,
 def step_run(pool: list[Batch], n_iter: int, args) -> dict:
     """Interleaved pairs of blocks with and without the sidecar."""
     w, wo, ratios, cpu_w, cpu_wo, sub = [], [], [], [], [], []
-    with new_sidecar(Path(tempfile.mkdtemp(prefix="bench-sidecar-")), args,
-                     cpu_budget=args.budget) as sc:
+    with new_sidecar(args, cpu_budget=args.budget) as sc:
         run_phase(sc, pool, n_iter, 20, 0)     # warm-up: kernels, the rate, a first check
         sc.flush(120)
         s0 = sc.stats()
@@ -268,8 +272,7 @@ def accuracy_run(pool: list[Batch], rate: float, args) -> dict:
     held = max(1, round(rate * memory_s(args) / per_cycle))     # the figure reported
     marks = sorted({max(1, round(args.accuracy_ids / per_cycle)), held})
     snapshots, done, t0 = {}, 0, time.perf_counter()
-    with new_sidecar(Path(tempfile.mkdtemp(prefix="bench-sidecar-")), args,
-                     cpu_budget=args.budget, nice=args.capacity_nice, policy="block",
+    with new_sidecar(args, cpu_budget=args.budget, nice=args.capacity_nice, policy="block",
                      stats=StreamStats({k: ROWS for k in KEYS})) as sc:
         for cycles in marks:
             paced(sc, pool, rate, count=(cycles - done) * len(pool))

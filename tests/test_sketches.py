@@ -445,3 +445,16 @@ def test_sampled_frequent_items_image_is_valid():
         assert fi.get_lower_bound(int(i)) == np.floor(l)
         assert fi.get_upper_bound(int(i)) >= h
         assert fi.get_upper_bound(int(i)) == np.floor(l) + t.max_error
+
+
+def test_decay_of_exact_counts_leaves_no_phantom_tail():
+    """Exact counts round down under decay; the total must follow them, or the rounded-off
+    lookups reappear in the summary as tail mass on a made-up row."""
+    t = TableStats("t", 1000, SMALL)
+    ids = np.concatenate([np.arange(1000), np.full(500, 7)])    # 999 rows once, row 7 501 times
+    t.update(ids, np.full(300, 5, np.int64))
+    t.scale(0.5)
+    s = t.summary(10)
+    assert t.total == int(t.bounds(np.arange(1000))[0].sum()) == 250
+    assert s.tail_mass == 0.0 and s.distinct_estimate == 1
+    assert s.mean_length == pytest.approx(5.0, rel=0.01)

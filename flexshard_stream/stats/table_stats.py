@@ -435,15 +435,29 @@ class TableStats:
             raise ValueError(f"decay factor must be in (0, 1], got {factor}")
         if factor == 1.0:
             return self
+        old_total = self.total
         if self.exact:
-            self._counts = np.floor(self._counts * factor).astype(np.uint32)
+            self.total = self._scale_exact_counts(factor)
         else:
             self._scale_sketched_counts(factor)
-        self.total = int(self.total * factor)
+            self.total = int(self.total * factor)
         self._decay_sample_variance(factor)
         # samples decay with the lookups: the mean IDs per sample (total / samples) must not drift
-        self.samples = int(round(self.samples * factor))
+        kept = self.total / old_total if old_total else factor
+        self.samples = int(round(self.samples * kept))
         return self
+
+    def _scale_exact_counts(self, factor: float) -> int:
+        """Exact counts times ``factor``, rounded down; returns the new total (lookups).
+
+        The total loses what the rounding took from the counts, so it stays their sum (plus the
+        scaled lookups of saturated counters): a total scaled on its own would leave the rounded-off
+        lookups as a phantom tail with no row to carry it."""
+        before = float(self._counts.sum(dtype=np.uint64))
+        self._counts = np.floor(self._counts * factor).astype(np.uint32)
+        after = int(self._counts.sum(dtype=np.uint64))
+        beyond_counters = max(0.0, self.total - before) * factor     # saturated lookups
+        return after + int(beyond_counters)
 
     def _decay_sample_variance(self, factor: float) -> None:
         """The variance of counts scaled by ``factor`` is ``factor**2`` times theirs, for
