@@ -408,10 +408,37 @@ def losses(results: dict) -> list[dict]:
 
 
 # ============================================================================ planning time
+def _timed(fn: Callable[[], object]) -> tuple[object, float, float]:
+    """``fn()``, its wall seconds and its CPU seconds (both planners run on one thread, so on an
+    idle machine the two agree; on a shared one the CPU seconds are the comparable figure)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def _torchrec_seconds(tables, topo, sums) -> dict:
+    """TorchRec's planning seconds on ``tables`` (wall and CPU, the call; ``planner_s``: its
+    ``planner.plan`` alone, wall)."""
+    def run():
+        try:
+            return plan_torchrec(tables, topo, 64,
+                                 mean_lengths={n: s.mean_length for n, s in sums.items()})
+        except ConfigError as e:
+            return e
+    r, wall, cpu = _timed(run)
+    d = {"torchrec_s": wall, "torchrec_cpu_s": cpu}
+    if isinstance(r, ConfigError):
+        d["torchrec_error"] = str(r)[:300]
+    else:
+        d["torchrec_planner_s"] = r.seconds
+    return d
+
+
 def planning_times(table_counts: Sequence[int], torchrec_ok: bool) -> dict:
     """FlexShard's and TorchRec's planning seconds on the same tables (many_tables, 32 GPUs,
-    ``table_counts`` tables), and FlexShard's on 1,000 tables at 32 and 4,096 GPUs; a warm-up
-    first (Numba, imports)."""
+    ``table_counts`` tables), and FlexShard's on 1,000 tables at 32 and 4,096 GPUs, wall and
+    CPU; a warm-up first (Numba, imports). ``speedup`` is on CPU seconds, ``speedup_wall`` on
+    wall seconds."""
     topo, tables, sums = many_tables(8, 4, 8)
     plan_flexshard(tables, topo, sums, 64)
     if torchrec_ok:
@@ -419,29 +446,22 @@ def planning_times(table_counts: Sequence[int], torchrec_ok: bool) -> dict:
     vs = {}
     for T in table_counts:
         topo, tables, sums = many_tables(T, 4, 8)
-        t0 = time.perf_counter()
-        plan_flexshard(tables, topo, sums, 64)
-        d = {"flexshard_s": time.perf_counter() - t0}
+        _, wall, cpu = _timed(lambda: plan_flexshard(tables, topo, sums, 64))
+        d = {"flexshard_s": wall, "flexshard_cpu_s": cpu}
         if torchrec_ok:
-            t0 = time.perf_counter()
-            try:
-                r = plan_torchrec(tables, topo, 64,
-                                  mean_lengths={n: s.mean_length for n, s in sums.items()})
-                d["torchrec_s"] = r.seconds
-            except ConfigError as e:
-                d["torchrec_error"] = str(e)[:300]
-                d["torchrec_s"] = time.perf_counter() - t0
-            d["speedup"] = d["torchrec_s"] / d["flexshard_s"]
+            d.update(_torchrec_seconds(tables, topo, sums))
+            d["speedup"] = d["torchrec_cpu_s"] / d["flexshard_cpu_s"]
+            d["speedup_wall"] = d["torchrec_s"] / d["flexshard_s"]
         vs[str(T)] = d
-        log(f"  planning {T} tables on 32 GPUs: FlexShard {d['flexshard_s']:.2f} s, TorchRec "
-            f"{d.get('torchrec_s', float('nan')):.2f} s")
+        log(f"  planning {T} tables on 32 GPUs: FlexShard {cpu:.2f} s CPU ({wall:.2f} s wall), "
+            f"TorchRec {d.get('torchrec_cpu_s', float('nan')):.2f} s CPU "
+            f"({d.get('torchrec_s', float('nan')):.2f} s wall)")
     thousand = {}
     for G in (32, 4096):
         topo, tables, sums = many_tables(1000, G // 8, 8)
-        t0 = time.perf_counter()
-        plan_flexshard(tables, topo, sums, 64)
-        thousand[str(G)] = time.perf_counter() - t0
-        log(f"  planning 1,000 tables on {G} GPUs: FlexShard {thousand[str(G)]:.2f} s")
+        _, wall, cpu = _timed(lambda: plan_flexshard(tables, topo, sums, 64))
+        thousand[str(G)] = {"cpu_s": cpu, "wall_s": wall}
+        log(f"  planning 1,000 tables on {G} GPUs: FlexShard {cpu:.2f} s CPU ({wall:.2f} s wall)")
     return {"plan_seconds_vs_torchrec": vs, "plan_seconds_1000_tables": thousand}
 
 
@@ -465,7 +485,7 @@ def headline(results: dict, ptimes: dict) -> dict:
     vt = ptimes["plan_seconds_vs_torchrec"]
     from100 = [{"figure": v["speedup"], "workload": f"{k} tables"} for k, v in vt.items()
                if int(k) >= 100 and "speedup" in v]
-    slow = max(ptimes["plan_seconds_1000_tables"].items(), key=lambda kv: kv[1])
+    slow = max(ptimes["plan_seconds_1000_tables"].items(), key=lambda kv: kv[1]["cpu_s"])
     out = {"speedup_vs_torchrec_plan": {"in_sample": vs_tr["in"], "out_of_sample": vs_tr["out"]},
            "speedup_vs_torchrec_plan_sequence_dedup_off": {"in_sample": seq["in"],
                                                             "out_of_sample": seq["out"]},
@@ -488,9 +508,9 @@ def headline(results: dict, ptimes: dict) -> dict:
         _target("planning speed-up over TorchRec from 100 tables",
                 min(from100, key=lambda r: r["figure"]) if from100 else None,
                 TARGETS["plan_speedup_from_100_tables"], "TorchRec's proposer and partitioner"),
-        {"name": "plan_seconds_1000_tables", "target": TARGETS["plan_seconds_1000_tables"],
-         "figure": slow[1], "gpus": int(slow[0]),
-         "met": bool(slow[1] <= TARGETS["plan_seconds_1000_tables"]),
+        {"name": "plan_seconds_1000_tables (CPU)", "target": TARGETS["plan_seconds_1000_tables"],
+         "figure": slow[1]["cpu_s"], "gpus": int(slow[0]),
+         "met": bool(slow[1]["cpu_s"] <= TARGETS["plan_seconds_1000_tables"]), "at_most": True,
          "limit": "the planner's candidate pricing"}]
     return out
 
@@ -533,8 +553,9 @@ def main(argv=None):
                        "cpu_total": time.process_time() - cpu_start}}
     for t in out["targets"]:
         fig = t["figure"]
-        log(f"  target {t['name']:55s} {'-' if fig is None else f'{fig:.3f}':>8s} (>= "
-            f"{t['target']}) {'met' if t['met'] else 'MISSED' if t['met'] is False else 'n/a'}")
+        log(f"  target {t['name']:55s} {'-' if fig is None else f'{fig:.3f}':>8s} "
+            f"({'<=' if t.get('at_most') else '>='} {t['target']}) "
+            f"{'met' if t['met'] else 'MISSED' if t['met'] is False else 'n/a'}")
     log(f"  {len(out['losses'])} losses; total {out['seconds']['total']:.0f} s wall, "
         f"{out['seconds']['cpu_total']:.0f} s CPU")
     print(json.dumps(jsonable(out)))
