@@ -200,13 +200,17 @@ def workloads(args) -> list[Workload]:
 
 # ============================================================================ plans
 def sharding_of(plan) -> dict[str, str]:
-    """Per table: its sharding kind, ``(hashed)`` cold rows, GPUs holding cold rows, replicated
-    rows (``+N all``, ``+N/node``) and placed rows."""
+    """Per table: its sharding kind, ``(hashed)`` cold rows, the GPUs holding cold rows (their
+    ids when at most 4, else their count), replicated rows (``+N all``, ``+N/node``) and placed
+    rows."""
     out = {}
     for name, tp in plan.tables.items():
         s = plan.sharding_kinds[name] + (" (hashed)" if tp.cold.kind == "hash" else "")
-        if tp.cold.gpus.size and not tp.replicated:
-            s += f" on {tp.cold.gpus.size} GPU{'s' if tp.cold.gpus.size > 1 else ''}"
+        gpus = np.unique(tp.cold.gpus) if tp.cold.gpus.size and not tp.replicated else []
+        if 0 < len(gpus) <= 4:
+            s += f" on GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}"
+        elif len(gpus):
+            s += f" on {len(gpus)} GPUs"
         for n, what in ((tp.global_ids.size, " all"), (tp.node_ids.size, "/node"),
                         (tp.placed_ids.size, " placed")):
             s += f" +{n}{what}" if n else ""
