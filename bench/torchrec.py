@@ -24,10 +24,11 @@ baseline".
 Keys: ``speedup_vs_torchrec_plan`` (TorchRec's plan's time over FlexShard's, worst over workloads,
 torchrec profile, in and out of sample), ``speedup_vs_best_baseline`` (the same against the fastest
 baseline that fits, named), ``export_gain_kept`` (``placement.export_torchrec``: the exported
-plan's modelled saving over row-wise divided by the plan's, worst), ``plan_seconds_vs_torchrec``
-(FlexShard's ``plan_flexshard`` against TorchRec's ``planner.plan`` on 10, 100 and 300 tables of
-bench/paper.py's ``many_tables`` on 32 GPUs, same run), ``plan_seconds_1000_tables`` (FlexShard,
-32 and 4,096 GPUs). ``targets`` says which target each figure meets; ``losses`` lists every
+plan's modelled saving over row-wise divided by the plan's, worst over plans saving at least
+``MIN_SAVING``), ``plan_seconds_vs_torchrec`` (FlexShard's ``plan_flexshard`` against TorchRec's
+planner on 10, 100 and 300 tables of bench/paper.py's ``many_tables`` on 32 GPUs, same run; the
+speed-up on CPU seconds), ``plan_seconds_1000_tables`` (FlexShard, 32 and 4,096 GPUs, CPU and
+wall seconds). ``targets`` says which target each figure meets; ``losses`` lists every
 workload where FlexShard is slower than TorchRec's plan or the best baseline, with the component
 that makes the difference and both plans' sharding per table. Without the ``torchrec`` extra the
 TorchRec figures are absent and ``torchrec.installed`` is false.
@@ -96,6 +97,9 @@ PROFILES = ("torchrec", "ideal")
 #: Share of HBM TorchRec's default planner keeps for everything but the tables
 #: (``planners.py``: ``HeuristicalStorageReservation(percentage=0.15)``).
 TORCHREC_RESERVED_SHARE = 0.15
+#: Smallest in-sample saving over row-wise (share of row-wise's time) whose export gain kept is
+#: measured: below it the ratio divides by almost nothing.
+MIN_SAVING = 0.01
 TARGETS = {"in_sample": 1.0, "out_of_sample": 0.98, "sequence_dedup_off": 1.3,
            "export_gain_kept": 0.95, "plan_speedup_from_100_tables": 20.0,
            "plan_seconds_1000_tables": 2.0}
@@ -240,9 +244,10 @@ def fixed_plans(w: Workload, topo: Topology, B: int, torchrec_ok: bool) -> tuple
 
 def export_gain(plan, rw_cost, plan_cost, w: Workload, B: int, model: CostModel, topo) -> dict:
     """The exported plan's modelled saving over row-wise divided by the plan's (in sample,
-    analytic; out of sample, trace) when the plan saves anything."""
-    if plan_cost["in"] >= rw_cost["in"]:
-        return {"gain_kept": None, "why": "the plan saves nothing over row-wise in sample"}
+    analytic; out of sample, trace) when the plan saves at least ``MIN_SAVING`` in sample."""
+    if plan_cost["in"] > (1 - MIN_SAVING) * rw_cost["in"]:
+        return {"gain_kept": None, "why": f"the plan saves less than {MIN_SAVING:.0%} over "
+                                          f"row-wise in sample (the ratio would be noise)"}
     try:
         with tempfile.TemporaryDirectory(prefix="fs-export-") as tmp:
             export_torchrec(plan, Path(tmp) / "export", summaries=w.summaries)
