@@ -38,8 +38,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="Live statistics-driven embedding-table placement: sketch ID streams, "
                        "plan, evaluate.")
 
-#: ``plan --strategy`` values (FlexShard and the baselines of placement.baselines).
-STRATEGIES = ("flexshard", "rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "hugectr")
+#: ``plan --strategy`` values (FlexShard, the baselines of placement.baselines, and TorchRec's
+#: own planner, placement.torchrec_planner, with the torchrec extra).
+STRATEGIES = ("flexshard", "rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "hugectr",
+              "torchrec")
 #: ``--profile`` values: the cost model's execution profiles (placement.profiles).
 PROFILES = ("torchrec", "ideal")
 #: Baselines whose peak memory can be FlexShard's budget (planner.MemoryPolicy).
@@ -558,6 +560,16 @@ def _refuse_over_memory(label: str, p, cost, sparse: Sequence[str] = ()) -> None
                               + _memory_hints(sparse, True))
 
 
+def _warn_over_memory(label: str, p, cost) -> None:
+    """A warning when our model puts a plan made elsewhere (TorchRec's) over some GPU's HBM."""
+    over = cost.peak_memory_per_gpu - p.topology.hbm_bytes
+    if (over > 1e-9 * p.topology.hbm_bytes).any():
+        g = int(over.argmax())
+        _warn(f"{label} plan: our model puts GPU {g} at {fmt_bytes(cost.peak_memory_per_gpu[g])} "
+              f"(rows and buffers), over its {fmt_bytes(p.topology.hbm_bytes[g])} of HBM; "
+              f"TorchRec's own storage model admitted it")
+
+
 def _topo_name(topo) -> str:
     return topo.name or f"{topo.nodes}x{topo.gpus_per_node}"
 
@@ -622,6 +634,9 @@ def _make_plan(strategy: str, tabs, topo, st, summaries, batch_size: int, memory
         from .placement.planner import plan_flexshard
         result = plan_flexshard(tabs, topo, summaries, batch_size, memory, model)
         return result, result.plan
+    if strategy == "torchrec":
+        from .placement.torchrec_planner import plan_torchrec
+        return None, plan_torchrec(tabs, topo, batch_size, summaries=summaries, model=model).plan
     from .placement.baselines import build_baseline
 
     iterations = max(1, st.samples // (topo.num_gpus * batch_size))
@@ -771,10 +786,27 @@ def _print_plan(doc: Mapping[str, Any], p, result) -> None:
         _say(f"speed-up {b.iteration_time_s / max(c.iteration_time_s, 1e-30):.2f}x over "
              f"{result.baseline.strategy}; at the peak GPU: {fmt_bytes(freed)} of buffers freed, "
              f"{fmt_bytes(extra)} more rows, {fmt_bytes(room.get('headroom', 0))} headroom.")
+    if "torchrec_estimate" in doc:
+        _print_torchrec_estimate(doc["torchrec_estimate"], doc["cost"], doc["profile"])
     _say(_CROSSING_NOTE)
     _say()
     _command_hint("Next (B, de-duplication and the ID mode default to this plan's):",
                   f"flexshard-stream evaluate --plan {doc['out']} --log OTHER_LOG")
+
+
+def _print_torchrec_estimate(e: Mapping[str, Any], cost: Mapping[str, Any], profile: str
+                             ) -> None:
+    """TorchRec's own estimate of its plan beside ours."""
+    c = e["critical_rank_ms"]
+    compute = c["fwd_compute"] + c["bwd_compute"] + c["prefetch_compute"]
+    comms = c["fwd_comms"] + c["bwd_comms"]
+    _say(f"TorchRec {e['version']}'s own estimate (planned in {fmt_seconds(e['planning_seconds'])}"
+         f"): {e['perf_rating_ms']:.4g} ms per iteration on its slowest rank "
+         f"({e['critical_rank']}): compute {compute:.4g} ms + comms {comms:.4g} ms, uniform "
+         f"access, no de-duplication, index bytes left out; ours ({_profile_label(profile)}): "
+         f"communication {1e3 * cost['comm_time_s_per_iter']:.4g} ms.")
+    for note in e["notes"]:
+        _note(note)
 
 
 @app.command()
@@ -831,7 +863,10 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
         cost = result.cost if result is not None else evaluate_analytic(p, summaries,
                                                                           batch_size, model)
         label = _plan_label(strategy, p.strategy)
-        _refuse_over_memory(label, p, cost, sparse)
+        if strategy == "torchrec":   # TorchRec checked its own plan against its memory model
+            _warn_over_memory(label, p, cost)
+        else:
+            _refuse_over_memory(label, p, cost, sparse)
         _record_settings(p, batch_size=batch_size, model=model, ids=mode, requested=strategy,
                          tables_source=source)
         p.save(out)
@@ -864,7 +899,19 @@ def _plan_doc(p, result, cost, out: Path, label: str, requested: str, reader
         doc["host_bytes_per_gpu"] = {"max": float(hb.max()), "min": float(hb.min())}
     if result is not None:
         doc["estimate"] = result.summary()
+    if "torchrec" in p.meta and "estimate" in p.meta["torchrec"]:
+        doc["torchrec_estimate"] = _torchrec_estimate(p.meta["torchrec"])
     return doc
+
+
+def _torchrec_estimate(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """``plan --strategy torchrec``: TorchRec's own estimate of its plan (milliseconds, its slowest
+    rank) and how the planner was run."""
+    e = recorded["estimate"]
+    return {"perf_rating_ms": e["perf_rating_ms"], "critical_rank": e["critical_rank"],
+            "critical_rank_ms": e["critical_rank_ms"], "version": recorded["version"],
+            "planning_seconds": recorded["planning_seconds"],
+            "pooling_factors": recorded["pooling_factors"], "notes": recorded["notes"]}
 
 
 # ============================================================================ evaluate

@@ -44,3 +44,8 @@ class FormatError(FlexShardError, ValueError):
 
 class LogError(FlexShardError, ValueError):
     """A log file (parquet/CSV) has missing columns, wrong types or bad rows."""
+
+
+class MissingExtraError(FlexShardError, ImportError):
+    """An optional dependency (an extra such as ``torchrec``) is not installed; the message names
+    the extra and how to install it."""
