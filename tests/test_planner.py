@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from flexshard_stream import ConfigError
 from flexshard_stream import testing as fst
-from flexshard_stream.placement.baselines import build_baseline, hugectr_hybrid, row_wise
+from flexshard_stream.placement.baselines import (
+    baseline_plans,
+    build_baseline,
+    hugectr_hybrid,
+    row_wise,
+)
 from flexshard_stream.placement.candidates import (
     PlanBuilder,
     benefit_curves,
@@ -24,6 +29,13 @@ from flexshard_stream.placement.candidates import (
     threshold_states,
 )
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace
+from flexshard_stream.placement.partition import (
+    memory_caps,
+    partition,
+    place_permutations,
+    table_options,
+)
+from flexshard_stream.placement.profiles import execution_profile
 from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
 from flexshard_stream.placement.planner import MemoryPolicy, PlannerConfig, plan_flexshard
 from flexshard_stream.placement.pricing import (
@@ -55,7 +67,8 @@ FEW = settings(max_examples=12, deadline=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 WORKLOADS = workloads(max_nodes=3, max_gpus_per_node=3, max_tables=3, max_rows=3000)
-MODELS = st.builds(CostModel, dedup=st.booleans(), allreduce=st.sampled_from(["hierarchical", "ring"]))
+MODELS = st.builds(CostModel, dedup=st.booleans(), allreduce=st.sampled_from(["hierarchical", "ring"]),
+                   profile=st.sampled_from(["torchrec", "ideal"]))
 REL = 1 + 1e-9
 
 
@@ -112,6 +125,103 @@ def test_never_worse_than_row_wise(w, model, policy, f):
     assert again.comm_time_s <= base.comm_time_s * REL
     assert r.baseline.strategy == "rw"
     assert r.baseline_cost.comm_time_s == pytest.approx(base.comm_time_s, rel=1e-12)
+
+
+@given(workloads(max_nodes=3, max_gpus_per_node=3, max_tables=4, max_rows=3000, dims=(8, 256, 512)),
+       MODELS, st.sampled_from(["default", "factor", "bytes"]), st.floats(0.5, 8.0),
+       st.sampled_from([None, "torchrec", "ideal"]))
+@PLANNER
+def test_never_worse_than_every_baseline(w, model, policy, f, target):
+    """In sample, under the same profile and budget, the plan is at most as slow as every baseline
+    (rw, rw-hash, tw, twrw, cw, twcw, dp, hugectr) that fits the budget and runs on the target, and
+    the target runs the plan."""
+    base = rw_cost(w, model)
+    memory = {"default": MemoryPolicy(), "factor": MemoryPolicy(factor=max(1.0, f)),
+              "bytes": MemoryPolicy(bytes_per_gpu=base.peak_memory_bytes * f)}[policy]
+    try:
+        r = plan_flexshard(w.tables, w.topology, w.summaries, w.batch_size, memory, model,
+                           target=target)
+    except ConfigError:
+        assert policy == "bytes" and f < 1
+        return
+    assert fst.check_never_worse(r.plan, w.summaries, w.batch_size, r.budget_bytes, model=model,
+                                 target=target) == []
+    runtime = execution_profile(target or model.profile)
+    assert runtime.can_run(r.plan), runtime.issues(r.plan)
+    assert r.plan.meta["target"] == runtime.name
+
+
+def test_never_worse_checker_can_fail():
+    """A plan slower than a fitting baseline is reported, naming the baseline and both times."""
+    topo = Topology.uniform(2, 2)
+    t = EmbeddingTable("t", 64, 8)
+    sums = {"t": zipf_summary(t, 1.2, top_k=64, mean_length=4.0)}
+    dp = build_baseline("dp", [t], topo)
+    rw = row_wise([t], topo)
+    c_rw, c_dp = (evaluate_analytic(p, sums, 8, CostModel(), want_matrices=False) for p in (rw, dp))
+    slow, fast = (rw, dp) if c_rw.iteration_time_s > c_dp.iteration_time_s else (dp, rw)
+    budget = 10 * max(c_rw.peak_memory_bytes, c_dp.peak_memory_bytes)
+    v = fst.check_never_worse(slow, sums, 8, budget)
+    assert v and any(repr(fast.strategy) in m and "faster" in m for m in v), v
+    with pytest.raises(AssertionError, match="worse than a baseline"):
+        fst.assert_never_worse(slow, sums, 8, budget)
+    assert fst.check_never_worse(slow, sums, 8, budget, strategies=(slow.strategy,)) == []
+
+
+def test_partition_prices_every_place_as_the_evaluator_does():
+    """An option priced at its canonical place and moved by a node-keeping relabelling has the
+    loads the evaluator gives the table priced at that place directly."""
+    topo = Topology.preset("2x8")
+    t = EmbeddingTable("t", 5000, 256, kind="pooled")
+    sums = {"t": zipf_summary(t, 1.1, top_k=500, mean_length=6.0)}
+    pricing = AnalyticPricing(sums, 16, CostModel(), {"t": 6.0})
+    (opts,) = table_options([t], topo, pricing.cost, execution_profile("torchrec"))
+    kinds = [o.kind for o in opts]
+    assert {"table_wise", "table_row_wise", "column_wise", "row_wise", "data_parallel"} <= set(kinds)
+    for o in opts:
+        for place in range(o.places.shape[0]):
+            direct = pricing.cost(Plan("p", topo, [o.placed(place, topo)]))
+            perm = o.places[place]
+            assert np.allclose(direct.send["forward"][perm, 1:3], o.loads[1][:, 0:2]), o.kind
+            assert np.allclose(direct.recv["index"][perm, 1:3], o.loads[0][:, 2:4]), o.kind
+            assert np.allclose((direct.row_bytes + direct.buffer_bytes)[perm], o.memory)
+    perms = place_permutations(topo, "gpu")
+    assert perms.shape == (16, 16)
+    assert all(np.array_equal(p[p], np.arange(16)) for p in perms)   # each its own inverse
+    assert all(sorted(p.tolist()) == list(range(16)) for p in perms)
+    assert np.array_equal(place_permutations(topo, "node")[1], np.r_[8:16, 0:8])
+
+
+def test_partition_balances_tables_and_respects_the_cap():
+    """Equal tables spread over distinct GPUs; under a cap below a whole table, none is whole."""
+    topo = Topology.uniform(2, 2)
+    tabs = [EmbeddingTable(f"t{i}", 4000, 64, kind="pooled") for i in range(4)]
+    sums = {t.name: zipf_summary(t, 0.8, top_k=200, mean_length=4.0) for t in tabs}
+    pricing = AnalyticPricing(sums, 64, CostModel(), {t.name: 4.0 for t in tabs})
+    opts = table_options(tabs, topo, pricing.cost, execution_profile("torchrec"))
+    caps = memory_caps(opts, topo.num_gpus)
+    assert caps[0] == np.inf and all(a > b for a, b in zip(caps[1:], caps[2:]))
+    tps = partition(opts, topo, np.inf)
+    kinds = {tp.sharding_kind(topo) for tp in tps}
+    if kinds == {"table_wise"}:
+        assert sorted(int(tp.cold.gpus[0]) for tp in tps) == [0, 1, 2, 3]
+    tight = partition(opts, topo, caps[-1])
+    assert all(tp.row_bytes_per_gpu(topo).max() <= caps[-1] * (1 + 1e-9)
+               or tp.sharding_kind(topo) == "row_wise" for tp in tight)
+
+
+def test_target_torchrec_has_no_node_replicas_and_ideal_may():
+    """Under the torchrec target, node replicas (which TorchRec cannot run) are made global."""
+    topo, t, s = _hot_in_range_case()
+    r_tr = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=3.0),
+                          CostModel(profile="ideal"), target="torchrec")
+    assert all(tp.node_ids.size == 0 for tp in r_tr.plan.tables.values())
+    assert execution_profile("torchrec").can_run(r_tr.plan)
+    r_id = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=3.0),
+                          CostModel(profile="ideal"), target="ideal")
+    assert r_id.cost.iteration_time_s <= r_tr.cost.iteration_time_s * REL
+    with pytest.raises(ConfigError, match="unknown"):
+        plan_flexshard([t], topo, {"items": s}, 64, target="mpi")
 
 
 @given(WORKLOADS, st.floats(1.0, 3.0), st.floats(1.001, 8.0))

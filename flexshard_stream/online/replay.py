@@ -91,6 +91,9 @@ __all__ = [
 
 #: Strategy names, in the order they appear everywhere.
 STRATEGIES = ("rw", "twrw", "static", "resharder")
+#: The replayed strategies that are baselines: "vs best baseline" figures are against the
+#: fastest of them over the replay.
+BASELINES_REPLAYED = ("rw", "twrw")
 #: Without ``window``: this many windows of equal sample counts.
 DEFAULT_WINDOWS = 10
 SUMMARY_VERSION = 1
@@ -680,9 +683,10 @@ def _resharder_doc(run: _Run, config: ReshardConfig) -> dict[str, Any]:
 
 
 def _strategy_totals(name: str, a: _Acc, budget: float, rs: Resharder, plan: Plan,
-                     rw_time: float) -> dict[str, Any]:
+                     rw_time: float, best: tuple[str, float]) -> dict[str, Any]:
     """One strategy's entry of ``summary["totals"]["strategies"]``: per-iteration means, sums
-    over the replay (bytes, seconds), migration (the re-sharder's only) and the final tiers."""
+    over the replay (bytes, seconds), migration (the re-sharder's only), the final tiers, and the
+    speed-ups over row-wise and over ``best`` (the fastest baseline replayed: name, comm time)."""
     d = a.to_json(budget)
     d["total_bytes"] = {"total": a.s["total"], "intra_node": a.s["intra_node"],
                         "inter_node": a.s["inter_node"], "sync": a.s["sync"]}
@@ -693,6 +697,9 @@ def _strategy_totals(name: str, a: _Acc, budget: float, rs: Resharder, plan: Pla
     d["migration_s"] = float(sum(x.migration_s for x in rs.history)) if moving else 0.0
     d["deltas"] = sum(1 for x in rs.history if x.delta is not None) if moving else 0
     d["speedup_vs_rw"] = (rw_time / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 else None
+    d["best_baseline"] = best[0]
+    d["speedup_vs_best_baseline"] = (best[1] / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 \
+        else None
     d["tiers"] = plan.tier_sizes()
     return d
 
@@ -703,6 +710,7 @@ def _totals(tot: Mapping[str, _Acc], start: _Start, final: Mapping[str, Plan],
     samples, the re-sharder's checks and decisions, and every strategy's totals."""
     rs = start.resharder
     rw_time = tot["rw"].s["comm_time_s"]
+    best = min(((b, tot[b].s["comm_time_s"]) for b in BASELINES_REPLAYED), key=lambda x: x[1])
     skipped = counts["skipped"]
     return {"samples": counts["samples"], "rows_read": counts["rows_read"],
             "windows": len(windows), "iterations": tot["rw"].n,
@@ -714,7 +722,8 @@ def _totals(tot: Mapping[str, _Acc], start: _Start, final: Mapping[str, Plan],
             "checks": len(rs.history),
             "decisions": {a: sum(1 for d in rs.history if d.action == a)
                           for a in ("applied", "partial", "kept", "failed", "skipped")},
-            "strategies": {s: _strategy_totals(s, tot[s], start.budget, rs, final[s], rw_time)
+            "strategies": {s: _strategy_totals(s, tot[s], start.budget, rs, final[s], rw_time,
+                                              best)
                            for s in STRATEGIES}}
 
 
