@@ -370,7 +370,8 @@ def test_hand_heterogeneous_weighted_ranges():
     assert_plan_ok(r.plan, summaries={"items": s}, batch_size=64, budget_bytes=r.budget_bytes)
     blind = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0),
                            config=PlannerConfig(bandwidth_aware=False))
-    assert np.ptp(np.diff(blind.plan["items"].cold.bounds)) == 0
+    cold = blind.plan["items"].cold
+    assert cold.kind != "range" or cold.weights.size == 0 or np.ptp(cold.weights) == 0
     assert r.cost.comm_time_s < blind.cost.comm_time_s
 
 
