@@ -184,8 +184,8 @@ def _default_trace() -> Path:
     from .data import DEFAULT_TRACE
     if DEFAULT_TRACE.exists():
         return DEFAULT_TRACE
-    raise FlexShardError("the embedded default trace is missing; regenerate it with "
-                         "`python -m flexshard_stream.sources.synth default data/default_trace.parquet`")
+    raise FlexShardError("the embedded default trace is missing; regenerate it with `python -m "
+                         "flexshard_stream.sources.synth default data/default_trace.parquet`")
 
 
 def _stderr_console():
@@ -1020,7 +1020,8 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
 
 # ============================================================================ replay, demo, report
 class _ReplayProgress:
-    """A rich progress bar on stderr fed by :func:`flexshard_stream.online.replay.replay`'s callback."""
+    """A rich progress bar on stderr fed by the callback of
+    :func:`flexshard_stream.online.replay.replay`."""
 
     def __init__(self, enabled: bool = True):
         from rich.progress import (
@@ -1394,11 +1395,16 @@ def sidecar_command(
                                           "between re-sharder checks."),
         unit: str = typer.Option("batches", callback=_choice(("batches", "seconds"), "--unit"),
                                  help="batches | seconds"),
-        half_life: Optional[float] = typer.Option(None, help="Half-life of the decayed "
-                                                  "statistics (default 4 checks)."),
+        half_life: Optional[float] = typer.Option(None, help="Decayed statistics with this "
+                                                  "half-life (--unit); default: the re-sharder's "
+                                                  "sliding window of 8 checks."),
         top_k: int = typer.Option(4096, help="Rows per table summarized for the planner."),
-        horizon: float = typer.Option(1000.0, help="Iterations over which a saving must beat "
-                                      "the migration."),
+        horizon: Optional[float] = typer.Option(None, help="Iterations over which a saving "
+                                                "must beat the migration and pause (default: "
+                                                "from the measured drift rate)."),
+        pause: Optional[float] = typer.Option(None, help="Seconds a training job stalls per "
+                                              "applied plan change, whatever it moves (default: "
+                                              "the re-sharder's, docs/RESHARDER.md)."),
         memory_bytes: Optional[float] = typer.Option(None, help="Per-GPU memory budget (bytes; "
                                                      "default: row-wise peak)."),
         dedup: bool = typer.Option(True, help="Plan for in-batch de-duplication."),
@@ -1437,7 +1443,7 @@ def sidecar_command(
                             format="%(asctime)s %(name)s %(levelname)s: %(message)s",
                             stream=sys.stderr)
     cfg = ReshardConfig(check_every=check_every, unit=unit, horizon_iterations=horizon,
-                        top_k=top_k)
+                        top_k=top_k, **({} if pause is None else {"pause_s": pause}))
     warnings.simplefilter("default", SidecarWarning)
     return run_ring(ring, tables, topology, out, batch_size=batch_size, ring_dir=ring_dir,
                     slots=slots, capacity_bytes=int(capacity_mb * (1 << 20)), checksum=checksum,

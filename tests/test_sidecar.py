@@ -42,7 +42,9 @@ H = 2000
 TABLES = [EmbeddingTable("a", H, 32, optimizer_state_bytes=4), EmbeddingTable("b", H, 16)]
 TOPO = Topology.uniform(2, 2)
 B = 16
-CFG = ReshardConfig(check_every=4, top_k=128)
+# no pause per delta: the few iterations of these tests could never pay the default one (issue
+# 14); they test publishing, not whether a move pays
+CFG = ReshardConfig(check_every=4, top_k=128, pause_s=0.0)
 WAIT = 120.0  # seconds: generous, the machine is loaded
 
 
@@ -275,10 +277,19 @@ def _flip(path, offset=None):
     path.write_bytes(bytes(data))
 
 
+def decayed():
+    """Decayed statistics (the sidecar's default before issue 14): their checkpoint is the one
+    file stats/stats.fss that the damage tests flip."""
+    from flexshard_stream.stats.config import TableConfig
+    from flexshard_stream.stats.window import DecayedStats
+    return DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in TABLES],
+                        half_life=4 * CFG.check_every, unit=CFG.unit)
+
+
 @pytest.mark.parametrize("damage", ["stats/stats.fss", "manifest.json", "plan/plan.json"])
 def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
     rng = np.random.default_rng(5)
-    sc = sidecar(tmp_path)
+    sc = sidecar(tmp_path, stats=decayed())
     for _ in range(10):
         sc.submit(make_batch(rng))
     sc.flush(WAIT)
@@ -292,7 +303,7 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
     assert list_checkpoints(tmp_path) == [second, first]
     _flip(second / damage)
     with pytest.warns(SidecarWarning, match=rf"{second.name}.*{Path(damage).name}"):
-        sc2 = sidecar(tmp_path, resume=True)
+        sc2 = sidecar(tmp_path, resume=True, stats=decayed())
     try:
         r = sc2.resume_report
         assert r.checkpoint == str(first) and r.batches_in_checkpoint == 10
@@ -309,7 +320,7 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
 
 def test_every_checkpoint_damaged_starts_empty_keeps_published_plan(tmp_path):
     rng = np.random.default_rng(6)
-    with sidecar(tmp_path) as sc:
+    with sidecar(tmp_path, stats=decayed()) as sc:
         for _ in range(30):
             sc.submit(make_batch(rng, alpha=1.5))
         sc.flush(WAIT)
@@ -320,7 +331,7 @@ def test_every_checkpoint_damaged_starts_empty_keeps_published_plan(tmp_path):
     for ck in ckpts:
         _flip(ck / "stats" / "stats.fss")
     with pytest.warns(SidecarWarning, match="no good checkpoint left"):
-        sc2 = sidecar(tmp_path, resume=True)
+        sc2 = sidecar(tmp_path, resume=True, stats=decayed())
     try:
         r = sc2.resume_report
         assert r.checkpoint is None and len(r.skipped) == len(ckpts) >= 1

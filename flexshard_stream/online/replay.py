@@ -262,7 +262,9 @@ def _decision_json(d: Decision) -> dict[str, Any]:
     out = {"check": d.check, "position": d.position, "action": d.action, "reason": d.reason,
            "current_s_per_iter": d.current_s, "target_s_per_iter": d.target_s,
            "applied_s_per_iter": d.applied_s, "migration_bytes": d.migration_bytes,
-           "migration_s": d.migration_s, "fraction": d.fraction, "thresholds": d.thresholds}
+           "migration_s": d.migration_s, "pause_s": d.pause_s, "iterations": d.iterations,
+           "drift_rate": d.drift_rate, "horizon_iterations": d.horizon_iterations,
+           "hysteresis": d.hysteresis, "fraction": d.fraction, "thresholds": d.thresholds}
     if d.delta is not None:
         tot = d.delta.summary().get("totals", {})
         out["delta"] = {k: tot[k] for k in ("rows_moved", "promoted", "demoted", "rows_changed")
@@ -514,8 +516,8 @@ def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
                     decayed: StreamStats | DecayedStats,
                     reshard_config: ReshardConfig | None) -> _Start:
     """Plan on window 0: the FlexShard static plan (its budget bounds the re-sharder), twrw
-    balanced by window 0's lookups per iteration, rw; the re-sharder's horizon defaults to the
-    iterations of window 0."""
+    balanced by window 0's lookups per iteration, rw; the re-sharder from the static plan (its
+    default configuration: pause, horizon and hysteresis from the measured drift rate)."""
     sums0 = st0.summary(run.top_k)
     it0 = st0.samples / run.spi
     try:
@@ -529,7 +531,7 @@ def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
         "rw": build_baseline("rw", tabs, run.topo),
         "twrw": build_baseline("twrw", tabs, run.topo, lookups=lookups),
         "static": static_res.plan}
-    base_cfg = reshard_config or ReshardConfig(horizon_iterations=max(1.0, it0))
+    base_cfg = reshard_config or ReshardConfig()
     rs_cfg = dataclasses.replace(base_cfg, check_every=float("inf"), unit=run.unit,
                                  top_k=run.top_k)
     rs = Resharder(tabs, run.topo, run.B, stats=decayed,
@@ -569,7 +571,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
         trace evaluation only (the analytic evaluation checks once per window)
     half_life_windows : half-life of the re-sharder's decayed statistics, in windows
     reshard_config : re-sharder knobs (its ``check_every``, ``unit`` and ``top_k`` are set by the
-        replay); default horizon: the iterations of one window (measured on the first window)
+        replay; its ``pause_s`` is charged per applied delta); default ``ReshardConfig()``
     read_batch_size : samples per chunk read from the logs (memory bound; not ``batch_size``)
     progress : called after every chunk read (per window with the analytic evaluation) with
         ``{"phase", "rows_read", "total_rows", "window"}``
@@ -685,23 +687,31 @@ def _resharder_doc(run: _Run, config: ReshardConfig) -> dict[str, Any]:
 def _strategy_totals(name: str, a: _Acc, budget: float, rs: Resharder, plan: Plan,
                      rw_time: float, best: tuple[str, float]) -> dict[str, Any]:
     """One strategy's entry of ``summary["totals"]["strategies"]``: per-iteration means, sums
-    over the replay (bytes, seconds), migration (the re-sharder's only), the final tiers, and the
-    speed-ups over row-wise and over ``best`` (the fastest baseline replayed: name, comm time)."""
+    over the replay (bytes, seconds), migration and pauses (the re-sharder's only; the others
+    never change their plan), the total cost, the final tiers, and the speed-ups over row-wise
+    and over ``best`` (the fastest baseline replayed: name, comm time)."""
     d = a.to_json(budget)
     d["total_bytes"] = {"total": a.s["total"], "intra_node": a.s["intra_node"],
                         "inter_node": a.s["inter_node"], "sync": a.s["sync"]}
     d["comm_time_s"] = a.s["comm_time_s"]
     d["iteration_time_s"] = a.s["iteration_time_s"]
-    moving = name == "resharder"
-    d["migration_bytes"] = float(sum(x.migration_bytes for x in rs.history) if moving else 0.0)
-    d["migration_s"] = float(sum(x.migration_s for x in rs.history)) if moving else 0.0
-    d["deltas"] = sum(1 for x in rs.history if x.delta is not None) if moving else 0
+    d.update(_migration_totals(rs.history if name == "resharder" else []))
+    d["total_cost_s"] = a.s["iteration_time_s"] + d["migration_s"] + d["pause_s"]
     d["speedup_vs_rw"] = (rw_time / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 else None
     d["best_baseline"] = best[0]
     d["speedup_vs_best_baseline"] = (best[1] / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 \
         else None
     d["tiers"] = plan.tier_sizes()
     return d
+
+
+def _migration_totals(decisions: Sequence[Decision]) -> dict[str, Any]:
+    """What the applied deltas among ``decisions`` cost: ``migration_bytes``, ``migration_s``
+    (transfer at the topology's bandwidths), ``pause_s`` (the fixed pauses), ``deltas``."""
+    applied = [d for d in decisions if d.delta is not None]
+    return {"migration_bytes": float(sum(d.migration_bytes for d in applied)),
+            "migration_s": float(sum(d.migration_s for d in applied)),
+            "pause_s": float(sum(d.pause_s for d in applied)), "deltas": len(applied)}
 
 
 def _totals(tot: Mapping[str, _Acc], start: _Start, final: Mapping[str, Plan],
@@ -771,15 +781,18 @@ def _window_doc(index: int, start: Any, end: Any, samples: int, sample_start: in
     for d in decs:
         counts[d.action] = counts.get(d.action, 0) + 1
     strat = {s: accs[s].to_json(budget) for s in STRATEGIES}
-    mig = float(sum(d.migration_bytes for d in decs))
-    strat["resharder"]["migration_bytes"] = mig
+    mig = _migration_totals(decs)
+    strat["resharder"]["migration_bytes"] = mig["migration_bytes"]
+    for s, a in accs.items():
+        paid = mig["migration_s"] + mig["pause_s"] if s == "resharder" else 0.0
+        strat[s]["total_cost_s"] = a.s["iteration_time_s"] + paid
     return {"index": index, "start": start, "end": end, "samples": samples,
             "sample_start": sample_start, "sample_end": sample_start + samples,
             "ts_first": ts_first, "ts_last": ts_last,
             "iterations": iterations, "dropped_samples": dropped,
             "late_samples": late,
-            "strategies": strat, "migration_bytes": mig,
-            "migration_s": float(sum(d.migration_s for d in decs)),
+            "strategies": strat, "migration_bytes": mig["migration_bytes"],
+            "migration_s": mig["migration_s"], "pause_s": mig["pause_s"],
             "thresholds": thresholds,
             "decisions": counts,
             "checks": [_decision_json(d) for d in decs]}
@@ -812,7 +825,7 @@ def _analytic_pass(wins: Sequence[WindowStats], run: _Run, use_ts: bool, start: 
             pos = (float(st.last_ts) if use_ts and st.last_ts is not None
                    else float(sample_start + n))
             dsums = decayed.summary(run.top_k)
-            rs.check(summaries=dsums, position=pos)
+            rs.check(summaries=dsums, position=pos, iterations=n / run.spi)
         else:
             dsums = decayed.summary(run.top_k)
         prev = ws.index

@@ -534,6 +534,7 @@ def _totals_table(summary: dict) -> str:
     head = ("<tr><th>strategy</th><th>iterations</th><th>all-to-all / iter</th>"
             "<th>inter-node / iter</th><th>sync / iter</th><th>comm time / iter</th>"
             "<th>comm time, total</th><th>peak memory / GPU</th><th>migration</th>"
+            "<th>migration + pauses</th><th>total cost</th>"
             "<th>plan changes</th><th>speed-up vs rw</th><th>vs best baseline</th></tr>")
     rows = []
     for s in _strategies(summary):
@@ -548,6 +549,8 @@ def _totals_table(summary: dict) -> str:
                 _fmt_time(t.get("comm_time_s_per_iter")), _fmt_time(t.get("comm_time_s")),
                 _fmt_bytes(t.get("peak_memory_bytes"), 4),
                 _fmt_bytes(t.get("migration_bytes", 0)),
+                _fmt_time(t.get("migration_s", 0.0) + t.get("pause_s", 0.0)),
+                _fmt_time(t.get("total_cost_s")),
                 t.get("deltas", 0), "–" if sp is None else f"{sp:.2f}x", bb)) + "</tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 

@@ -16,7 +16,9 @@ alone; see docs/RESHARDER.md, "PlanDelta". Column shards are part of the cold fu
 (``ColdSharding.columns``): a change of column layout is a cold change, a table-level move in
 which every GPU receives, from the GPUs that held them, the column slices of the cold rows it holds
 afterwards and did not hold before (exact by column overlap); the sharding kind label
-(``TablePlan.sharding``) is an extra field that moves nothing.
+(``TablePlan.sharding``) is an extra field that moves nothing. :func:`migration_cost` prices
+applying a delta as a training job pays for it: a fixed pause plus the transfer of the rows and
+their optimizer state.
 """
 
 from __future__ import annotations
@@ -45,13 +47,17 @@ from .topology import Topology
 
 __all__ = [
     "COLD_CODE",
+    "DEFAULT_PAUSE_S",
     "DELTA_KIND",
     "DELTA_VERSION",
     "TIERS",
+    "MigrationCost",
     "PlanDelta",
     "TableDelta",
     "TierMoves",
+    "check_pause",
     "compose",
+    "migration_cost",
     "plan_fingerprint",
 ]
 
@@ -1168,6 +1174,75 @@ def compose(*deltas: PlanDelta) -> PlanDelta:
     for d in deltas[1:]:
         out = out.then(d)
     return out
+
+
+# ============================================================================ migration cost
+#: Seconds a training job stalls per applied delta, whatever the delta moves: the steps stop at a
+#: barrier, the sharded modules are rebuilt and the pipeline refills (docs/RESHARDER.md, "The
+#: pause", gives the reasoning and the TorchRec measurement).
+DEFAULT_PAUSE_S = 0.25
+
+
+@dataclass(frozen=True)
+class MigrationCost:
+    """What applying plan deltas costs a training job (seconds, bytes).
+
+    bytes : float         rows and their optimizer state moved between GPUs (counted at their
+                          destinations, :attr:`PlanDelta.migration_bytes`)
+    transfer_s : float    seconds the moves take: per delta, the slowest GPU's send and receive
+                          over its links at the topology's bandwidths
+                          (:meth:`PlanDelta.migration_time_s`, the cost model's all-to-all rule)
+    pause_s : float       the fixed stall of applying a new sharding, once per non-empty delta
+    deltas : int          non-empty deltas priced
+    """
+
+    bytes: float = 0.0
+    transfer_s: float = 0.0
+    pause_s: float = 0.0
+    deltas: int = 0
+
+    @property
+    def total_s(self) -> float:
+        """Transfer plus pauses (seconds)."""
+        return self.transfer_s + self.pause_s
+
+    def __add__(self, other: MigrationCost) -> MigrationCost:
+        if not isinstance(other, MigrationCost):
+            return NotImplemented
+        return MigrationCost(self.bytes + other.bytes, self.transfer_s + other.transfer_s,
+                             self.pause_s + other.pause_s, self.deltas + other.deltas)
+
+    def to_json(self) -> dict[str, float]:
+        """``{"bytes", "transfer_s", "pause_s", "total_s", "deltas"}``."""
+        return {"bytes": self.bytes, "transfer_s": self.transfer_s, "pause_s": self.pause_s,
+                "total_s": self.total_s, "deltas": self.deltas}
+
+
+def check_pause(pause_s: Any, where: str = "pause_s") -> float:
+    """``pause_s`` as a float of seconds; ConfigError naming ``where`` unless finite and >= 0."""
+    try:
+        value = float(pause_s)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} must be a number of seconds >= 0, got {pause_s!r}") from None
+    if isinstance(pause_s, bool) or not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{where} must be a number of seconds >= 0, got {pause_s!r}")
+    return value
+
+
+def migration_cost(delta: PlanDelta | None, pause_s: float = DEFAULT_PAUSE_S,
+                   topology: Topology | None = None) -> MigrationCost:
+    """What a training job pays to apply ``delta``: its bytes at the ``topology``'s bandwidths
+    (default the delta's; :meth:`PlanDelta.migration_time_s`) plus ``pause_s`` seconds. An empty
+    delta (or None) costs nothing, not even the pause: nothing is applied.
+
+    Raises ConfigError for a negative or non-finite ``pause_s``, IncompatibleError for a
+    topology with another number of GPUs than the delta's.
+    """
+    pause = check_pause(pause_s)
+    if delta is None or not delta:
+        return MigrationCost()
+    return MigrationCost(float(delta.migration_bytes), float(delta.migration_time_s(topology)),
+                         pause, 1)
 
 
 def _meta_json(x: Any) -> Any:

@@ -18,10 +18,16 @@ from ...placement.plan import Plan
 from ...placement.tables import EmbeddingTable, load_tables
 from ...placement.topology import Topology
 from ...stats.batch import Batch
-from ...stats.config import TableConfig
 from ...stats.stream import StreamStats
 from ...stats.window import DecayedStats, WindowedStats
-from ..resharder import CheckSchedule, Decision, ReshardConfig, Resharder, made_for
+from ..resharder import (
+    CheckSchedule,
+    Decision,
+    ReshardConfig,
+    Resharder,
+    default_stats,
+    made_for,
+)
 from .checkpoint import ResumeReport, holds_previous_run, resume
 from .common import Coordination, SidecarError, deadline_after, log, remove_temp_entries
 from .cores import TableThreads
@@ -46,9 +52,10 @@ class Sidecar:
     topology : Topology, or a topology TOML file / preset name
     batch_size : samples per GPU per iteration (the planner's B)
     out_dir : where plans, deltas, counters and checkpoints are written (created)
-    stats : StreamStats | DecayedStats | WindowedStats (default: DecayedStats with a half-life of
-        4 checks, keyed by the tables' features). Owned by the sidecar's ingest thread from now on
-        (with a ``cpu_budget`` it changes their sampling rate: ``resample``).
+    stats : StreamStats | DecayedStats | WindowedStats (default: the re-sharder's,
+        :func:`~flexshard_stream.online.resharder.default_stats`, keyed by the tables' features).
+        Owned by the sidecar's ingest thread from now on (with a ``cpu_budget`` it changes their
+        sampling rate: ``resample``).
     cpu_budget : cores the ingestion may use (default 0.5: half of one core; None: the rate of
         ``stats`` stays as configured). The ingest thread measures its CPU seconds per ID and the
         offered rate and samples one ID occurrence in ``k`` (count-min and heavy hitters of the
@@ -153,8 +160,7 @@ class Sidecar:
 
     def _statistics(self, stats: Any) -> Any:
         if stats is None:
-            return DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in self.tables],
-                                half_life=4 * self.config.check_every, unit=self.config.unit)
+            return default_stats(self.tables, self.config)
         if not isinstance(stats, (StreamStats, DecayedStats, WindowedStats)):
             raise ConfigError(f"stats must be a StreamStats, DecayedStats or WindowedStats (the "
                               f"sidecar checkpoints them), got {type(stats).__name__}")
@@ -193,6 +199,7 @@ class Sidecar:
             self._publisher.publish_full(self.resharder.plan, reset=taken_up,
                                          batches_in_stats=self._ingest.batches_in_stats)
         self._planning.take_snapshot()
+        self._planning.start_counting(self._ingest.batches_in_stats)
         self._ledger.write_counters(False, self._ingest.ingested())
         self._ingest.start()
         self._planning.start()
@@ -316,6 +323,14 @@ class Sidecar:
     def plan(self) -> Plan:
         """The plan in force (the last one published)."""
         return self.resharder.plan
+
+    @property
+    def cost(self) -> dict[str, float]:
+        """The run's total cost so far in the cost model's seconds, restored runs included
+        (:class:`~flexshard_stream.online.resharder.CostLedger` as a dict: communication of the
+        plans in force, migration transfer, pauses, total, bytes, deltas, iterations). Read it
+        after :meth:`flush` for a consistent value."""
+        return self._planning.snapshot()["resharder"]["cost"]
 
     @property
     def history(self) -> list:

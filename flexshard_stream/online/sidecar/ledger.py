@@ -64,7 +64,8 @@ class Ledger:
                    "checkpoint_seq": self.checkpoint_seq, "lost": self.lost_total,
                    "sample_k": at.progress["sampling"]["sample_k"],
                    "closed": closed, "source": dict(self.source),
-                   "source_batches": self._source_before[0] + at.processed}
+                   "source_batches": self._source_before[0] + at.processed,
+                   "cost": dict(self._planning.snapshot()["resharder"]["cost"])}
         self._publisher.write_counters(doc, force=closed)
 
     def checkpoint(self, force: bool, at: Ingested) -> Path | None:

@@ -25,7 +25,7 @@ from ...placement.topology import Topology
 from ...stats.batch import Batch
 from ...stats.config import TableConfig
 from ...stats.window import DecayedStats
-from ..resharder import ReshardConfig
+from ..resharder import ReshardConfig, default_stats
 from ..ring import Ring
 from .common import SidecarError, log
 from .core import Sidecar
@@ -53,6 +53,10 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
     """Consume ring ``ring`` (created if missing) into a :class:`Sidecar` until ``stop`` is set
     or SIGTERM/SIGINT arrives; then close it (final checkpoint). Returns the final report.
 
+    ``half_life``: None feeds the re-sharder its default statistics
+    (:func:`~flexshard_stream.online.resharder.default_stats`); a number, decayed statistics with
+    that half-life (in ``config.unit``).
+
     ``emit`` receives JSON-able events: ``resume``, ``ready``, ``status`` (every
     ``status_every_s`` seconds, 0: never) and ``stopped``. Records left in the ring at shutdown
     stay there for the next run (unless ``unlink``: then they are drained first and the ring file
@@ -70,8 +74,9 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
         rows = row_map(tabs, ids)
         topo = topology if isinstance(topology, Topology) else Topology.load(topology)
         cfg = config or ReshardConfig()
-        stats = DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in tabs],
-                             half_life=half_life or 4 * cfg.check_every, unit=cfg.unit)
+        stats = (default_stats(tabs, cfg) if half_life is None else
+                 DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in tabs],
+                              half_life=half_life, unit=cfg.unit))
         r = Ring.create(ring, slots=slots, capacity_bytes=capacity_bytes, directory=ring_dir,
                         checksum=checksum, exist_ok=True)
         try:
@@ -145,7 +150,7 @@ def _consume(sc: Sidecar, ring: Ring, stop: threading.Event,
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + status_every_s
                 emit({"event": "status", **sc.stats().to_dict(),
-                      "ring_dropped": ring.stats().total.batches_dropped})
+                      "ring_dropped": ring.stats().total.batches_dropped, "cost": sc.cost})
         if unlink:
             errors += _drain(sc, ring)
     finally:
@@ -176,7 +181,7 @@ def _stopped(sc: Sidecar, ring: Ring, got_signal: list[str], errors: int) -> dic
     rst = ring.stats().total
     return {"event": "stopped", "signal": got_signal[0] if got_signal else None,
             "checkpoint": str(sc.last_checkpoint) if sc.last_checkpoint else None,
-            **sc.stats().to_dict(), "errors_reported": errors,
+            **sc.stats().to_dict(), "errors_reported": errors, "cost": sc.cost,
             "ring": {"batches_written": rst.batches_written, "batches_read": rst.batches_read,
                      "batches_dropped": rst.batches_dropped, "ids_dropped": rst.ids_dropped,
                      "records_discarded": rst.records_discarded, "lag_bytes": rst.lag_bytes}}
