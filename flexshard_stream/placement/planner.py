@@ -97,7 +97,7 @@ class PlannerConfig:
                             boundary and replicated prefix scaled (``refinement_states``)
     thresholds : int        shared marginal-value thresholds: every pair ``th0 >= th1`` of this
                             many levels (plus "none") cuts every table at the same expected
-                            requests per byte; priced exactly when tables x GPUs <= 2^20, with
+                            requests per byte; priced exactly when tables x GPUs <= 2^14, with
                             fewer levels when pairs x summarized rows exceed 2^25 (0: off)
     partition_tables : int  up to this many tables, every table is also priced alone under every
                             sharding kind the target runs and partitioned (``placement.partition``)

@@ -16,19 +16,18 @@ docs/PLANNER.md, "Steps" 3 and 6, gives the reasoning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..stats.summary import FrequencySummary
-import math
-
 from .candidates import BenefitCurve, PlanBuilder, State
 from .cost import Cost, CostModel, evaluate_analytic
 from .plan import Plan
-from .recshard import split_cold
+from .recshard import TopRows, split_cold
 
 __all__ = ["AnalyticPricing", "Candidate", "CandidatePricer", "StatisticalMargin", "fits_budget",
            "select_within_budget"]
@@ -57,11 +56,25 @@ class AnalyticPricing:
     batch_size: int
     model: CostModel
     mean_lengths: Mapping[str, float]
+    _top_rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def cost(self, plan: Plan) -> Cost:
         """The analytic evaluator's cost of ``plan`` (no per-GPU traffic matrices)."""
         return evaluate_analytic(plan, self.summaries, self.batch_size, self.model,
                                  mean_lengths=self.mean_lengths, want_matrices=False)
+
+    def split_cold(self, plan: Plan, budget_bytes: float, cost: Cost) -> Plan:
+        """``recshard.split_cold`` of ``plan`` (analytic ``cost``) under ``budget_bytes`` per GPU,
+        with the summaries' top rows gathered once per table order (every candidate of a planning
+        run shares them)."""
+        names = tuple(plan.tables)
+        top = self._top_rows.get(names)
+        if top is None:
+            top = self._top_rows[names] = TopRows.gather(
+                list(plan.tables.values()), self.summaries, self.batch_size, self.model,
+                self.mean_lengths)
+        return split_cold(plan, self.summaries, self.batch_size, budget_bytes, self.model,
+                          mean_lengths=self.mean_lengths, cost=cost, top_rows=top)
 
 
 @dataclass
@@ -129,8 +142,7 @@ class CandidatePricer:
             return plan, cost
         p = self.pricing
         try:
-            split = split_cold(plan, p.summaries, p.batch_size, self.budget_bytes, p.model,
-                               mean_lengths=p.mean_lengths, cost=cost)
+            split = p.split_cold(plan, self.budget_bytes, cost)
         except ConfigError:
             return plan, cost
         return split, p.cost(split)
