@@ -116,6 +116,15 @@ def compare(plan_cost, rw_cost, twrw_cost=None) -> dict:
     return out
 
 
+def vs_best_baseline(r) -> dict:
+    """The plan against the fastest baseline that fits its budget (in sample, analytic): its name,
+    the speed-up (iteration time) and where the plan comes from."""
+    sm = r.summary()
+    return {"best_baseline": sm["best_baseline"],
+            "speedup_vs_best_baseline_analytic": sm["speedup_vs_best_baseline"],
+            "chosen_from": sm["chosen_from"]}
+
+
 def tier_totals(plan) -> dict:
     ts = plan.tier_sizes()
     return {n: [v["global"], v["node"]] for n, v in ts.items()}
@@ -124,6 +133,13 @@ def tier_totals(plan) -> dict:
 def pct(red: float) -> str:
     """A reduction as 'x% less' or 'x% more'."""
     return f"{100 * abs(red):.1f}% {'less' if red >= 0 else 'more'}"
+
+
+def _fmt_best(d: dict) -> str:
+    sp = d.get("speedup_vs_best_baseline_analytic")
+    return ("no baseline fits" if sp is None else
+            f"{sp:.2f}x the best baseline that fits ({d['best_baseline']}), plan from "
+            f"{d['chosen_from']}")
 
 
 def fmt_cmp(d: dict) -> str:
@@ -400,11 +416,13 @@ def sequence_workload(args):
                  "rw_trace_imbalance": tr["rw"].comm_time_s / balanced_time(tr["rw"]),
                  "speedup_vs_balanced_rw": balanced_time(tr["rw"]) / tr["flexshard"].comm_time_s,
                  "time_ms": {k2: 1e3 * v.comm_time_s for k2, v in tr.items()},
-                 "peak_memory_gb": {k2: v.peak_memory_bytes / 1e9 for k2, v in tr.items()}}
+                 "peak_memory_gb": {k2: v.peak_memory_bytes / 1e9 for k2, v in tr.items()},
+                 **vs_best_baseline(r)}
             log(f"  [{topo_name}, {key}] plan in {plan_s:.2f} s, tiers (k0, k1) "
                 f"{o['tiers']}  ({r.plan.strategy}); {3 * ids_eval / 1e6:.0f} M IDs "
                 f"evaluated in {eval_s:.1f} s")
-            log(f"    analytic (planning half): {fmt_cmp(an)}")
+            log(f"    analytic (planning half): {fmt_cmp(an)}; "
+                f"{_fmt_best(o)}")
             log(f"    out of sample (trace):    {fmt_cmp(oos)}")
             log(f"    comm ms/iter: FS {o['time_ms']['flexshard']:.3f}, RW {o['time_ms']['rw']:.3f}"
                 f", TWRW {o['time_ms']['twrw']:.3f}; RW is {o['rw_trace_imbalance']:.2f}x its "
@@ -585,6 +603,7 @@ def real_traces(quick: bool):
             c["iterations"] = fs.mean.iterations
             c["tiers"] = {k2: v for k2, v in tier_totals(r.plan).items() if any(v)}
             c["analytic"] = compare(r.cost, r.baseline_cost)
+            c.update(vs_best_baseline(r))
             opt = search_optimum(tables, topo, sums, B, m, r.budget_bytes,
                                  starts=[[tuple(v) for v in tier_totals(r.plan).values()]],
                                  n_thresholds=12 if quick else 16, n_grid=8,
@@ -599,7 +618,7 @@ def real_traces(quick: bool):
                 f" replicas in {nt} of {len(tables)} tables; in sample (analytic) a2a "
                 f"{pct(c['analytic']['a2a_bytes_reduction_vs_rw'])}, "
                 f"{c['analytic']['comm_latency_speedup_vs_rw']:.2f}x; planner / optimum "
-                f"{c['planner_latency_vs_optimum']:.3f}")
+                f"{c['planner_latency_vs_optimum']:.3f}; {_fmt_best(c)}")
             log(f"  {'':26s} {'optimum':9s} {fmt_cmp(c['optimum_out_of_sample'])}")
         out[name] = d
     return out
@@ -772,6 +791,14 @@ def main(argv=None):
         sk["optimum"]["out_of_sample"]["comm_latency_speedup_vs_rw"] if "optimum" in sk else None)
     res["skewed_topology_speedup_vs_rw_dedup_on"] = \
         seq["16x8_skewed"]["dedup_on"]["out_of_sample"]["comm_latency_speedup_vs_rw"]
+    best = [(f"sequence {tn} {k}", seq[tn][k]) for tn in ("16x8", "16x8_skewed")
+            for k, _ in SETTINGS] + [(f"{n} {k}", v[k]) for n, v in real.items()
+                                     if "error" not in v for k, _ in SETTINGS]
+    best = [(n, o) for n, o in best if o.get("speedup_vs_best_baseline_analytic") is not None]
+    worst = min(best, key=lambda no: no[1]["speedup_vs_best_baseline_analytic"], default=None)
+    res["speedup_vs_best_baseline_analytic"] = (
+        None if worst is None else {"worst": worst[1]["speedup_vs_best_baseline_analytic"],
+                                    "workload": worst[0], "best_baseline": worst[1]["best_baseline"]})
     res["plan_seconds_1000_tables"] = ptime["seconds"]
     res["plan_seconds_1000_tables_by_gpus"] = {g: v["seconds"] for g, v in ptime["by_gpus"].items()}
     res["plan_cpu_seconds_1000_tables_by_gpus"] = {g: v["cpu_seconds"]
@@ -810,6 +837,8 @@ def main(argv=None):
         "planner_within_2pct_of_optimum_dedup_on":
             res["dedup_on"]["planner_latency_vs_optimum"] <= 1.02,
         "plan_seconds_1000_tables<2": res["plan_seconds_1000_tables"] < 2.0,
+        "never_slower_than_best_baseline_in_sample": worst is None
+        or worst[1]["speedup_vs_best_baseline_analytic"] >= 1.0 - 1e-9,
         "real_traces_strictly_less_a2a_traffic_than_rw": bool(real_ok) and all(real_ok),
         "real_traces_strictly_less_traffic_than_rw_incl_sync":
             bool(real_ok_sync) and all(real_ok_sync)}
