@@ -262,7 +262,7 @@ class TopRows:
         self.table = np.repeat(np.arange(len(names), dtype=np.int64), np.diff(off))
         self._owners: dict[tuple[int, tuple], np.ndarray] = {}
         self._ranked: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
-        self._first: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self._first: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
     def gather(cls, tps: list[TablePlan], summaries: Mapping[str, FrequencySummary],
@@ -337,10 +337,11 @@ class TopRows:
 
     def _first_listings(self, t: int) -> tuple[np.ndarray, np.ndarray]:
         """Table ``t``'s distinct top IDs (sorted) and the index of each one's first listing."""
-        if self._first is None:
-            self._first = [np.unique(self.ids[self.off[i]:self.off[i + 1]], return_index=True)
-                           for i in range(len(self.names))]
-        return self._first[t]
+        got = self._first.get(t)
+        if got is None:
+            got = self._first[t] = np.unique(self.ids[self.off[t]:self.off[t + 1]],
+                                             return_index=True)
+        return got
 
 
 def _aware_split(base: Plan, room: HbmRoom, top: TopRows) -> _Split:
