@@ -706,19 +706,24 @@ def _tiers(plan):
 @pytest.mark.parametrize("dedup", [False, True])
 @pytest.mark.parametrize("factor", [1.0, 2.0])
 def test_plan_is_the_pinned_recipe_of_its_stages(dedup, factor):
-    """With the refinements off (no thresholds, variants, placement or weighted ranges), the
-    planner is exactly: price row-wise and every grid prefix of the move sequence, take the
-    fastest that fits. The same recipe run here through the public stages must give the same plan,
-    tiers, cost and move counts, bit for bit."""
+    """With the refinements off (no thresholds, variants, placement, weighted ranges,
+    partitions, tiers on other kinds or margin), the planner is exactly: price row-wise, every
+    other baseline and every grid prefix of the move sequence, take the fastest that fits. The
+    same recipe run here through the public stages must give the same plan, tiers, cost and move
+    counts, bit for bit (``ideal`` profile: it runs every candidate as built)."""
     topo, tables, sums = _stage_workload()
-    B, model = 64, CostModel(dedup=dedup)
-    cfg = PlannerConfig(max_placed=0, thresholds=0, variant_tables=0, bandwidth_aware=False)
+    B, model = 64, CostModel(dedup=dedup, profile="ideal")
+    cfg = PlannerConfig(max_placed=0, thresholds=0, variant_tables=0, bandwidth_aware=False,
+                        partition_tables=0, kind_bases=0, margin_sigmas=0.0)
     r = plan_flexshard(tables, topo, sums, B, MemoryPolicy(factor=factor), model, config=cfg)
 
     curves, pricing = _stage_inputs(tables, topo, sums, B, model)
     moves = move_sequence(curves, topo, model, cfg.blocks)
     rw = row_wise(tables, topo)
     cands = [Candidate(rw, pricing.cost(rw), 0, None, None)]
+    for name, p in baseline_plans(tables, topo, sums, B).items():
+        if name != "rw":
+            cands.append(Candidate(p, pricing.cost(p), 0, None, None, name))
     grid = prefix_grid(len(moves), cfg.prefix_candidates, coarse=False)
     for g, state in prefix_states(moves, grid, len(tables)):
         p = build_plan(curves, state, topo, max_placed=0, place=False)
@@ -729,11 +734,12 @@ def test_plan_is_the_pinned_recipe_of_its_stages(dedup, factor):
     assert len(moves) > 0 and r.moves_generated == len(moves)
     assert r.moves_applied == best.moves_applied
     assert r.plan.strategy == ("rw" if best is cands[0] else "flexshard")
+    assert r.plan.meta["chosen_from"] == best.origin
     assert all(r.plan[n] == best.plan[n] for n in r.plan.tables)
     assert r.cost.comm_time_s == best.cost.comm_time_s
     assert r.cost.peak_memory_bytes == best.cost.peak_memory_bytes
-    if factor > 1:  # room for replicas: the recipe must have chosen some
-        assert r.plan.strategy == "flexshard" and any(k0 + k1 for k0, k1 in _tiers(r.plan))
+    if factor > 1 and best.origin == "flexshard":  # room for replicas: the recipe chose some
+        assert any(k0 + k1 for k0, k1 in _tiers(r.plan))
 
 
 @pytest.mark.parametrize("case", ["two_tables", "hot_in_range"])
@@ -749,6 +755,12 @@ def test_default_plan_is_rebuilt_from_its_tiers(case):
     r = plan_flexshard(tables, topo, sums, B, MemoryPolicy(factor=2.0), model)
     assert r.plan.strategy == "flexshard"
     curves, pricing = _stage_inputs(tables, topo, sums, B, model)
+    if r.plan.meta["chosen_from"] != "flexshard":
+        # a whole plan or tiers on another kind: the evaluator still gives the planner's cost
+        cost = pricing.cost(Plan("again", topo, r.plan.tables.values()))
+        assert cost.comm_time_s == r.cost.comm_time_s
+        assert cost.peak_memory_bytes == r.cost.peak_memory_bytes
+        return
     weighted = r.plan.meta["cold_ranges"] == "bandwidth-weighted"
     placed = any(tp.placed_ids.size for tp in r.plan.tables.values())
     again = build_plan(curves, _tiers(r.plan), topo, max_placed=PlannerConfig().max_placed,
