@@ -670,9 +670,14 @@ def test_host_memory_tier_plans_below_row_wise_memory():
         times.append(r.cost.iteration_time_s)
     # more HBM never makes the plan slower
     assert times[0] >= times[1] >= times[2]
-    # a budget that fits everything: no host tier at all
+    # a budget row-wise fits: the tier is used only where it pays (a candidate over the budget
+    # made to fit beats every plan that fits in HBM), never slower than planning without it
     r = plan_flexshard(tables, topo, sums, 32, MemoryPolicy(host_memory=True))
-    assert not r.plan.has_host_tier and r.cost.uvm_time_s == 0
+    plain = plan_flexshard(tables, topo, sums, 32, MemoryPolicy())
+    assert not plain.plan.has_host_tier and plain.cost.uvm_time_s == 0
+    assert r.cost.iteration_time_s <= plain.cost.iteration_time_s * REL
+    assert r.plan.has_host_tier == (r.cost.uvm_time_s > 0)
+    assert r.cost.peak_memory_bytes <= r.budget_bytes * REL
 
 
 def test_host_memory_tier_impossible_budget_names_the_buffers():
