@@ -2,6 +2,7 @@
 helpers of ``flexshard_stream.testing`` (which are themselves tested at the end: the checker must be
 able to fail)."""
 import copy
+import json
 import re
 
 import numpy as np
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from flexshard_stream import ConfigError
 from flexshard_stream import testing as fst
 from flexshard_stream.placement.baselines import (
+    BASELINES,
     baseline_plans,
     build_baseline,
     hugectr_hybrid,
@@ -907,3 +909,29 @@ def test_memory_neutral_budget_holds_out_of_sample_on_a_real_trace(shared_data):
         if any(tp.global_ids.size or tp.node_ids.size for tp in r.plan.tables.values()):
             assert r.plan.meta["margin_bytes"] > 0
             assert r.cost.peak_memory_bytes + r.plan.meta["margin_bytes"] <= r.budget_bytes * REL
+
+
+def test_cli_plan_target(tmp_path):
+    """``plan --target torchrec`` under the ideal profile writes a plan TorchRec runs (no node
+    replicas), records the target and names the best baseline; an unknown target is refused
+    naming the valid ones."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from flexshard_stream.cli import app
+    trace = Path(__file__).resolve().parent.parent / "data" / "default_trace.parquet"
+    args = ["plan", "--log", str(trace), "--topology", "2x8", "--strategy", "flexshard",
+            "--batch-size", "64", "--profile", "ideal"]
+    r = CliRunner().invoke(app, args + ["--target", "TorchRec", "--out", str(tmp_path / "p"),
+                                        "--json"])
+    assert r.exit_code == 0, r.output
+    plan = Plan.load(tmp_path / "p")
+    assert plan.meta["target"] == "torchrec"
+    assert execution_profile("torchrec").can_run(plan), execution_profile("torchrec").issues(plan)
+    doc = json.loads(r.output.strip().splitlines()[-1])
+    assert doc["estimate"]["best_baseline"] in BASELINES
+    assert doc["estimate"]["speedup_vs_best_baseline"] >= 1 - 1e-9
+    r = CliRunner().invoke(app, args + ["--target", "tpu", "--out", str(tmp_path / "q")])
+    assert r.exit_code != 0 and "torchrec" in r.output and "ideal" in r.output
+    assert not (tmp_path / "q").exists()
