@@ -157,12 +157,11 @@ def _cost_rows(entries: Sequence[tuple[str, Mapping[str, Any]]], vs_rw: bool = F
         row = [label, fmt_bytes(b.get("total")), fmt_bytes(cross), fmt_bytes(sync),
                fmt_seconds(r.get("comm_time_s_per_iter")), fmt_bytes(r.get("peak_memory_bytes"))]
         if vs_rw:
-            sp, bb = r.get("speedup_vs_rw"), r.get("speedup_vs_best_baseline")
+            sp = r.get("speedup_vs_rw")
             row.append("-" if sp is None else f"{sp:.2f}x")
-            row.append("-" if bb is None else f"{bb:.2f}x {r.get('best_baseline', '')}")
         rows.append(row)
     return _text_table(["", "all-to-all", "crossing nodes", "incl. sync", "comm time",
-                        "peak/GPU"] + (["vs rw", "vs best baseline"] if vs_rw else []), rows)
+                        "peak/GPU"] + (["vs rw"] if vs_rw else []), rows)
 
 
 def _vs_best_text(r: Mapping[str, Any]) -> str:
@@ -1088,7 +1087,8 @@ def _print_replay(res) -> None:
          f"memory ({fmt_bytes(s['budget_bytes'])} per GPU)"
          + (f": {rs:.2f}x less communication time per iteration than row-wise with the "
             f"re-sharder, {sta:.2f}x static; {_vs_best_text(st['resharder'])} with the "
-            f"re-sharder." if rs is not None and sta is not None else "."))
+            f"re-sharder ({_vs_best_text(st['static'])} static)."
+            if rs is not None and sta is not None else "."))
     _say(_CROSSING_NOTE)
     if tot.get("skipped_rows"):
         _say(f"skipped {tot['skipped_rows']:,} bad rows: "
