@@ -166,6 +166,14 @@ def _cost_rows(entries: Sequence[tuple[str, Mapping[str, Any]]], vs_rw: bool = F
                         "peak/GPU"] + (["vs rw"] if vs_rw else []), rows)
 
 
+def _vs_best_text(r: Mapping[str, Any]) -> str:
+    """``"<x>x over <name>, the best baseline"`` from a summary with ``speedup_vs_best_baseline``
+    and ``best_baseline``."""
+    sp, name = r.get("speedup_vs_best_baseline"), r.get("best_baseline")
+    return "no baseline fits" if sp is None or not name else \
+        f"{sp:.2f}x over {name}, the best baseline that fits"
+
+
 _CROSSING_NOTE = ("crossing nodes: every byte sent between nodes per iteration, the all-to-all's "
                   "and the replica sync's (gradients of replicated rows; incl. sync gives that "
                   "part); comm time: the slowest GPU's; peak/GPU: rows + buffers.")
@@ -628,11 +636,12 @@ def _profile(logs: List[Path], tables, rows=None, skip_bad_rows: bool = False,
     return st, reader
 
 
-def _make_plan(strategy: str, tabs, topo, st, summaries, batch_size: int, memory, model):
-    """(planner result or None, plan) for ``strategy``."""
+def _make_plan(strategy: str, tabs, topo, st, summaries, batch_size: int, memory, model,
+               target: Optional[str] = None):
+    """(planner result or None, plan) for ``strategy`` (FlexShard for the ``target`` runtime)."""
     if strategy == "flexshard":
         from .placement.planner import plan_flexshard
-        result = plan_flexshard(tabs, topo, summaries, batch_size, memory, model)
+        result = plan_flexshard(tabs, topo, summaries, batch_size, memory, model, target=target)
         return result, result.plan
     if strategy == "torchrec":
         from .placement.torchrec_planner import plan_torchrec
@@ -784,8 +793,10 @@ def _print_plan(doc: Mapping[str, Any], p, result) -> None:
         room = doc["estimate"]["memory_room"]
         freed, extra = room.get("buffers_freed", 0), room.get("extra_rows", 0)
         _say(f"speed-up {b.iteration_time_s / max(c.iteration_time_s, 1e-30):.2f}x over "
-             f"{result.baseline.strategy}; at the peak GPU: {fmt_bytes(freed)} of buffers freed, "
-             f"{fmt_bytes(extra)} more rows, {fmt_bytes(room.get('headroom', 0))} headroom.")
+             f"{result.baseline.strategy}, {_vs_best_text(doc['estimate'])} (chosen from "
+             f"{p.meta.get('chosen_from', 'flexshard')}); at the peak GPU: {fmt_bytes(freed)} "
+             f"of buffers freed, {fmt_bytes(extra)} more rows, "
+             f"{fmt_bytes(room.get('headroom', 0))} headroom.")
     if "torchrec_estimate" in doc:
         _print_torchrec_estimate(doc["torchrec_estimate"], doc["cost"], doc["profile"])
     _say(_CROSSING_NOTE)
@@ -828,6 +839,9 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
          profile: str = typer.Option("torchrec", callback=_choice(PROFILES, "--profile"),
                                      help=_PROFILE_HELP + " The planner prices its candidates "
                                           "under it (recorded)."),
+         target: Optional[str] = typer.Option(None, callback=_choice(PROFILES, "--target"),
+                                              help="Runtime the flexshard plan must run on: "
+                                                   "torchrec | ideal (default: the profile)."),
          memory_bytes: Optional[float] = typer.Option(None, help="Per-GPU memory budget in bytes "
                                                       "(flexshard; default: no more peak memory "
                                                       "than row-wise)."),
@@ -859,7 +873,8 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
         sparse = _warn_sparse_inferred(tabs, st, tables is None, mode)
         summaries = summaries_by_table(tabs, st.summary(k=topk))
         memory = _memory_policy(tabs, topo, memory_bytes, memory_baseline, host_memory)
-        result, p = _make_plan(strategy, tabs, topo, st, summaries, batch_size, memory, model)
+        result, p = _make_plan(strategy, tabs, topo, st, summaries, batch_size, memory, model,
+                               target)
         cost = result.cost if result is not None else evaluate_analytic(p, summaries,
                                                                           batch_size, model)
         label = _plan_label(strategy, p.strategy)
@@ -1118,7 +1133,9 @@ def _print_replay(res) -> None:
          f"rows that carry most lookups (on every GPU or once per node) within row-wise's "
          f"memory ({fmt_bytes(s['budget_bytes'])} per GPU)"
          + (f": {rs:.2f}x less communication time per iteration than row-wise with the "
-            f"re-sharder, {sta:.2f}x static." if rs is not None and sta is not None else "."))
+            f"re-sharder, {sta:.2f}x static; {_vs_best_text(st['resharder'])} with the "
+            f"re-sharder ({_vs_best_text(st['static'])} static)."
+            if rs is not None and sta is not None else "."))
     _say(_CROSSING_NOTE)
     if tot.get("skipped_rows"):
         _say(f"skipped {tot['skipped_rows']:,} bad rows: "

@@ -11,8 +11,11 @@ Public and meant for users' own test suites, whichever planner made the plan::
         assert_plan_ok(plan, summaries=w.summaries, batch_size=w.batch_size,
                        budget_bytes=my_budget)
 
-Two parts:
+Three parts:
 
+- :func:`check_never_worse` / :func:`assert_never_worse`: a planner's plan is, in the model, at most
+  as slow as every baseline that fits the same budget and runs on the same runtime (the FlexShard
+  planner's invariant; run it on your own planner's plans);
 - :func:`check_plan` / :func:`assert_plan_ok`: the invariants of ``DESIGN.md`` section 4 on ANY
   :class:`~flexshard_stream.placement.plan.Plan` (routing from every GPU, replicas staying on their GPU or node,
   tiers as frequency prefixes, the memory budget, the file round trip, bytes conservation). Needs
@@ -36,8 +39,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .errors import FlexShardError
+from .placement.baselines import BASELINES, baseline_plans
 from .placement.cost import COMPONENTS, CostModel, evaluate_analytic, evaluate_trace
 from .placement.plan import SHARDING_KINDS, ColdSharding, Plan, TablePlan
+from .placement.profiles import execution_profile
 from .placement.tables import (
     DTYPE_BYTES,
     TABLE_KINDS,
@@ -50,8 +55,8 @@ from .stats.batch import Batch
 from .stats.summary import FrequencySummary
 
 __all__ = [
-    # checker
-    "check_plan", "assert_plan_ok",
+    # checkers
+    "check_plan", "assert_plan_ok", "check_never_worse", "assert_never_worse",
     # plain generators
     "zipf_summary", "summary_order", "sample_batches", "Workload",
     # hypothesis strategies
@@ -408,14 +413,16 @@ def _column_table(draw, st, t: EmbeddingTable, G: int, s: FrequencySummary | Non
 
 def workloads(max_nodes: int = 3, max_gpus_per_node: int = 3, max_tables: int = 3,
               max_rows: int = 3000, *, skewed: bool = True, min_nodes: int = 1,
-              batch_sizes: Sequence[int] = (1, 8, 64, 256), **summary_kw: Any):
-    """Strategy of :class:`Workload` (tables, topology, summaries, batch size): a planner's inputs."""
+              batch_sizes: Sequence[int] = (1, 8, 64, 256),
+              dims: Sequence[int] = (1, 4, 8, 16, 32, 64, 128), **summary_kw: Any):
+    """Strategy of :class:`Workload` (tables, topology, summaries, batch size): a planner's inputs
+    (``dims``: the tables' dims drawn from; 256 and more split into column shards)."""
     st = _hypothesis()
 
     @st.composite
     def _w(draw):
         topo = draw(topologies(max_nodes, max_gpus_per_node, skewed, min_nodes=min_nodes))
-        tabs = draw(tables(max_tables, max_rows))
+        tabs = draw(tables(max_tables, max_rows, dims=dims))
         summ = draw(skewed_summaries(tabs, **summary_kw))
         B = draw(st.sampled_from(tuple(batch_sizes)))
         return Workload(tabs, topo, summ, B)
@@ -950,3 +957,54 @@ def assert_plan_ok(plan: Plan, **kwargs: Any) -> None:
     if v:
         raise AssertionError(f"{len(v)} invariant violation(s) in {plan!r}:\n  - "
                              + "\n  - ".join(v))
+
+
+def check_never_worse(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size: int,
+                      budget_bytes: float, *, model: CostModel | None = None,
+                      mean_lengths: Mapping[str, float] | None = None, target: str | None = None,
+                      strategies: Sequence[str] = BASELINES) -> list[str]:
+    """Whether ``plan`` is never worse than a baseline; return the violations (empty: none).
+
+    Every baseline of ``strategies`` (``placement.baselines.baseline_plans``: built on the plan's
+    tables and topology from the same ``summaries`` and ``batch_size``, samples per GPU) that the
+    ``target`` runtime executes (default: the model's profile; ``ExecutionProfile.can_run``) and
+    whose analytic peak per-GPU memory fits ``budget_bytes`` must not have a smaller modelled
+    ``iteration_time_s`` (seconds, relative slack 1e-9) than ``plan`` under the same ``model``
+    and ``mean_lengths`` (IDs per sample, default the summaries'). The plan itself must fit the
+    budget too.
+    """
+    model = model or CostModel()
+    runtime = execution_profile(model.profile if target is None else target)
+    tables = [tp.table for tp in plan.tables.values()]
+
+    def cost(p: Plan):
+        return evaluate_analytic(p, summaries, batch_size, model, mean_lengths=mean_lengths,
+                                 want_matrices=False)
+
+    mine = cost(plan)
+    out = []
+    if mine.peak_memory_bytes > budget_bytes * (1 + _RTOL):
+        out.append(f"the plan's peak memory {mine.peak_memory_bytes:.6g} bytes per GPU exceeds "
+                   f"the budget of {budget_bytes:.6g}")
+    for name, base in baseline_plans(tables, plan.topology, summaries, batch_size,
+                                     strategies).items():
+        if not runtime.can_run(base):
+            continue
+        c = cost(base)
+        if c.peak_memory_bytes > budget_bytes * (1 + _RTOL):
+            continue
+        if mine.iteration_time_s > c.iteration_time_s * (1 + _RTOL):
+            out.append(f"baseline {name!r} fits the budget ({c.peak_memory_bytes:.6g} of "
+                       f"{budget_bytes:.6g} bytes per GPU) and is faster: "
+                       f"{c.iteration_time_s:.6g} s per iteration against the plan's "
+                       f"{mine.iteration_time_s:.6g} s ({runtime.label} profile "
+                       f"{model.profile!r})")
+    return out
+
+
+def assert_never_worse(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size: int,
+                       budget_bytes: float, **kwargs: Any) -> None:
+    """:func:`check_never_worse`, raising AssertionError listing every violation."""
+    v = check_never_worse(plan, summaries, batch_size, budget_bytes, **kwargs)
+    if v:
+        raise AssertionError(f"{plan!r} is worse than a baseline:\n  - " + "\n  - ".join(v))

@@ -218,9 +218,10 @@ def test_plan_output_per_table_and_per_gpu_with_units(here):
             "flexshard", "--batch-size", "64", "--out", "plan_h")
     out = r.stdout
     _narrow(out)
-    # per table: sharding, shard rows per GPU, replicated rows
-    assert re.search(r"^history\s+rw\s+16\s+[\d,]+(\.\.[\d,]+)?\s+([\d,]+ all)?.*/node", out,
-                     re.M)
+    # per table: sharding, shard rows per GPU, replicated rows (on every GPU, or per node where
+    # the target runs node replicas: TorchRec, the default, does not)
+    assert re.search(r"^history\s+(rw|rw \(hashed\)|twrw|tw|cw|twcw|dp)\s+\d+\s+[\d,]+"
+                     r"(\.\.[\d,]+)?\s+([\d,]+ all|[\d,]+/node|-)", out, re.M)
     # per GPU: one row per GPU with memory, sent and received
     gpu_rows = re.findall(r"^\s*(\d+)\s+(\d)\s+[\d.]+ [KMG]?B", out, re.M)
     assert [int(g) for g, _ in gpu_rows] == list(range(16))

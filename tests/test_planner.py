@@ -2,6 +2,7 @@
 helpers of ``flexshard_stream.testing`` (which are themselves tested at the end: the checker must be
 able to fail)."""
 import copy
+import json
 import re
 
 import numpy as np
@@ -11,7 +12,13 @@ from hypothesis import strategies as st
 
 from flexshard_stream import ConfigError
 from flexshard_stream import testing as fst
-from flexshard_stream.placement.baselines import build_baseline, hugectr_hybrid, row_wise
+from flexshard_stream.placement.baselines import (
+    BASELINES,
+    baseline_plans,
+    build_baseline,
+    hugectr_hybrid,
+    row_wise,
+)
 from flexshard_stream.placement.candidates import (
     PlanBuilder,
     benefit_curves,
@@ -24,6 +31,13 @@ from flexshard_stream.placement.candidates import (
     threshold_states,
 )
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace
+from flexshard_stream.placement.partition import (
+    memory_caps,
+    partition,
+    place_permutations,
+    table_options,
+)
+from flexshard_stream.placement.profiles import execution_profile
 from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
 from flexshard_stream.placement.planner import MemoryPolicy, PlannerConfig, plan_flexshard
 from flexshard_stream.placement.pricing import (
@@ -34,6 +48,8 @@ from flexshard_stream.placement.pricing import (
 )
 from flexshard_stream.placement.tables import EmbeddingTable
 from flexshard_stream.placement.topology import Topology
+from flexshard_stream.stats.batch import Batch
+from flexshard_stream.stats.stream import StreamStats
 from flexshard_stream.stats.summary import FrequencySummary
 from flexshard_stream.testing import (
     assert_plan_ok,
@@ -55,7 +71,8 @@ FEW = settings(max_examples=12, deadline=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 WORKLOADS = workloads(max_nodes=3, max_gpus_per_node=3, max_tables=3, max_rows=3000)
-MODELS = st.builds(CostModel, dedup=st.booleans(), allreduce=st.sampled_from(["hierarchical", "ring"]))
+MODELS = st.builds(CostModel, dedup=st.booleans(), allreduce=st.sampled_from(["hierarchical", "ring"]),
+                   profile=st.sampled_from(["torchrec", "ideal"]))
 REL = 1 + 1e-9
 
 
@@ -112,6 +129,103 @@ def test_never_worse_than_row_wise(w, model, policy, f):
     assert again.comm_time_s <= base.comm_time_s * REL
     assert r.baseline.strategy == "rw"
     assert r.baseline_cost.comm_time_s == pytest.approx(base.comm_time_s, rel=1e-12)
+
+
+@given(workloads(max_nodes=3, max_gpus_per_node=3, max_tables=4, max_rows=3000, dims=(8, 256, 512)),
+       MODELS, st.sampled_from(["default", "factor", "bytes"]), st.floats(0.5, 8.0),
+       st.sampled_from([None, "torchrec", "ideal"]))
+@PLANNER
+def test_never_worse_than_every_baseline(w, model, policy, f, target):
+    """In sample, under the same profile and budget, the plan is at most as slow as every baseline
+    (rw, rw-hash, tw, twrw, cw, twcw, dp, hugectr) that fits the budget and runs on the target, and
+    the target runs the plan."""
+    base = rw_cost(w, model)
+    memory = {"default": MemoryPolicy(), "factor": MemoryPolicy(factor=max(1.0, f)),
+              "bytes": MemoryPolicy(bytes_per_gpu=base.peak_memory_bytes * f)}[policy]
+    try:
+        r = plan_flexshard(w.tables, w.topology, w.summaries, w.batch_size, memory, model,
+                           target=target)
+    except ConfigError:
+        assert policy == "bytes" and f < 1
+        return
+    assert fst.check_never_worse(r.plan, w.summaries, w.batch_size, r.budget_bytes, model=model,
+                                 target=target) == []
+    runtime = execution_profile(target or model.profile)
+    assert runtime.can_run(r.plan), runtime.issues(r.plan)
+    assert r.plan.meta["target"] == runtime.name
+
+
+def test_never_worse_checker_can_fail():
+    """A plan slower than a fitting baseline is reported, naming the baseline and both times."""
+    topo = Topology.uniform(2, 2)
+    t = EmbeddingTable("t", 64, 8)
+    sums = {"t": zipf_summary(t, 1.2, top_k=64, mean_length=4.0)}
+    dp = build_baseline("dp", [t], topo)
+    rw = row_wise([t], topo)
+    c_rw, c_dp = (evaluate_analytic(p, sums, 8, CostModel(), want_matrices=False) for p in (rw, dp))
+    slow, fast = (rw, dp) if c_rw.iteration_time_s > c_dp.iteration_time_s else (dp, rw)
+    budget = 10 * max(c_rw.peak_memory_bytes, c_dp.peak_memory_bytes)
+    v = fst.check_never_worse(slow, sums, 8, budget)
+    assert v and any(repr(fast.strategy) in m and "faster" in m for m in v), v
+    with pytest.raises(AssertionError, match="worse than a baseline"):
+        fst.assert_never_worse(slow, sums, 8, budget)
+    assert fst.check_never_worse(slow, sums, 8, budget, strategies=(slow.strategy,)) == []
+
+
+def test_partition_prices_every_place_as_the_evaluator_does():
+    """An option priced at its canonical place and moved by a node-keeping relabelling has the
+    loads the evaluator gives the table priced at that place directly."""
+    topo = Topology.preset("2x8")
+    t = EmbeddingTable("t", 5000, 256, kind="pooled")
+    sums = {"t": zipf_summary(t, 1.1, top_k=500, mean_length=6.0)}
+    pricing = AnalyticPricing(sums, 16, CostModel(), {"t": 6.0})
+    (opts,) = table_options([t], topo, pricing.cost, execution_profile("torchrec"))
+    kinds = [o.kind for o in opts]
+    assert {"table_wise", "table_row_wise", "column_wise", "row_wise", "data_parallel"} <= set(kinds)
+    for o in opts:
+        for place in range(o.places.shape[0]):
+            direct = pricing.cost(Plan("p", topo, [o.placed(place, topo)]))
+            perm = o.places[place]
+            assert np.allclose(direct.send["forward"][perm, 1:3], o.loads[1][:, 0:2]), o.kind
+            assert np.allclose(direct.recv["index"][perm, 1:3], o.loads[0][:, 2:4]), o.kind
+            assert np.allclose((direct.row_bytes + direct.buffer_bytes)[perm], o.memory)
+    perms = place_permutations(topo, "gpu")
+    assert perms.shape == (16, 16)
+    assert all(np.array_equal(p[p], np.arange(16)) for p in perms)   # each its own inverse
+    assert all(sorted(p.tolist()) == list(range(16)) for p in perms)
+    assert np.array_equal(place_permutations(topo, "node")[1], np.r_[8:16, 0:8])
+
+
+def test_partition_balances_tables_and_respects_the_cap():
+    """Equal tables spread over distinct GPUs; under a cap below a whole table, none is whole."""
+    topo = Topology.uniform(2, 2)
+    tabs = [EmbeddingTable(f"t{i}", 4000, 64, kind="pooled") for i in range(4)]
+    sums = {t.name: zipf_summary(t, 0.8, top_k=200, mean_length=4.0) for t in tabs}
+    pricing = AnalyticPricing(sums, 64, CostModel(), {t.name: 4.0 for t in tabs})
+    opts = table_options(tabs, topo, pricing.cost, execution_profile("torchrec"))
+    caps = memory_caps(opts, topo.num_gpus)
+    assert caps[0] == np.inf and all(a > b for a, b in zip(caps[1:], caps[2:]))
+    tps = partition(opts, topo, np.inf)
+    kinds = {tp.sharding_kind(topo) for tp in tps}
+    if kinds == {"table_wise"}:
+        assert sorted(int(tp.cold.gpus[0]) for tp in tps) == [0, 1, 2, 3]
+    tight = partition(opts, topo, caps[-1])
+    assert all(tp.row_bytes_per_gpu(topo).max() <= caps[-1] * (1 + 1e-9)
+               or tp.sharding_kind(topo) == "row_wise" for tp in tight)
+
+
+def test_target_torchrec_has_no_node_replicas_and_ideal_may():
+    """Under the torchrec target, node replicas (which TorchRec cannot run) are made global."""
+    topo, t, s = _hot_in_range_case()
+    r_tr = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=3.0),
+                          CostModel(profile="ideal"), target="torchrec")
+    assert all(tp.node_ids.size == 0 for tp in r_tr.plan.tables.values())
+    assert execution_profile("torchrec").can_run(r_tr.plan)
+    r_id = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=3.0),
+                          CostModel(profile="ideal"), target="ideal")
+    assert r_id.cost.iteration_time_s <= r_tr.cost.iteration_time_s * REL
+    with pytest.raises(ConfigError, match="unknown"):
+        plan_flexshard([t], topo, {"items": s}, 64, target="mpi")
 
 
 @given(WORKLOADS, st.floats(1.0, 3.0), st.floats(1.001, 8.0))
@@ -260,7 +374,8 @@ def test_hand_heterogeneous_weighted_ranges():
     assert_plan_ok(r.plan, summaries={"items": s}, batch_size=64, budget_bytes=r.budget_bytes)
     blind = plan_flexshard([t], topo, {"items": s}, 64, MemoryPolicy(factor=2.0),
                            config=PlannerConfig(bandwidth_aware=False))
-    assert np.ptp(np.diff(blind.plan["items"].cold.bounds)) == 0
+    cold = blind.plan["items"].cold
+    assert cold.kind != "range" or cold.weights.size == 0 or np.ptp(cold.weights) == 0
     assert r.cost.comm_time_s < blind.cost.comm_time_s
 
 
@@ -287,13 +402,18 @@ def test_bandwidth_awareness_never_hurts_on_a_slow_node():
        st.floats(1.0, 4.0))
 @PLANNER
 def test_heterogeneous_cold_ranges(w, f):
-    """The cold tier is either equal ranges (as row-wise) or ranges proportional to each GPU's
-    inter-node bandwidth (a GPU behind a slower link never gets a wider range), over all GPUs."""
+    """Tiers on row-wise ranges keep their cold tier in equal ranges (as row-wise) or ranges
+    proportional to each GPU's inter-node bandwidth (a GPU behind a slower link never gets a wider
+    range), over all GPUs; plans from other sharding kinds keep their kinds' equal shards."""
     r = plan(w, MemoryPolicy(factor=f))
     bw = w.topology.inter_bw
     G = w.topology.num_gpus
     weighted = r.plan.meta.get("cold_ranges") == "bandwidth-weighted"
-    assert not weighted or r.plan.strategy == "flexshard"
+    assert not weighted or r.plan.meta["chosen_from"] == "flexshard"
+    if r.plan.meta["chosen_from"] not in ("rw", "flexshard"):
+        assert all(tp.cold.weights.size == 0 or np.ptp(tp.cold.weights) == 0
+                   for tp in r.plan.tables.values())
+        return
     for tp in r.plan.tables.values():
         assert tp.cold.kind == "range" and tp.cold.gpus.tolist() == list(range(G))
         H = tp.table.num_rows
@@ -552,9 +672,14 @@ def test_host_memory_tier_plans_below_row_wise_memory():
         times.append(r.cost.iteration_time_s)
     # more HBM never makes the plan slower
     assert times[0] >= times[1] >= times[2]
-    # a budget that fits everything: no host tier at all
+    # a budget row-wise fits: the tier is used only where it pays (a candidate over the budget
+    # made to fit beats every plan that fits in HBM), never slower than planning without it
     r = plan_flexshard(tables, topo, sums, 32, MemoryPolicy(host_memory=True))
-    assert not r.plan.has_host_tier and r.cost.uvm_time_s == 0
+    plain = plan_flexshard(tables, topo, sums, 32, MemoryPolicy())
+    assert not plain.plan.has_host_tier and plain.cost.uvm_time_s == 0
+    assert r.cost.iteration_time_s <= plain.cost.iteration_time_s * REL
+    assert r.plan.has_host_tier == (r.cost.uvm_time_s > 0)
+    assert r.cost.peak_memory_bytes <= r.budget_bytes * REL
 
 
 def test_host_memory_tier_impossible_budget_names_the_buffers():
@@ -588,19 +713,24 @@ def _tiers(plan):
 @pytest.mark.parametrize("dedup", [False, True])
 @pytest.mark.parametrize("factor", [1.0, 2.0])
 def test_plan_is_the_pinned_recipe_of_its_stages(dedup, factor):
-    """With the refinements off (no thresholds, variants, placement or weighted ranges), the
-    planner is exactly: price row-wise and every grid prefix of the move sequence, take the
-    fastest that fits. The same recipe run here through the public stages must give the same plan,
-    tiers, cost and move counts, bit for bit."""
+    """With the refinements off (no thresholds, variants, placement, weighted ranges,
+    partitions, tiers on other kinds or margin), the planner is exactly: price row-wise, every
+    other baseline and every grid prefix of the move sequence, take the fastest that fits. The
+    same recipe run here through the public stages must give the same plan, tiers, cost and move
+    counts, bit for bit (``ideal`` profile: it runs every candidate as built)."""
     topo, tables, sums = _stage_workload()
-    B, model = 64, CostModel(dedup=dedup)
-    cfg = PlannerConfig(max_placed=0, thresholds=0, variant_tables=0, bandwidth_aware=False)
+    B, model = 64, CostModel(dedup=dedup, profile="ideal")
+    cfg = PlannerConfig(max_placed=0, thresholds=0, variant_tables=0, bandwidth_aware=False,
+                        partition_tables=0, kind_bases=0, margin_sigmas=0.0)
     r = plan_flexshard(tables, topo, sums, B, MemoryPolicy(factor=factor), model, config=cfg)
 
     curves, pricing = _stage_inputs(tables, topo, sums, B, model)
     moves = move_sequence(curves, topo, model, cfg.blocks)
     rw = row_wise(tables, topo)
     cands = [Candidate(rw, pricing.cost(rw), 0, None, None)]
+    for name, p in baseline_plans(tables, topo, sums, B).items():
+        if name != "rw":
+            cands.append(Candidate(p, pricing.cost(p), 0, None, None, name))
     grid = prefix_grid(len(moves), cfg.prefix_candidates, coarse=False)
     for g, state in prefix_states(moves, grid, len(tables)):
         p = build_plan(curves, state, topo, max_placed=0, place=False)
@@ -611,11 +741,12 @@ def test_plan_is_the_pinned_recipe_of_its_stages(dedup, factor):
     assert len(moves) > 0 and r.moves_generated == len(moves)
     assert r.moves_applied == best.moves_applied
     assert r.plan.strategy == ("rw" if best is cands[0] else "flexshard")
+    assert r.plan.meta["chosen_from"] == best.origin
     assert all(r.plan[n] == best.plan[n] for n in r.plan.tables)
     assert r.cost.comm_time_s == best.cost.comm_time_s
     assert r.cost.peak_memory_bytes == best.cost.peak_memory_bytes
-    if factor > 1:  # room for replicas: the recipe must have chosen some
-        assert r.plan.strategy == "flexshard" and any(k0 + k1 for k0, k1 in _tiers(r.plan))
+    if factor > 1 and best.origin == "flexshard":  # room for replicas: the recipe chose some
+        assert any(k0 + k1 for k0, k1 in _tiers(r.plan))
 
 
 @pytest.mark.parametrize("case", ["two_tables", "hot_in_range"])
@@ -631,6 +762,12 @@ def test_default_plan_is_rebuilt_from_its_tiers(case):
     r = plan_flexshard(tables, topo, sums, B, MemoryPolicy(factor=2.0), model)
     assert r.plan.strategy == "flexshard"
     curves, pricing = _stage_inputs(tables, topo, sums, B, model)
+    if r.plan.meta["chosen_from"] != "flexshard":
+        # a whole plan or tiers on another kind: the evaluator still gives the planner's cost
+        cost = pricing.cost(Plan("again", topo, r.plan.tables.values()))
+        assert cost.comm_time_s == r.cost.comm_time_s
+        assert cost.peak_memory_bytes == r.cost.peak_memory_bytes
+        return
     weighted = r.plan.meta["cold_ranges"] == "bandwidth-weighted"
     placed = any(tp.placed_ids.size for tp in r.plan.tables.values())
     again = build_plan(curves, _tiers(r.plan), topo, max_placed=PlannerConfig().max_placed,
@@ -744,3 +881,57 @@ def test_select_within_budget_fastest_that_fits_and_the_error():
         select_within_budget(cands, too_small, need_bytes=peaks[0], host_memory=False)
     with pytest.raises(ConfigError, match="buffers and reservation alone"):
         select_within_budget(cands, too_small, need_bytes=peaks[0], host_memory=True)
+
+
+def test_memory_neutral_budget_holds_out_of_sample_on_a_real_trace(shared_data):
+    """Planned on the first half of Amazon Beauty's review histories with row-wise's memory (the
+    default policy), the plan's per-GPU peak on the second half (trace mode: buffers as the
+    held-out batches fill them) is at most row-wise's there, under both profiles; a plan that
+    replicates rows keeps its statistical margin free below the budget."""
+    from flexshard_stream.sources import datasets
+    vals, lens = datasets.amazon_sequences("Beauty")
+    vals = np.unique(np.asarray(vals), return_inverse=True)[1].astype(np.int64)
+    lens = np.asarray(lens, np.int64)
+    half = lens.size // 2
+    cut = int(lens[:half].sum())
+    t = EmbeddingTable("item", int(vals.max()) + 1, 128, "fp32", "sequence",
+                       optimizer_state_bytes=4)
+    topo = Topology.preset("2x8")
+    stats = StreamStats({"item": t.num_rows})
+    stats.update(Batch(["item"], vals[:cut], lens[:half]))
+    sums = stats.summary(1 << 20)
+    held_out = Batch(["item"], vals[cut:], lens[half:])
+    for model in (CostModel(dedup=False, profile="ideal"), CostModel()):
+        r = plan_flexshard([t], topo, sums, 32, model=model)
+        mine = evaluate_trace(r.plan, [held_out], 32, model).mean.peak_memory_bytes
+        rw = evaluate_trace(row_wise([t], topo), [held_out], 32, model).mean.peak_memory_bytes
+        assert mine <= rw * REL, (model.profile, mine / rw, r.plan.meta["chosen_from"])
+        if any(tp.global_ids.size or tp.node_ids.size for tp in r.plan.tables.values()):
+            assert r.plan.meta["margin_bytes"] > 0
+            assert r.cost.peak_memory_bytes + r.plan.meta["margin_bytes"] <= r.budget_bytes * REL
+
+
+def test_cli_plan_target(tmp_path):
+    """``plan --target torchrec`` under the ideal profile writes a plan TorchRec runs (no node
+    replicas), records the target and names the best baseline; an unknown target is refused
+    naming the valid ones."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from flexshard_stream.cli import app
+    trace = Path(__file__).resolve().parent.parent / "data" / "default_trace.parquet"
+    args = ["plan", "--log", str(trace), "--topology", "2x8", "--strategy", "flexshard",
+            "--batch-size", "64", "--profile", "ideal"]
+    r = CliRunner().invoke(app, args + ["--target", "TorchRec", "--out", str(tmp_path / "p"),
+                                        "--json"])
+    assert r.exit_code == 0, r.output
+    plan = Plan.load(tmp_path / "p")
+    assert plan.meta["target"] == "torchrec"
+    assert execution_profile("torchrec").can_run(plan), execution_profile("torchrec").issues(plan)
+    doc = json.loads(r.output.strip().splitlines()[-1])
+    assert doc["estimate"]["best_baseline"] in BASELINES
+    assert doc["estimate"]["speedup_vs_best_baseline"] >= 1 - 1e-9
+    r = CliRunner().invoke(app, args + ["--target", "tpu", "--out", str(tmp_path / "q")])
+    assert r.exit_code != 0 and "torchrec" in r.output and "ideal" in r.output
+    assert not (tmp_path / "q").exists()

@@ -91,6 +91,9 @@ __all__ = [
 
 #: Strategy names, in the order they appear everywhere.
 STRATEGIES = ("rw", "twrw", "static", "resharder")
+#: The replayed strategies that are baselines: "vs best baseline" figures are against the
+#: fastest of them over the replay.
+BASELINES_REPLAYED = ("rw", "twrw")
 #: Without ``window``: this many windows of equal sample counts.
 DEFAULT_WINDOWS = 10
 SUMMARY_VERSION = 1
@@ -682,10 +685,11 @@ def _resharder_doc(run: _Run, config: ReshardConfig) -> dict[str, Any]:
 
 
 def _strategy_totals(name: str, a: _Acc, budget: float, rs: Resharder, plan: Plan,
-                     rw_time: float) -> dict[str, Any]:
+                     rw_time: float, best: tuple[str, float]) -> dict[str, Any]:
     """One strategy's entry of ``summary["totals"]["strategies"]``: per-iteration means, sums
     over the replay (bytes, seconds), migration and pauses (the re-sharder's only; the others
-    never change their plan), the total cost and the final tiers."""
+    never change their plan), the total cost, the final tiers, and the speed-ups over row-wise
+    and over ``best`` (the fastest baseline replayed: name, comm time)."""
     d = a.to_json(budget)
     d["total_bytes"] = {"total": a.s["total"], "intra_node": a.s["intra_node"],
                         "inter_node": a.s["inter_node"], "sync": a.s["sync"]}
@@ -694,6 +698,9 @@ def _strategy_totals(name: str, a: _Acc, budget: float, rs: Resharder, plan: Pla
     d.update(_migration_totals(rs.history if name == "resharder" else []))
     d["total_cost_s"] = a.s["iteration_time_s"] + d["migration_s"] + d["pause_s"]
     d["speedup_vs_rw"] = (rw_time / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 else None
+    d["best_baseline"] = best[0]
+    d["speedup_vs_best_baseline"] = (best[1] / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 \
+        else None
     d["tiers"] = plan.tier_sizes()
     return d
 
@@ -713,6 +720,7 @@ def _totals(tot: Mapping[str, _Acc], start: _Start, final: Mapping[str, Plan],
     samples, the re-sharder's checks and decisions, and every strategy's totals."""
     rs = start.resharder
     rw_time = tot["rw"].s["comm_time_s"]
+    best = min(((b, tot[b].s["comm_time_s"]) for b in BASELINES_REPLAYED), key=lambda x: x[1])
     skipped = counts["skipped"]
     return {"samples": counts["samples"], "rows_read": counts["rows_read"],
             "windows": len(windows), "iterations": tot["rw"].n,
@@ -724,7 +732,8 @@ def _totals(tot: Mapping[str, _Acc], start: _Start, final: Mapping[str, Plan],
             "checks": len(rs.history),
             "decisions": {a: sum(1 for d in rs.history if d.action == a)
                           for a in ("applied", "partial", "kept", "failed", "skipped")},
-            "strategies": {s: _strategy_totals(s, tot[s], start.budget, rs, final[s], rw_time)
+            "strategies": {s: _strategy_totals(s, tot[s], start.budget, rs, final[s], rw_time,
+                                              best)
                            for s in STRATEGIES}}
 
 

@@ -535,12 +535,13 @@ def _totals_table(summary: dict) -> str:
             "<th>inter-node / iter</th><th>sync / iter</th><th>comm time / iter</th>"
             "<th>comm time, total</th><th>peak memory / GPU</th><th>migration</th>"
             "<th>migration + pauses</th><th>total cost</th>"
-            "<th>plan changes</th><th>speed-up vs rw</th></tr>")
+            "<th>plan changes</th><th>speed-up vs rw</th><th>vs best baseline</th></tr>")
     rows = []
     for s in _strategies(summary):
         t = tot[s]
         b = t.get("bytes_per_iter") or {}
         sp = t.get("speedup_vs_rw")
+        bb = _vs_best(t)
         rows.append(
             "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
                 _LABELS.get(s, s), f"{t.get('iterations', 0):,}", _fmt_bytes(b.get("total")),
@@ -550,8 +551,15 @@ def _totals_table(summary: dict) -> str:
                 _fmt_bytes(t.get("migration_bytes", 0)),
                 _fmt_time(t.get("migration_s", 0.0) + t.get("pause_s", 0.0)),
                 _fmt_time(t.get("total_cost_s")),
-                t.get("deltas", 0), "–" if sp is None else f"{sp:.2f}x")) + "</tr>")
+                t.get("deltas", 0), "–" if sp is None else f"{sp:.2f}x", bb)) + "</tr>")
     return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _vs_best(t: dict) -> str:
+    """``"<x>x vs <best baseline>"``: a strategy's speed-up over the fastest baseline replayed
+    ("–" for replays written before it was recorded)."""
+    sp, name = t.get("speedup_vs_best_baseline"), t.get("best_baseline")
+    return "–" if sp is None or not name else f"{sp:.2f}x vs {name} (the best baseline)"
 
 
 def _windows_table(summary: dict) -> str:
@@ -593,8 +601,8 @@ def _apply_section(summary: dict) -> str:
     sp = t.get("speedup_vs_rw")
     where = {"static": "the plan made on the first window",
              "resharder": "where the re-sharder ended"}[name]
-    gain = (f" ({sp:.2f}x less communication time per iteration than row-wise over this "
-            f"replay)" if sp is not None else "")
+    gain = (f" ({sp:.2f}x less communication time per iteration than row-wise, "
+            f"{_vs_best(t)} over this replay)" if sp is not None else "")
     if sp is not None and sp < 1:
         gain += "; row-wise (<code>plans/rw</code>) was faster here, so keep row-wise"
     code = f"flexshard-stream export --plan plans/{name} --out torchrec"
@@ -708,7 +716,8 @@ def build_report(directory: str | os.PathLike) -> Path:
         parts.append(f"<p><b>Warning:</b> {html.escape(str(w))}</p>")
     if sp is not None:
         parts.append(f"<p><b>FlexShard with the re-sharder: {sp:.2f}x less communication time "
-                     f"per iteration than row-wise</b> over the whole replay.</p>")
+                     f"per iteration than row-wise, {html.escape(_vs_best(best))}</b> over the "
+                     f"whole replay.</p>")
     parts += ["<h2>Totals over the replay</h2>", _totals_table(summary),
               ("<p class='meta'>Per-iteration figures are means over every evaluated iteration; "
                "peak memory is the largest over the replay; migration is what the re-sharder's "

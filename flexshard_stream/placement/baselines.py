@@ -28,7 +28,8 @@ from .topology import Topology
 
 __all__ = ["row_wise", "table_wise", "table_row_wise", "column_wise", "table_column_wise",
            "column_widths", "data_parallel", "hugectr_hybrid", "hugectr_threshold",
-           "build_baseline", "STRATEGIES", "MIN_COLUMN_SHARD"]
+           "build_baseline", "STRATEGIES", "MIN_COLUMN_SHARD", "BASELINES", "baseline_plans",
+           "profiled_iterations"]
 
 #: Narrowest column shard TorchRec 1.8's planner cuts (``planner/constants.py`` ``MIN_CW_DIM``).
 MIN_COLUMN_SHARD = 128
@@ -232,3 +233,30 @@ def build_baseline(strategy: str, tables: Sequence[EmbeddingTable], topo: Topolo
         return hugectr_hybrid(tables, topo, summaries, iterations=iterations)
     raise ConfigError(f"unknown strategy {strategy!r}; choose one of rw, rw-hash, tw, twrw, cw, "
                       "twcw, dp, hugectr")
+
+
+#: The baselines a planner must never lose to, in the order they are priced (row-wise first).
+BASELINES: tuple[str, ...] = ("rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "hugectr")
+
+
+def profiled_iterations(summaries: Mapping[str, FrequencySummary], topo: Topology,
+                        batch_size: int) -> int:
+    """Iterations of ``batch_size`` samples per GPU on ``topo`` the summaries were counted over
+    (at least 1): the most samples any table saw (or its lookups over its mean length) over the
+    samples of one iteration."""
+    seen = [float(s.samples) if s.samples else s.total / max(s.mean_length or 1.0, 1e-12)
+            for s in summaries.values()]
+    return max(1, int(round(max(seen, default=0.0) / (topo.num_gpus * batch_size))))
+
+
+def baseline_plans(tables: Sequence[EmbeddingTable], topo: Topology,
+                   summaries: Mapping[str, FrequencySummary], batch_size: int,
+                   strategies: Sequence[str] = BASELINES) -> dict[str, Plan]:
+    """Every baseline of ``strategies`` as the planner and the never-worse check build it: tables
+    balanced by their lookups per iteration (``total / iterations``), HugeCTR's threshold over the
+    :func:`profiled_iterations` with ``batch_size`` samples per GPU."""
+    by_name = summaries_by_table(tables, summaries)
+    iterations = profiled_iterations(by_name, topo, batch_size)
+    lookups = {n: s.total / iterations for n, s in by_name.items()}
+    return {s: build_baseline(s, tables, topo, summaries=by_name, iterations=iterations,
+                              lookups=lookups) for s in strategies}

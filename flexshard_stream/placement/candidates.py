@@ -195,12 +195,17 @@ def move_sequence(curves: list[BenefitCurve], topology: Topology, model: CostMod
 
 
 # ----------------------------------------------------------------------------- 3. prefixes
+#: Above this many tables x GPUs (and more than ``variant_tables`` tables) the search is coarse.
+COARSE_TABLE_GPUS = 1 << 14
+
+
 def coarse_search(num_tables: int, num_gpus: int, variant_tables: int) -> bool:
     """Whether the planner searches coarsely: more than ``variant_tables`` tables and more than
-    2^20 tables x GPUs. There each exact pricing builds and prices a whole fresh plan (~0.2 s at
-    1,000 tables x 4,096 GPUs): five prefixes only, no threshold candidates, placement tried on the
-    fastest candidate only, and unchanged TablePlans reused between candidates."""
-    return num_tables > variant_tables and num_tables * num_gpus > (1 << 20)
+    :data:`COARSE_TABLE_GPUS` (2^14) tables x GPUs. There each exact pricing builds and prices a
+    whole fresh plan (~0.1 s at 1,000 tables x 32 GPUs, ~0.2 s at 1,000 x 4,096): five prefixes
+    only, no threshold candidates, no tiers on other sharding kinds, placement tried on the fastest
+    candidate only, and unchanged TablePlans reused between candidates."""
+    return num_tables > variant_tables and num_tables * num_gpus > COARSE_TABLE_GPUS
 
 
 def prefix_grid(num_moves: int, prefix_candidates: int, coarse: bool) -> list[int]:
@@ -386,15 +391,35 @@ class PlanBuilder:
     topology : the cluster
     max_placed : at most this many of a table's hottest cold rows are placed by load (0: none)
     reuse_tables : keep and reuse TablePlans between builds
+    base : tiers on top of this plan's sharding kinds (None: row-wise ranges). Each table keeps
+        its base cold function and kind; global replicas go on top of any kind but data-parallel
+        (already everywhere); node replicas only on row-wise tables; no rows placed by load.
     """
 
     def __init__(self, curves: list[BenefitCurve], topology: Topology, max_placed: int, *,
-                 reuse_tables: bool = False):
+                 reuse_tables: bool = False, base: Plan | None = None):
         self.curves = curves
         self.topology = topology
-        self.max_placed = max_placed
+        self.max_placed = max_placed if base is None else 0
+        self.base = base
         self._cold: dict[tuple[int, bytes], ColdSharding] = {}
         self._tables: dict[tuple, TablePlan] | None = {} if reuse_tables else None
+
+    def runnable_state(self, state: State) -> list[tuple[int, int]]:
+        """``state`` as this builder can build it: on a base plan, no tiers on data-parallel
+        tables and node replicas made global on tables other than row-wise."""
+        if self.base is None:
+            return list(state)
+        out = []
+        for c, (k0, k1) in zip(self.curves, state):
+            tp = self.base[c.table.name]
+            if tp.replicated:
+                out.append((0, 0))
+            elif tp.sharding_kind(self.topology) != "row_wise":
+                out.append((k0 + k1, 0))
+            else:
+                out.append((k0, k1))
+        return out
 
     def share_cold_ranges(self, plan: Plan) -> None:
         """Reuse ``plan``'s equal cold ranges (row-wise's equal ranges are the planner's)."""
@@ -428,6 +453,8 @@ class PlanBuilder:
     def _table_plan(self, c: BenefitCurve, k0: int, k1: int, place: bool, w: np.ndarray,
                     wkey: bytes) -> TablePlan:
         t = c.table
+        if self.base is not None:
+            return self._on_base(c, k0, k1)
         ck = (t.num_rows, wkey)
         cold = self._cold.get(ck)
         if cold is None:
@@ -442,6 +469,17 @@ class PlanBuilder:
             placed, placed_gpus = self._placed_rows(c, k0 + k1, cold, w)
         return TablePlan(t, cold, global_ids=g_ids, node_ids=n_ids[on], node_local=n_loc[on],
                          placed_ids=placed, placed_gpus=placed_gpus)
+
+    def _on_base(self, c: BenefitCurve, k0: int, k1: int) -> TablePlan:
+        """Tiers ``(k0, k1)`` (:meth:`runnable_state`) on the base plan's table."""
+        bt = self.base[c.table.name]
+        if bt.replicated or not (k0 or k1):
+            return bt
+        n_ids = c.ids[k0:k0 + k1]
+        n_loc = node_local_gpus(c.p[k0:k0 + k1], self.topology.gpus_per_node)
+        on = np.argsort(n_ids)
+        return TablePlan(c.table, bt.cold, global_ids=np.sort(c.ids[:k0]), node_ids=n_ids[on],
+                         node_local=n_loc[on], sharding=bt.sharding)
 
     def _placed_rows(self, c: BenefitCurve, k: int, cold: ColdSharding,
                      w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

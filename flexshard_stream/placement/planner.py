@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..stats.summary import FrequencySummary
-from .baselines import build_baseline
+from .baselines import BASELINES, baseline_plans, build_baseline
 from .candidates import (
     PlanBuilder,
     benefit_curves,
@@ -43,8 +43,16 @@ from .candidates import (
     threshold_states,
 )
 from .cost import Cost, CostModel
-from .plan import Plan
-from .pricing import AnalyticPricing, Candidate, CandidatePricer, select_within_budget
+from .partition import memory_caps, partition_plans, table_options
+from .plan import ColdSharding, Plan, TablePlan
+from .pricing import (
+    AnalyticPricing,
+    Candidate,
+    CandidatePricer,
+    StatisticalMargin,
+    select_within_budget,
+)
+from .profiles import execution_profile
 from .tables import EmbeddingTable, summaries_by_table
 from .topology import Topology
 
@@ -89,8 +97,15 @@ class PlannerConfig:
                             boundary and replicated prefix scaled (``refinement_states``)
     thresholds : int        shared marginal-value thresholds: every pair ``th0 >= th1`` of this
                             many levels (plus "none") cuts every table at the same expected
-                            requests per byte; priced exactly when tables x GPUs <= 2^20, with
+                            requests per byte; priced exactly when tables x GPUs <= 2^14, with
                             fewer levels when pairs x summarized rows exceed 2^25 (0: off)
+    partition_tables : int  up to this many tables, every table is also priced alone under every
+                            sharding kind the target runs and partitioned (``placement.partition``)
+                            (0: off; whole-plan baselines are candidates always)
+    kind_bases : int        tiers are also searched on top of this many of the fastest whole
+                            plans other than row-wise (not when the search is coarse)
+    margin_sigmas : float   standard deviations of the out-of-sample margin of tier candidates
+                            (``pricing.StatisticalMargin``; 0: none)
     """
 
     blocks: int = 64
@@ -99,6 +114,9 @@ class PlannerConfig:
     bandwidth_aware: bool = True
     variant_tables: int = 8
     thresholds: int = 10
+    partition_tables: int = 64
+    kind_bases: int = 2
+    margin_sigmas: float = 3.0
 
 
 @dataclass
@@ -111,6 +129,8 @@ class PlanResult:
     moves_applied : the prefix of the move sequence the plan comes from (0: none; -1: a
                     shared-threshold candidate)
     moves_generated : the length of the move sequence
+    best_baseline, best_baseline_cost : the fastest baseline (``baselines.BASELINES``) that fits
+                    the budget and runs on the target, and its cost ("" and None when none does)
     """
 
     plan: Plan
@@ -120,9 +140,11 @@ class PlanResult:
     budget_bytes: float
     moves_applied: int
     moves_generated: int
+    best_baseline: str = ""
+    best_baseline_cost: Cost | None = None
 
     def summary(self) -> dict[str, Any]:
-        c, b = self.cost, self.baseline_cost
+        c, b, bb = self.cost, self.baseline_cost, self.best_baseline_cost
         return {"strategy": self.plan.strategy, "tiers": self.plan.tier_sizes(),
                 "budget_bytes": self.budget_bytes, "peak_memory_bytes": c.peak_memory_bytes,
                 "baseline_peak_memory_bytes": b.peak_memory_bytes,
@@ -131,16 +153,22 @@ class PlanResult:
                 "inter_node_bytes": c.inter_node_bytes,
                 "baseline_inter_node_bytes": b.inter_node_bytes,
                 "memory_room": self.plan.meta.get("memory_room", {}),
-                "moves_applied": self.moves_applied, "moves_generated": self.moves_generated}
+                "moves_applied": self.moves_applied, "moves_generated": self.moves_generated,
+                "chosen_from": self.plan.meta.get("chosen_from"),
+                "best_baseline": self.best_baseline or None,
+                "best_baseline_iteration_time_s": bb.iteration_time_s if bb else None,
+                "speedup_vs_best_baseline": (bb.iteration_time_s / c.iteration_time_s
+                                             if bb and c.iteration_time_s > 0 else None)}
 
 
 def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
                    summaries: Mapping[str, FrequencySummary], batch_size: int,
                    memory: MemoryPolicy | None = None, model: CostModel | None = None, *,
                    mean_lengths: Mapping[str, float] | None = None,
-                   config: PlannerConfig | None = None) -> PlanResult:
-    """Plan FlexShard tiers for ``tables`` on ``topo`` from per-table frequency summaries:
-    propose (``placement.candidates``) -> price -> select (``placement.pricing``), docs/PLANNER.md.
+                   config: PlannerConfig | None = None, target: str | None = None) -> PlanResult:
+    """Plan every table's sharding kind and FlexShard tiers for ``tables`` on ``topo`` from
+    per-table frequency summaries: propose (``placement.candidates``, ``placement.partition``)
+    -> price -> select (``placement.pricing``), docs/PLANNER.md.
 
     Parameters
     ----------
@@ -149,50 +177,150 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     summaries : {table name or feature: FrequencySummary}
     batch_size : samples per GPU per iteration (B)
     memory : per-GPU budget (default: no more peak memory than row-wise on the same workload)
-    model : the cost model options (de-duplication on by default)
+    model : the cost model options (de-duplication on, ``torchrec`` profile by default)
     mean_lengths : IDs per sample per table (default: from the summaries)
     config : the planner's knobs (default ``PlannerConfig()``)
+    target : the runtime the plan must run on, "torchrec" or "ideal" (default: the model's
+        profile); only plans its capability query accepts are candidates
 
-    Raises ConfigError for an impossible budget (below what the tables need at all) or missing
-    statistics; nothing is half-built.
+    Raises ConfigError for an impossible budget (below what the tables need at all), missing
+    statistics or an unknown target; nothing is half-built.
     """
     memory, model, cfg = memory or MemoryPolicy(), model or CostModel(), config or PlannerConfig()
     if batch_size <= 0:
         raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
+    runtime = execution_profile(model.profile if target is None else target)
     sums = summaries_by_table(tables, summaries)
     ml = {t.name: float((mean_lengths or {}).get(t.name, sums[t.name].mean_length) or 1.0)
           for t in tables}
     pricing = AnalyticPricing(sums, batch_size, model, ml)
     base = _Baselines.build(tables, topo, memory, pricing)
-    # propose: benefit curves, the greedy move sequence and a fixed grid of its prefixes
     curves = benefit_curves(tables, sums, topo, batch_size, model, ml)
-    moves = move_sequence(curves, topo, model, cfg.blocks)
-    coarse = coarse_search(len(curves), topo.num_gpus, cfg.variant_tables)
-    few = len(curves) <= cfg.variant_tables
-    prefixes = prefix_states(moves, prefix_grid(len(moves), cfg.prefix_candidates, coarse),
-                             len(curves))
-    builder = PlanBuilder(curves, topo, cfg.max_placed, reuse_tables=coarse)
-    builder.share_cold_ranges(base.row_wise)
-    # price: each candidate under every cold layout, fitted to the budget
-    pricer = CandidatePricer(builder, cold_layouts(topo, cfg.bandwidth_aware), pricing,
-                             base.budget_bytes, memory.host_memory)
-    row_wise = pricer.baseline(base.row_wise, base.row_wise_cost)
-    at_grid = [(pricer.price(st, g).iteration_time_s, g, st) for g, st in prefixes]
-    if not coarse:
-        for st in threshold_states(curves, threshold_levels(curves, cfg.thresholds)):
-            pricer.price(st, -1)
-    if few:
-        for st, g in refinement_states(at_grid, curves):
-            pricer.price(st, g)
-    if cfg.max_placed > 0:
-        fastest = [(c.state, c.moves_applied) for c in pricer.fastest(1 if coarse else 3)]
-        for st, g in placement_states(fastest, prefixes if few else ()):
-            pricer.price(st, g, place=True)
-    # select: the fastest candidate that fits (row-wise first, so it wins ties)
+    search = _Search(tables, topo, curves, pricing, base, memory, cfg, runtime)
+    row_wise = search.whole_plans(baseline_plans(tables, topo, sums, batch_size))
+    moves = search.tiers_on_row_wise()
+    search.tiers_on_kinds()
+    # select: the fastest candidate the target runs that fits (row-wise first: it wins ties)
     need = min(row_wise.cost.peak_memory_bytes, base.cost.peak_memory_bytes)
-    best = select_within_budget([row_wise, *pricer.candidates], base.budget_bytes,
-                                need_bytes=need, host_memory=memory.host_memory)
-    return _result(best, best is row_wise, base, memory, model, batch_size, len(moves))
+    best = select_within_budget(search.runnable([row_wise, *search.candidates()]),
+                                base.budget_bytes, need_bytes=need,
+                                host_memory=memory.host_memory)
+    result = _result(best, best is row_wise, base, memory, model, batch_size, len(moves),
+                     runtime.name)
+    fastest = search.best_baseline([row_wise, *search.whole.candidates])
+    if fastest is not None:
+        result.best_baseline, result.best_baseline_cost = fastest.origin, fastest.cost
+    return result
+
+
+class _Search:
+    """The candidates of one planning run: whole plans (baselines, partitions), tiers on row-wise
+    ranges (the FlexShard search), tiers on the fastest sharding kinds; each priced once."""
+
+    def __init__(self, tables, topo, curves, pricing, base, memory, cfg, runtime):
+        self.tables, self.topo, self.curves, self.pricing = tables, topo, curves, pricing
+        self.base, self.memory, self.cfg, self.runtime = base, memory, cfg, runtime
+        self.coarse = coarse_search(len(curves), topo.num_gpus, cfg.variant_tables)
+        self.node_ok = runtime.name == "ideal" or not any(
+            runtime.table_issues(_with_node_replica(t), topo) for t in tables[:1])
+        self.margin = StatisticalMargin(curves, pricing.summaries, base.row_wise_cost,
+                                        cfg.margin_sigmas)
+        self.whole = self._pricer(PlanBuilder(curves, topo, 0), "whole plans")
+        self.tier_pricers: list[CandidatePricer] = []
+
+    def _pricer(self, builder: PlanBuilder, origin: str, layouts=None) -> CandidatePricer:
+        return CandidatePricer(builder, layouts or [None], self.pricing, self.base.budget_bytes,
+                               self.memory.host_memory, node_replicas=self.node_ok,
+                               origin=origin, margin=self.margin.bytes_for)
+
+    def whole_plans(self, baselines: Mapping[str, Plan]) -> Candidate:
+        """Row-wise (returned), every other baseline and the partitions (sharding kinds per
+        table), priced as whole plans."""
+        row_wise = self.whole.baseline(self.base.row_wise, self.base.row_wise_cost)
+        for name, plan in baselines.items():
+            if name != "rw":
+                self.whole.price_plan(plan, name)
+        if self.cfg.partition_tables and len(self.tables) <= self.cfg.partition_tables:
+            opts = table_options(self.tables, self.topo, self.pricing.cost, self.runtime)
+            caps = memory_caps(opts, self.topo.num_gpus)
+            for i, plan in enumerate(partition_plans(self.tables, self.topo, opts, caps)):
+                self.whole.price_plan(plan, "partition" if i == 0 else f"partition {i}")
+        return row_wise
+
+    def tiers_on_row_wise(self) -> list:
+        """The FlexShard search: tiers of the greedy move sequence, shared thresholds,
+        refinements and placement, on row-wise ranges; returns the move sequence."""
+        cfg, curves, topo = self.cfg, self.curves, self.topo
+        moves = move_sequence(curves, topo, self.pricing.model, cfg.blocks)
+        few = len(curves) <= cfg.variant_tables
+        self.prefixes = prefix_states(moves, prefix_grid(len(moves), cfg.prefix_candidates,
+                                                         self.coarse), len(curves))
+        builder = PlanBuilder(curves, topo, cfg.max_placed, reuse_tables=self.coarse)
+        builder.share_cold_ranges(self.base.row_wise)
+        pricer = self._pricer(builder, "flexshard", cold_layouts(topo, cfg.bandwidth_aware))
+        self.tier_pricers.append(pricer)
+        at_grid = [(pricer.price(st, g).iteration_time_s, g, st) for g, st in self.prefixes]
+        if not self.coarse:
+            for st in self._thresholds():
+                pricer.price(st, -1)
+        if few:
+            for st, g in refinement_states(at_grid, curves):
+                pricer.price(st, g)
+        if cfg.max_placed > 0:
+            fastest = [(c.state, c.moves_applied) for c in pricer.fastest(1 if self.coarse else 3)]
+            for st, g in placement_states(fastest, self.prefixes if few else ()):
+                pricer.price(st, g, place=True)
+        return moves
+
+    def _thresholds(self) -> list:
+        if not hasattr(self, "_threshold_cache"):
+            self._threshold_cache = threshold_states(
+                self.curves, threshold_levels(self.curves, self.cfg.thresholds))
+        return self._threshold_cache
+
+    def tiers_on_kinds(self) -> None:
+        """Global replicas (and node replicas on row-wise tables) on top of the fastest whole
+        plans other than row-wise (``PlannerConfig.kind_bases``): the grid prefixes and shared
+        thresholds, not when the search is coarse."""
+        if self.coarse or not self.cfg.kind_bases:
+            return
+        wholes = [c for c in self.runnable(self.whole.candidates)
+                  if c.origin != "rw" and any(not tp.replicated for tp in c.plan.tables.values())]
+        wholes.sort(key=lambda c: c.cost.iteration_time_s)
+        for c in wholes[: self.cfg.kind_bases]:
+            pricer = self._pricer(PlanBuilder(self.curves, self.topo, 0, base=c.plan),
+                                  f"tiers on {c.origin}")
+            self.tier_pricers.append(pricer)
+            for g, st in self.prefixes:
+                pricer.price(st, g)
+            for st in self._thresholds():
+                pricer.price(st, -1)
+
+    def candidates(self) -> list[Candidate]:
+        """Every priced candidate but row-wise, whole plans first, in the order priced."""
+        out = [c for c in self.whole.candidates]
+        for p in self.tier_pricers:
+            out += p.candidates
+        return out
+
+    def best_baseline(self, cands: Sequence[Candidate]) -> Candidate | None:
+        """The fastest of the baselines among ``cands`` that the target runs and that fit."""
+        fit = [c for c in self.runnable(cands)
+               if c.origin in BASELINES and c.fits(self.base.budget_bytes)]
+        return min(fit, key=lambda c: c.cost.iteration_time_s, default=None)
+
+    def runnable(self, cands: Sequence[Candidate]) -> list[Candidate]:
+        """The candidates the target runtime executes as planned (a host memory tier is planned
+        as the policy asks, whatever the runtime's cache would do)."""
+        if self.memory.host_memory:
+            return list(cands)
+        return [c for c in cands if self.runtime.can_run(c.plan)]
+
+
+def _with_node_replica(table: EmbeddingTable) -> TablePlan:
+    """A row-wise table plan of ``table`` with one node replica: the probe of whether a runtime
+    runs node replicas (its capability query)."""
+    return TablePlan(table, ColdSharding.hashed([0]), node_ids=[0], node_local=[0])
 
 
 @dataclass(frozen=True)
@@ -221,7 +349,7 @@ class _Baselines:
 
 
 def _result(best: Candidate, is_row_wise: bool, base: _Baselines, memory: MemoryPolicy,
-            model: CostModel, batch_size: int, moves_generated: int) -> PlanResult:
+            model: CostModel, batch_size: int, moves_generated: int, target: str) -> PlanResult:
     """The chosen candidate as the planner's result: its plan renamed and annotated (``meta``)."""
     cost, budget = best.cost, base.budget_bytes
     meta = {"planner": "flexshard", "batch_size": batch_size, "dedup": model.dedup,
@@ -232,7 +360,9 @@ def _result(best: Candidate, is_row_wise: bool, base: _Baselines, memory: Memory
             "moves_applied": best.moves_applied, "moves_generated": moves_generated,
             "cold_ranges": "bandwidth-weighted" if best.weights is not None else "equal",
             "estimates": cost.to_json(), "baseline_estimates": base.cost.to_json(),
-            "memory_room": _memory_room(cost, base.cost, budget)}
+            "memory_room": _memory_room(cost, base.cost, budget),
+            "target": target, "chosen_from": best.origin, "margin_bytes": best.margin_bytes,
+            "sharding_kinds": dict(best.plan.sharding_kinds)}
     plan = Plan("rw" if is_row_wise else "flexshard", best.plan.topology,
                 best.plan.tables.values(), meta)
     return PlanResult(plan, cost, base.plan, base.cost, budget, best.moves_applied,

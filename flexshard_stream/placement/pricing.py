@@ -16,19 +16,20 @@ docs/PLANNER.md, "Steps" 3 and 6, gives the reasoning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..stats.summary import FrequencySummary
-from .candidates import PlanBuilder, State
+from .candidates import BenefitCurve, PlanBuilder, State
 from .cost import Cost, CostModel, evaluate_analytic
 from .plan import Plan
-from .recshard import split_cold
+from .recshard import TopRows, split_cold
 
-__all__ = ["AnalyticPricing", "Candidate", "CandidatePricer", "fits_budget",
+__all__ = ["AnalyticPricing", "Candidate", "CandidatePricer", "StatisticalMargin", "fits_budget",
            "select_within_budget"]
 
 # relative slack on the budget and on "faster": absorbs the rounding of the evaluator's sums
@@ -55,11 +56,25 @@ class AnalyticPricing:
     batch_size: int
     model: CostModel
     mean_lengths: Mapping[str, float]
+    _top_rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def cost(self, plan: Plan) -> Cost:
         """The analytic evaluator's cost of ``plan`` (no per-GPU traffic matrices)."""
         return evaluate_analytic(plan, self.summaries, self.batch_size, self.model,
                                  mean_lengths=self.mean_lengths, want_matrices=False)
+
+    def split_cold(self, plan: Plan, budget_bytes: float, cost: Cost) -> Plan:
+        """``recshard.split_cold`` of ``plan`` (analytic ``cost``) under ``budget_bytes`` per GPU,
+        with the summaries' top rows gathered once per table order (every candidate of a planning
+        run shares them)."""
+        names = tuple(plan.tables)
+        top = self._top_rows.get(names)
+        if top is None:
+            top = self._top_rows[names] = TopRows.gather(
+                list(plan.tables.values()), self.summaries, self.batch_size, self.model,
+                self.mean_lengths)
+        return split_cold(plan, self.summaries, self.batch_size, budget_bytes, self.model,
+                          mean_lengths=self.mean_lengths, cost=cost, top_rows=top)
 
 
 @dataclass
@@ -71,6 +86,10 @@ class Candidate:
                     candidate)
     state : per-table tier sizes ``(k0, k1)`` (None for a baseline)
     weights : the cold ranges' weights per GPU (None: equal ranges)
+    origin : where it comes from: a baseline's name ("rw", "tw", ...), "partition" (sharding
+             kinds per table), "flexshard" (tiers on row-wise ranges) or "tiers on <origin>"
+    margin_bytes : memory kept free below the budget for it to hold out of sample (bytes per GPU,
+             ``margin.py``; 0 for baselines and partitions, which replicate nothing on statistics)
     """
 
     plan: Plan
@@ -78,6 +97,12 @@ class Candidate:
     moves_applied: int
     state: list[tuple[int, int]] | None
     weights: np.ndarray | None
+    origin: str = "flexshard"
+    margin_bytes: float = 0.0
+
+    def fits(self, budget_bytes: float) -> bool:
+        """Whether its peak per-GPU memory plus its margin fits ``budget_bytes`` per GPU."""
+        return self.cost.peak_memory_bytes + self.margin_bytes <= budget_bytes * (1 + _REL)
 
 
 class CandidatePricer:
@@ -90,15 +115,23 @@ class CandidatePricer:
     pricing : the workload and the evaluator
     budget_bytes : the per-GPU memory budget (HBM bytes with the host tier)
     host_memory : fit a candidate over the budget by moving cold rows to host memory
+    node_replicas : whether the target runtime runs node replicas; without, a state's node
+        replicas are made global (``(k0 + k1, 0)``)
+    origin : the :attr:`Candidate.origin` of the tier candidates it prices
+    margin : ``margin(state, cost) -> bytes`` kept free below the budget (None: no margin)
     """
 
     def __init__(self, builder: PlanBuilder, layouts: Sequence[np.ndarray | None],
-                 pricing: AnalyticPricing, budget_bytes: float, host_memory: bool):
+                 pricing: AnalyticPricing, budget_bytes: float, host_memory: bool, *,
+                 node_replicas: bool = True, origin: str = "flexshard", margin=None):
         self.builder = builder
-        self.layouts = list(layouts)
+        self.layouts = list(layouts) if builder.base is None else [None]
         self.pricing = pricing
         self.budget_bytes = budget_bytes
         self.host_memory = host_memory
+        self.node_replicas = node_replicas
+        self.origin = origin
+        self.margin = margin
         self._priced: dict[tuple, Candidate] = {}
 
     def fit(self, plan: Plan, cost: Cost) -> tuple[Plan, Cost]:
@@ -109,29 +142,45 @@ class CandidatePricer:
             return plan, cost
         p = self.pricing
         try:
-            split = split_cold(plan, p.summaries, p.batch_size, self.budget_bytes, p.model,
-                               mean_lengths=p.mean_lengths, cost=cost)
+            split = p.split_cold(plan, self.budget_bytes, cost)
         except ConfigError:
             return plan, cost
         return split, p.cost(split)
 
-    def baseline(self, plan: Plan, cost: Cost) -> Candidate:
+    def baseline(self, plan: Plan, cost: Cost, origin: str = "rw") -> Candidate:
         """A baseline plan with its cost, fitted (:meth:`fit`) as every candidate is."""
         plan, cost = self.fit(plan, cost)
-        return Candidate(plan, cost, 0, None, None)
+        return Candidate(plan, cost, 0, None, None, origin)
+
+    def price_plan(self, plan: Plan, origin: str) -> Candidate:
+        """A whole plan (a baseline, a partition) priced, fitted and kept as a candidate; each
+        ``origin`` once."""
+        key = ("plan", origin)
+        cand = self._priced.get(key)
+        if cand is None:
+            cand = self._priced[key] = self.baseline(plan, self.pricing.cost(plan), origin)
+        return cand
+
+    def runnable_state(self, state: State) -> list[tuple[int, int]]:
+        """``state`` as the builder and the target runtime can build it (node replicas made
+        global without ``node_replicas``)."""
+        st = self.builder.runnable_state(state)
+        return st if self.node_replicas else [(k0 + k1, 0) for k0, k1 in st]
 
     def price(self, state: State, moves_applied: int, *, place: bool = False) -> Cost:
         """Price tier sizes ``state`` under every cold layout (``place``: with the hottest cold
         rows placed by load); returns the fastest cost (least ``iteration_time_s``)."""
         best = None
+        state = self.runnable_state(state)
         for li, weights in enumerate(self.layouts):
             key = (tuple(state), li, place)
             cand = self._priced.get(key)
             if cand is None:
                 plan = self.builder.build(state, place=place, weights=weights)
                 plan, cost = self.fit(plan, self.pricing.cost(plan))
+                margin = self.margin(state, cost) if self.margin is not None else 0.0
                 cand = self._priced[key] = Candidate(plan, cost, moves_applied, list(state),
-                                                     weights)
+                                                     weights, self.origin, margin)
             if best is None or cand.cost.iteration_time_s < best.iteration_time_s:
                 best = cand.cost
         return best
@@ -149,11 +198,49 @@ class CandidatePricer:
         return [cands[i] for _, i in order[:n]]
 
 
+class StatisticalMargin:
+    """Memory a tier candidate keeps free below the budget so that its peak holds out of sample
+    (docs/PLANNER.md, "Budgets that hold out of sample").
+
+    Two sources, independent, added in quadrature and scaled by ``sigmas``:
+
+    - the statistics: the buffers the replicas free (against ``reference``, row-wise, at the
+      candidate's peak GPU) are proportional to the replicated rows' lookups, estimated from
+      ``C`` counted lookups, Poisson relative error ``1 / sqrt(C)``;
+    - the buffers' own variance: a GPU's buffer is a sum of per-lookup items of at most the
+      largest embedding's bytes ``b``; Poisson, standard deviation ``sqrt(buffer * b)``. The
+      out-of-sample peak is the largest over GPUs and iterations, about ``sqrt(2 ln(G I))``
+      standard deviations above the mean: ``sigmas`` (3 by default) covers G I up to ~90.
+
+    A candidate without replicas gets no margin (it replicates nothing on the statistics).
+    """
+
+    def __init__(self, curves: Sequence[BenefitCurve], summaries: Mapping[str, FrequencySummary],
+                 reference: Cost, sigmas: float):
+        self.curves = list(curves)
+        self.totals = np.array([float(summaries[c.table.name].total) for c in curves])
+        self.reference = reference
+        self.sigmas = float(sigmas)
+        self.item_bytes = max((c.eb for c in curves), default=0.0)
+
+    def bytes_for(self, state: State, cost: Cost) -> float:
+        """The margin (bytes per GPU) of a candidate with tier sizes ``state`` and ``cost``."""
+        if self.sigmas <= 0 or not any(k0 or k1 for k0, k1 in state):
+            return 0.0
+        g = int(np.argmax(cost.peak_memory_per_gpu))
+        freed = max(0.0, float(self.reference.buffer_bytes.max() - cost.buffer_bytes[g]))
+        counted = sum(float(c.P[k0 + k1]) * n
+                      for c, (k0, k1), n in zip(self.curves, state, self.totals))
+        stat = freed / math.sqrt(counted) if counted > 0 else 0.0
+        noise = math.sqrt(max(0.0, float(cost.buffer_bytes[g])) * self.item_bytes)
+        return self.sigmas * math.hypot(stat, noise)
+
+
 def select_within_budget(candidates: Sequence[Candidate], budget_bytes: float, *,
                          need_bytes: float, host_memory: bool) -> Candidate:
     """The fastest candidate (least ``iteration_time_s``: communication plus host-memory lookups)
-    whose peak per-GPU memory fits ``budget_bytes``; the first of equally fast ones (relative
-    1e-12).
+    whose peak per-GPU memory plus its margin (:meth:`Candidate.fits`) fits ``budget_bytes``; the
+    first of equally fast ones (relative 1e-12).
 
     Raises
     ------
@@ -164,7 +251,7 @@ def select_within_budget(candidates: Sequence[Candidate], budget_bytes: float, *
     best = None
     for c in candidates:
         faster = best is None or c.cost.iteration_time_s < best.cost.iteration_time_s * (1 - _REL)
-        if faster and fits_budget(c.cost, budget_bytes):
+        if faster and c.fits(budget_bytes):
             best = c
     if best is not None:
         return best

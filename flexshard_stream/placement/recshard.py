@@ -38,7 +38,7 @@ from .plan import Plan, TablePlan
 from .tables import summaries_by_table
 from .topology import Topology
 
-__all__ = ["HbmRoom", "cold_rows_per_gpu", "slow_memory_report", "split_cold"]
+__all__ = ["HbmRoom", "TopRows", "cold_rows_per_gpu", "slow_memory_report", "split_cold"]
 
 _EMPTY_F = np.zeros(0, np.float64)
 
@@ -95,7 +95,7 @@ def _summary(summaries: Mapping[str, FrequencySummary], tp: TablePlan) -> Freque
 def split_cold(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size: int,
                hbm_budget: Any, model: CostModel | None = None, *, frequency_aware: bool = True,
                mean_lengths: Mapping[str, float] | None = None,
-               cost: Cost | None = None) -> Plan:
+               cost: Cost | None = None, top_rows: "TopRows | None" = None) -> Plan:
     """A new plan whose cold rows overflow to host memory so that every GPU's peak HBM fits.
 
     Steps: the HBM room each GPU has for its cold rows (:class:`HbmRoom`), the split of the
@@ -117,6 +117,10 @@ def split_cold(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size
     cost : Cost, optional
         ``evaluate_analytic(plan, ...)`` of the plan without host tier, when the caller has it
         already (saves that evaluation; the split does not change routing or buffers).
+    top_rows : TopRows, optional
+        The summaries' top rows gathered once (:meth:`TopRows.gather`) with the same
+        ``summaries``, ``batch_size``, ``model`` and ``mean_lengths``, for a caller that splits
+        many plans of the same tables (a planner); saves gathering, ranking and routing them again.
 
     Returns
     -------
@@ -149,7 +153,9 @@ def split_cold(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size
                             "host_bytes_max": 0.0}
         return Plan(base.strategy, topo, list(base.tables.values()), meta)
     if frequency_aware:
-        split = _aware_split(base, room, summaries, batch_size, model, mean_lengths)
+        rows = top_rows or TopRows.gather(list(base.tables.values()), summaries, batch_size,
+                                          model, mean_lengths)
+        split = _aware_split(base, room, rows)
     else:
         split = _blind_split(room)
     _check_host_memory(split.host, topo)
@@ -238,22 +244,32 @@ def _blind_split(room: HbmRoom) -> _Split:
                   np.zeros(T + 1, np.int64))
 
 
-@dataclass(frozen=True)
-class _TopRows:
+class TopRows:
     """The summaries' explicit top rows of every table, concatenated in plan order (table t's at
     ``off[t]:off[t+1]``), with probabilities per ID drawn; per table the IDs per sample, the
-    probability of one tail row and the number of tail rows."""
+    probability of one tail row and the number of tail rows. Gathered once per workload
+    (:meth:`gather`), it keeps what does not depend on the plan being split: the rows' expected
+    host lookups, their ranking by host lookups saved per HBM byte, and each table's top rows'
+    owners under every cold function met (``split_cold(..., top_rows=...)``).
+    """
 
-    off: np.ndarray
-    ids: np.ndarray
-    p: np.ndarray
-    mean_length: np.ndarray
-    tail_p: np.ndarray
-    tail_rows: np.ndarray
+    def __init__(self, names: tuple[str, ...], off: np.ndarray, ids: np.ndarray, p: np.ndarray,
+                 mean_length: np.ndarray, tail_p: np.ndarray, tail_rows: np.ndarray,
+                 batch_size: int, dedup: bool):
+        self.names, self.off, self.ids, self.p = names, off, ids, p
+        self.mean_length, self.tail_p, self.tail_rows = mean_length, tail_p, tail_rows
+        self.batch_size, self.dedup = int(batch_size), bool(dedup)
+        self.table = np.repeat(np.arange(len(names), dtype=np.int64), np.diff(off))
+        self._owners: dict[tuple[int, tuple], np.ndarray] = {}
+        self._ranked: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+        self._first: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
     def gather(cls, tps: list[TablePlan], summaries: Mapping[str, FrequencySummary],
-               mean_lengths: Mapping[str, float] | None) -> "_TopRows":
+               batch_size: int, model: CostModel,
+               mean_lengths: Mapping[str, float] | None) -> "TopRows":
+        """The top rows of the tables of ``tps`` (in order) for ``batch_size`` samples per GPU
+        under ``model``'s de-duplication."""
         T = len(tps)
         ids_l, p_l, off = [], [], [0]
         L = np.zeros(T)
@@ -268,47 +284,91 @@ class _TopRows:
             L[i] = (mean_lengths or {}).get(tp.name, s.mean_length) or 1.0
             tail_p[i] = s.tail_probability()
             tail_rows[i] = s.tail_rows if s.total else 0.0
-        return cls(np.asarray(off, np.int64),
+        return cls(tuple(tp.name for tp in tps), np.asarray(off, np.int64),
                    np.concatenate(ids_l) if ids_l else np.zeros(0, np.int64),
-                   np.concatenate(p_l) if p_l else np.zeros(0), L, tail_p, tail_rows)
+                   np.concatenate(p_l) if p_l else np.zeros(0), L, tail_p, tail_rows,
+                   batch_size, model.dedup)
+
+    def host_lookups(self, lam: np.ndarray, num_gpus: int) -> np.ndarray:
+        """The cost model's host lookups per iteration of rows with ``lam`` expected lookups."""
+        return num_gpus * -np.expm1(-lam / num_gpus) if self.dedup else lam
+
+    def ranked(self, per_byte: np.ndarray, num_gpus: int) -> tuple[np.ndarray, np.ndarray]:
+        """(density float64[n], order int64[n]): each top row's host lookups saved per HBM byte
+        (UVM bytes, ``per_byte[t]`` UVM bytes per HBM byte of table t) and the rows by density,
+        highest first (stable)."""
+        key = per_byte.tobytes() + num_gpus.to_bytes(8, "little")
+        got = self._ranked.get(key)
+        if got is None:
+            lam = num_gpus * float(self.batch_size) * self.mean_length[self.table] * self.p
+            dens = self.host_lookups(lam, num_gpus) * per_byte[self.table]
+            got = self._ranked[key] = (dens, np.argsort(-dens, kind="stable").astype(np.int64))
+        return got
+
+    def owners(self, plan: Plan) -> np.ndarray:
+        """Owner GPU of every top row that ``plan``'s cold functions route (int64[n]), or -1 (as
+        ``kernels.analytic.top_cold_owners``: replicas and placed rows, rows out of range, later
+        listings of a row, tables data-parallel or column-wise). Each table's owners under a cold
+        function are computed once; the plan's replicas and placed rows are then masked."""
+        tps = list(plan.tables.values())
+        if tuple(tp.name for tp in tps) != self.names:
+            raise ConfigError(f"top rows gathered for tables {list(self.names)[:5]}..., the plan "
+                              f"has {[tp.name for tp in tps][:5]}...")
+        keys = [(t, tp.cold.layout_key) for t, tp in enumerate(tps)]
+        f = plan.flat
+        if any(k not in self._owners for k in keys):
+            out = np.empty(self.ids.size, np.int64)
+            no_special = np.zeros(len(tps) + 1, np.int64)
+            top_cold_owners(no_special, np.zeros(0, np.int64), f["layout"], f["num_rows"],
+                            f["lay_kind"], f["lay_off"], f["lay_gpus"], f["lay_bounds"],
+                            f["lay_boff"], f["lay_seed"], self.off, self.ids, out)
+            for t, k in enumerate(keys):
+                self._owners.setdefault(k, out[self.off[t]:self.off[t + 1]].copy())
+        owner = np.concatenate([self._owners[k] for k in keys]) if keys else \
+            np.zeros(0, np.int64)
+        sp_off, sp_ids = f["sp_off"], f["sp_ids"]
+        for t in np.flatnonzero(np.diff(sp_off)):
+            uniq, first = self._first_listings(int(t))
+            sp = sp_ids[sp_off[t]:sp_off[t + 1]]
+            pos = np.minimum(np.searchsorted(uniq, sp), max(uniq.size - 1, 0))
+            hit = pos[uniq[pos] == sp] if uniq.size else pos[:0]
+            owner[self.off[t] + first[hit]] = -1
+        return owner
+
+    def _first_listings(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Table ``t``'s distinct top IDs (sorted) and the index of each one's first listing."""
+        got = self._first.get(t)
+        if got is None:
+            got = self._first[t] = np.unique(self.ids[self.off[t]:self.off[t + 1]],
+                                             return_index=True)
+        return got
 
 
-def _aware_split(base: Plan, room: HbmRoom, summaries: Mapping[str, FrequencySummary],
-                 batch_size: int, model: CostModel,
-                 mean_lengths: Mapping[str, float] | None) -> _Split:
+def _aware_split(base: Plan, room: HbmRoom, top: TopRows) -> _Split:
     """Frequency-aware (RecShard): each overflowing GPU's capacity is filled with the cold rows of
     most expected host lookups saved per HBM byte: explicit top rows become placed rows at their
     owner, each table's tail a fraction of its bytes (``kernels/analytic.fill_hbm``)."""
     G, T = room.cold.shape
     rb, cold, over = room.row_bytes, room.cold, room.over
-    f = base.flat
-    top = _TopRows.gather(list(base.tables.values()), summaries, mean_lengths)
-    owner = np.empty(top.ids.size, np.int64)
-    top_cold_owners(f["sp_off"], f["sp_ids"], f["layout"], f["num_rows"], f["lay_kind"],
-                    f["lay_off"], f["lay_gpus"], f["lay_bounds"], f["lay_boff"],
-                    f["lay_seed"], top.off, top.ids, owner)
-    tab = np.repeat(np.arange(T, dtype=np.int64), np.diff(top.off))
-    per_byte = f["uvm_lookup_bytes"] / np.where(rb > 0, rb, 1.0)  # UVM bytes per HBM byte
-    lam_scale = G * float(batch_size) * top.mean_length
-
-    def host_lookups(lam):
-        return G * -np.expm1(-lam / G) if model.dedup else lam
-
-    # explicit rows: the cost model's host lookups per HBM byte, in UVM bytes
-    dens = host_lookups(lam_scale[tab] * top.p) * per_byte[tab]
+    owner = top.owners(base)
+    tab = top.table
+    per_byte = base.flat["uvm_lookup_bytes"] / np.where(rb > 0, rb, 1.0)  # UVM per HBM byte
+    # explicit rows: the cost model's host lookups per HBM byte, in UVM bytes, ranked once
+    dens, ranked = top.ranked(per_byte, G)
     # each table's tail: its lookups spread uniformly over its cold rows outside the top
     n_top_cold = np.bincount(tab[owner >= 0], minlength=T).astype(np.float64)
     rest = cold.sum(axis=0) - n_top_cold
-    tail_h = top.tail_rows * host_lookups(lam_scale * top.tail_p)
+    lam_tail = G * float(top.batch_size) * top.mean_length * top.tail_p
+    tail_h = top.tail_rows * top.host_lookups(lam_tail, G)
     tail_dens = np.where(rest > 0, tail_h / np.where(rest > 0, rest, 1.0), 0.0) * per_byte
     tail_order = np.argsort(-tail_dens, kind="stable").astype(np.int64)
     frac = np.empty((G, T))
     placed = np.zeros(top.ids.size, np.bool_)
     host = np.zeros(G)
     tier = np.zeros(T, np.bool_)
-    cand = np.flatnonzero(owner >= 0)
-    cand = cand[over[owner[cand]]]
-    ex_order = cand[np.argsort(-dens[cand])]
+    on_over = owner >= 0
+    on_over[on_over] = over[owner[on_over]]
+    ex_order = ranked[on_over[ranked]]
     fill_hbm(room.capacity, over, owner, tab, dens, ex_order, tail_order, tail_dens, cold, rb,
              frac, placed, host, tier)
     k = np.flatnonzero(placed)                       # table after table
