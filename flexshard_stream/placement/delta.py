@@ -40,8 +40,8 @@ import numpy as np
 from ..errors import ConfigError, FormatError, IncompatibleError
 from ..formats.container import pack, read_file, unpack, write_atomic
 from ..formats.files import jsonable
-from ..kernels.routing import COLD_COLUMNS, COLD_HASH, COLD_RANGE, hash_owner_counts, route_ids
-from .plan import ColdSharding, Plan, TablePlan
+from ..kernels.routing import COLD_COLUMNS, COLD_HASH, COLD_RANGE, route_ids
+from .plan import ColdSharding, Plan, TablePlan, hashed_rows_per_slot
 from .tables import EmbeddingTable
 from .topology import Topology
 
@@ -416,7 +416,7 @@ def _cold_mass(c: ColdSharding, S: np.ndarray, H: int, G: int) -> tuple[np.ndarr
         cnt = (hi - lo) - _between_count(S, lo, hi)
         return np.bincount(c.gpus, cnt.astype(np.float64), G), True
     if H <= _EXACT_HASH_ROWS:
-        cnt = hash_owner_counts(H, n, np.uint64(c.seed), S).astype(np.float64)
+        cnt = hashed_rows_per_slot(H, n, c.seed, S).astype(np.float64)
         return np.bincount(c.gpus, cnt, G), True
     return np.bincount(c.gpus, np.full(n, (H - S.size) / n), G), False
 
@@ -455,7 +455,7 @@ def _cold_moves(td: TableDelta, topo: Topology, acc: _Acc, rb: float) -> None:
         if same_seed and n0 == n1:
             # the same hash index before and after: index i moves gpus0[i] -> gpus1[i]
             if H <= _EXACT_HASH_ROWS:
-                cnt = hash_owner_counts(H, n0, np.uint64(c0.seed), S).astype(np.float64)
+                cnt = hashed_rows_per_slot(H, n0, c0.seed, S).astype(np.float64)
             else:
                 cnt = np.full(n0, Z / n0)
                 acc.exact = False

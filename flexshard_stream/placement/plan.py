@@ -32,6 +32,7 @@ routing function. Plans are saved as a directory: ``plan.json`` plus ``.npy`` ID
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ import numpy as np
 
 from ..errors import ConfigError, FormatError
 from ..formats.files import jsonable, read_json, read_npy, staging_directory, write_json, write_npy
-from ..kernels.hashing import host_u_np
+from ..kernels.hashing import host_u_np, mix64_np
 from ..kernels.routing import (
     COLD_COLUMNS,
     COLD_HASH,
@@ -250,6 +251,31 @@ class ColdSharding:
                 and np.array_equal(self.widths, other.widths))
 
 
+@functools.lru_cache(maxsize=8192)
+def _rows_per_hash_slot(num_rows: int, slots: int, seed: int) -> np.ndarray:
+    """Rows of ``[0, num_rows)`` the seeded hash sends to each of ``slots`` slots (read-only
+    int64[slots]): one sweep over every row, so cached per (rows, slots, seed)."""
+    counts = hash_owner_counts(num_rows, slots, np.uint64(seed), np.zeros(0, np.int64))
+    counts.setflags(write=False)
+    return counts
+
+
+def hashed_rows_per_slot(num_rows: int, slots: int, seed: int,
+                         skip_sorted: np.ndarray) -> np.ndarray:
+    """Rows (int64[slots]) a hashed cold function sends to each of its slots, less the rows
+    ``skip_sorted`` (IDs held elsewhere: replicas, placed rows; those ``>= num_rows`` ignored).
+
+    Equal to :func:`~flexshard_stream.kernels.routing.hash_owner_counts`; the sweep over all rows
+    is done once per (rows, slots, seed), the skipped rows are hashed each call (the planner prices
+    many plans of one table that differ only in their replicas)."""
+    counts = _rows_per_hash_slot(int(num_rows), int(slots), int(seed)).copy()
+    skip = np.asarray(skip_sorted, dtype=np.int64)
+    skip = skip[skip < num_rows]
+    if skip.size:
+        owners = (mix64_np(skip, int(seed)) % np.uint64(slots)).astype(np.int64)
+        counts -= np.bincount(owners, minlength=slots)
+    return counts
+
 @dataclass(frozen=True, eq=False)
 class TablePlan:
     """The placement of one embedding table (see the module docstring for the tiers).
@@ -434,7 +460,7 @@ class TablePlan:
             inside = np.clip(inside, 0, n - 1)
             counts -= np.bincount(inside, minlength=n)
         elif H <= _EXACT_HASH_COUNT_ROWS:
-            counts = hash_owner_counts(H, n, np.uint64(c.seed), special)
+            counts = hashed_rows_per_slot(H, n, c.seed, special)
         else:  # expected value; the hash balances to ~1e-4 relative at this size
             counts = np.full(n, (H - special.size) // n, dtype=np.int64)
             counts[: (H - special.size) % n] += 1
