@@ -135,10 +135,18 @@ def route_ids(ids, srcs, keys, vals, used, lg, cold_kind, gpus, bounds, seed, gp
 
 @njit(nogil=True, cache=True)
 def hash_owner_counts(num_rows, gpus_n, seed, skip_sorted):
-    """Rows per cold GPU slot under the hash function, excluding the sorted IDs ``skip_sorted``."""
+    """Rows per cold GPU slot under the hash function, excluding the sorted IDs ``skip_sorted``.
+
+    A power-of-two slot count takes the low bits (equal to the modulo, half the time per row)."""
     counts = np.zeros(gpus_n, dtype=np.int64)
-    for r in range(num_rows):
-        counts[np.int64(mix64(uint64(r), seed) % uint64(gpus_n))] += 1
+    n = uint64(gpus_n)
+    if gpus_n & (gpus_n - 1) == 0:
+        mask = n - uint64(1)
+        for r in range(num_rows):
+            counts[np.int64(mix64(uint64(r), seed) & mask)] += 1
+    else:
+        for r in range(num_rows):
+            counts[np.int64(mix64(uint64(r), seed) % n)] += 1
     for k in range(skip_sorted.shape[0]):
         r = skip_sorted[k]
         if r < num_rows:
