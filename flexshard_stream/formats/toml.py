@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError
-from .files import write_atomic
+from .files import read_bytes, write_atomic
 
 __all__ = ["read_toml", "toml_value", "write_text_atomic"]
 
@@ -63,15 +63,14 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:
-    """Parse a TOML file; FormatError naming the file if it cannot be read or is not TOML."""
+    """Parse a TOML file; FormatError naming the file if it cannot be read (a missing path, a
+    directory, a FIFO or a device: :func:`.files.read_bytes`) or is not TOML."""
+    raw = read_bytes(path, "TOML file")
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no such file") from None
+        return tomllib.loads(raw.decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise FormatError(f"{path}: not a valid TOML file ({e})") from None
     except UnicodeDecodeError as e:
         raise FormatError(f"{path}: not a valid TOML file (not UTF-8 text: {e})") from None
-    except OSError as e:
-        raise FormatError(f"{path}: cannot read the file ({e})") from None
+    except RecursionError:
+        raise FormatError(f"{path}: not a valid TOML file (nested too deeply)") from None
