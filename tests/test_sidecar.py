@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from flexshard_stream.errors import BatchError, ConfigError
+from flexshard_stream.formats.files import KIND_MARKER
 from flexshard_stream.online.resharder import ReshardConfig
 from flexshard_stream.online.ring import Ring, ring_path
 from flexshard_stream.online.sidecar import (
@@ -111,7 +112,8 @@ def test_publishes_plans_and_deltas_atomically_and_calls_the_callback(tmp_path):
     lines = (tmp_path / "decisions.jsonl").read_text().splitlines()
     assert len(lines) == st.checks >= len(calls)
     assert list_checkpoints(tmp_path)  # the final checkpoint
-    assert not [p for p in tmp_path.rglob(".*") if p.name != ".lock"]  # no temp files left
+    assert not [p for p in tmp_path.rglob(".*")
+                if p.name not in (".lock", KIND_MARKER)]  # no temp files left
 
 
 # ----------------------------------------------------------------------- queue policies

@@ -59,7 +59,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..formats.files import read_json, read_npy, staging_directory, write_json, write_npy
+from ..formats.files import (
+    check_output_directory,
+    read_json,
+    read_npy,
+    staging_directory,
+    write_json,
+    write_npy,
+)
 from ..stats.summary import FrequencySummary
 from .plan import ColdSharding, Plan, Router, TablePlan
 from .tables import EmbeddingTable, summaries_by_table
@@ -74,6 +81,8 @@ TORCHREC_VERSION = "1.8.0"
 EXPORT_SCHEMA_VERSION = 1
 EXPORT_FORMAT = "flexshard_stream.torchrec_export"
 MANIFEST_FILE = "torchrec_export.json"
+#: The export directory's kind marker (:func:`~flexshard_stream.formats.files.staging_directory`).
+EXPORT_KIND = "torchrec-export"
 CONSTRAINTS_FILE = "constraints.json"
 CONFIGS_FILE = "embedding_configs.json"
 HOT_SUFFIX = "__hot"
@@ -337,7 +346,7 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
     out_dir = Path(out_dir)
     _check_export_dir(out_dir)
     _check_features(plan)
-    with staging_directory(out_dir) as tmp:
+    with staging_directory(out_dir, kind=EXPORT_KIND, legacy=(MANIFEST_FILE,)) as tmp:
         parts = [_export_table(tmp, i, name, tp, plan.topology, cold_sharding, node_replicas,
                                summaries or {}, mean_lengths or {})
                  for i, (name, tp) in enumerate(plan.tables.items())]
@@ -371,12 +380,7 @@ def _check_export(plan: Plan, cold_sharding: str, node_replicas: str) -> None:
 
 def _check_export_dir(out_dir: Path) -> None:
     """Refuse to replace anything but an export (or an empty directory): it would be deleted."""
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise ConfigError(f"{out_dir}: exists and is not a directory")
-        if any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
-            raise ConfigError(f"{out_dir}: a non-empty directory that is not a TorchRec export "
-                              f"(no {MANIFEST_FILE}); refusing to overwrite it")
+    check_output_directory(out_dir, EXPORT_KIND, legacy=(MANIFEST_FILE,))
 
 
 def _check_features(plan: Plan) -> None:

@@ -33,7 +33,16 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..formats.files import jsonable, read_json, read_npy, staging_directory, write_json, write_npy
+from ..formats.files import (
+    check_json_digest,
+    json_digest,
+    jsonable,
+    read_json,
+    read_npy,
+    staging_directory,
+    write_json,
+    write_npy,
+)
 from ..kernels.hashing import host_u_np
 from ..kernels.routing import (
     COLD_HASH,
@@ -51,6 +60,8 @@ from .topology import Topology
 __all__ = ["ColdSharding", "TablePlan", "Plan", "Router", "PLAN_SCHEMA_VERSION"]
 
 PLAN_SCHEMA_VERSION = 1
+#: The plan directory's kind marker (:func:`~flexshard_stream.formats.files.staging_directory`).
+PLAN_KIND = "plan"
 _COLD_KINDS = {"hash": COLD_HASH, "range": COLD_RANGE, "replicated": COLD_REPLICATED}
 _EXACT_HASH_COUNT_ROWS = 1 << 24
 
@@ -84,9 +95,13 @@ class ColdSharding:
     weights: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
 
     def __post_init__(self) -> None:
-        if self.kind not in _COLD_KINDS:
+        if not isinstance(self.kind, str) or self.kind not in _COLD_KINDS:
             raise ConfigError(f"cold sharding kind must be one of {sorted(_COLD_KINDS)}, "
                               f"got {self.kind!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) \
+                or not 0 <= self.seed < 2**64:
+            raise ConfigError(f"cold sharding seed must be an integer in [0, 2**64), got "
+                              f"{self.seed!r}")
         object.__setattr__(self, "gpus", np.ascontiguousarray(self.gpus, dtype=np.int32).ravel())
         object.__setattr__(self, "bounds", np.ascontiguousarray(self.bounds, dtype=np.int64).ravel())
         object.__setattr__(self, "weights",
@@ -145,9 +160,14 @@ class ColdSharding:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ColdSharding":
-        return cls(d["kind"], np.asarray(d["gpus"], dtype=np.int32),
-                   np.asarray(d.get("bounds", []), dtype=np.int64), int(d.get("seed", 0)),
-                   np.asarray(d.get("weights", []), dtype=np.float64))
+        """Inverse of :meth:`to_dict`; values that do not fit their arrays (a damaged or edited
+        file) are a ConfigError."""
+        try:
+            return cls(d["kind"], np.asarray(d["gpus"], dtype=np.int32),
+                       np.asarray(d.get("bounds", []), dtype=np.int64), d.get("seed", 0),
+                       np.asarray(d.get("weights", []), dtype=np.float64))
+        except (KeyError, TypeError, OverflowError, AttributeError) as e:
+            raise ConfigError(f"cold sharding {str(d)[:80]}: {type(e).__name__}: {e}") from None
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, ColdSharding) and self.kind == other.kind
@@ -544,7 +564,7 @@ class Plan:
         temporary sibling, verified by :meth:`load`, then renamed into place
         (:func:`~flexshard_stream.formats.files.staging_directory`)."""
         directory = Path(directory)
-        with staging_directory(directory) as tmp:
+        with staging_directory(directory, kind=PLAN_KIND, legacy=("plan.json",)) as tmp:
             tables = [{"table": dataclasses.asdict(tp.table), "cold": tp.cold.to_dict(),
                        "tiers": tp.tier_sizes(), "arrays": _save_arrays(tmp, i, tp)}
                       for i, tp in enumerate(self.tables.values())]
@@ -553,7 +573,7 @@ class Plan:
                    "memory_per_gpu_bytes": self.row_bytes_per_gpu.tolist(),
                    "host_memory_per_gpu_bytes": self.host_bytes_per_gpu.tolist(),
                    "meta": _meta_json(self.meta)}
-            write_json(tmp / "plan.json", doc, indent=1, allow_nonfinite=True, mode=0o644)
+            write_json(tmp / "plan.json", _sealed(doc), indent=1, allow_nonfinite=True, mode=0o644)
             Plan.load(tmp)  # verify before publishing
         return directory
 
@@ -562,14 +582,7 @@ class Plan:
         """Read a plan directory, verifying version, shapes, dtypes and checksums."""
         directory = Path(directory)
         pj = directory / "plan.json"
-        if not pj.exists():
-            raise FormatError(f"{directory}: not a plan directory (no plan.json)")
-        doc = read_json(pj, "plan.json", allow_nonfinite=True)
-        if not isinstance(doc, dict) or "schema_version" not in doc:
-            raise FormatError(f"{pj}: not a flexshard_stream plan (no schema_version)")
-        if doc["schema_version"] != PLAN_SCHEMA_VERSION:
-            raise FormatError(f"{pj}: plan schema version {doc['schema_version']} is not supported "
-                              f"(this flexshard_stream reads version {PLAN_SCHEMA_VERSION})")
+        doc = _verified_plan_json(directory)
         try:
             topo = Topology.from_dict(doc["topology"])
             tps = [TablePlan(EmbeddingTable(**entry["table"]),
@@ -586,6 +599,30 @@ class Plan:
 
 _TABLE_ARRAYS = ("global_ids", "node_ids", "node_local", "placed_ids", "placed_gpus",
                  "hbm_fraction")
+
+
+def _sealed(doc: dict[str, Any]) -> dict[str, Any]:
+    """``plan.json`` with its checksum: the SHA-256 of the document itself
+    (:func:`~flexshard_stream.formats.files.json_digest`). With the arrays' SHA-256 it lists, it
+    covers the whole plan directory."""
+    return {**doc, "checksum": json_digest(doc)}
+
+
+def _verified_plan_json(directory: Path) -> dict[str, Any]:
+    """``directory/plan.json``: a JSON object of this schema version whose checksum verifies
+    (plans written before plan.json carried a checksum have none: they are read as before, their
+    arrays still checked against their SHA-256). FormatError naming the file otherwise."""
+    pj = directory / "plan.json"
+    if not pj.exists():
+        raise FormatError(f"{directory}: not a plan directory (no plan.json)")
+    doc = read_json(pj, "plan.json", allow_nonfinite=True)
+    if not isinstance(doc, dict) or "schema_version" not in doc:
+        raise FormatError(f"{pj}: not a flexshard_stream plan (no schema_version)")
+    if doc["schema_version"] != PLAN_SCHEMA_VERSION:
+        raise FormatError(f"{pj}: plan schema version {doc['schema_version']!r} is not supported "
+                          f"(this flexshard_stream reads version {PLAN_SCHEMA_VERSION})")
+    check_json_digest(doc, pj, "plan", required=False)
+    return doc
 
 
 def _save_arrays(directory: Path, index: int, tp: TablePlan) -> dict[str, dict[str, Any]]:
@@ -605,11 +642,8 @@ def _load_arrays(directory: Path, specs: Mapping[str, Any]) -> dict[str, np.ndar
     name, checksum, dtype, shape); FormatError naming the file otherwise."""
     arrs = {}
     for a, spec in specs.items():
-        arr = read_npy(directory, spec["file"], spec["sha256"], "plan array file")
-        if arr.dtype.name != spec["dtype"] or list(arr.shape) != spec["shape"]:
-            raise FormatError(f"{directory / spec['file']}: shape {arr.shape} {arr.dtype} does "
-                              f"not match plan.json ({spec['shape']} {spec['dtype']})")
-        arrs[a] = arr
+        arrs[a] = read_npy(directory, spec["file"], spec["sha256"], "plan array file",
+                           dtype=spec["dtype"], shape=spec["shape"])
     return arrs
 
 
