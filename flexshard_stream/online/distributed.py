@@ -33,7 +33,6 @@ importing this module (and registering the CLI command) stays cheap.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -717,45 +716,33 @@ def save_snapshot(stats: StreamStats, path: PathLike, *, host: str | None = None
     return write_atomic(path, data, verify_kind=_SNAPSHOT_KIND)
 
 
-def _kind_of(data: bytes, source: str) -> str:
-    import struct
-
-    from ..formats.container import MAGIC
-    if len(data) < 20 or data[:8] != MAGIC:
-        raise FormatError(f"{source}: not a flexshard_stream state file (bad magic "
-                          f"{bytes(data[:8])!r}, expected {MAGIC!r})")
-    (hlen,) = struct.unpack_from("<Q", data, 12)
-    try:
-        return str(json.loads(bytes(data[20:20 + hlen]).decode()).get("kind"))
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        raise FormatError(f"{source}: header is not valid JSON") from None
-
-
 def load_snapshot(path: PathLike) -> Snapshot:
     """Read a snapshot; a plain :class:`StreamStats` file (``StreamStats.save``, the sidecar's
     ``stats.fss``) reads as a snapshot without metadata. Raises FormatError naming the file."""
-    from ..formats.container import unpack
+    from ..formats.container import header_kind, unpack
+    from ..formats.fields import field_int, field_number, field_str
+    from ..formats.files import read_bytes
     from ..stats.stream import StreamStats
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise FormatError(f"{p}: no such snapshot file") from None
-    kind = _kind_of(data, str(p))
+    data = read_bytes(p, "snapshot file")
+    kind = header_kind(data, str(p))
     if kind == _STATS_KIND:
         return Snapshot(p, None, None, None, None, 1, SNAPSHOT_VERSION,
                         StreamStats.from_bytes(data, str(p)))
     meta, arrays = unpack(data, _SNAPSHOT_KIND, str(p))
-    try:
-        version = int(meta["snapshot_version"])
-        stats = StreamStats.from_bytes(arrays["stats"].tobytes(), f"{p} (statistics)")
-        return Snapshot(p, meta.get("host"), meta.get("unit"), meta.get("start"), meta.get("end"),
-                        int(meta.get("sources", 1)), version, stats)
-    except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, FormatError):
-            raise
-        raise FormatError(f"{p}: snapshot header is inconsistent ({type(e).__name__}: {e})") \
-            from None
+    where = str(p)
+    version = field_int(meta, "snapshot_version", where)
+    host = field_str(meta, "host", where, optional=True, default=None)
+    unit = field_str(meta, "unit", where, optional=True, choices=("seconds", "samples"),
+                     default=None)
+    start, end = (field_number(meta, k, where, optional=True, default=None)
+                  for k in ("start", "end"))
+    sources = field_int(meta, "sources", where, lo=1, default=1)
+    blob = arrays.get("stats")
+    if blob is None or blob.dtype != np.uint8 or blob.ndim != 1:
+        raise FormatError(f"{p}: array 'stats' must hold the statistics' bytes (uint8)")
+    stats = StreamStats.from_bytes(blob.tobytes(), f"{p} (statistics)")
+    return Snapshot(p, host, unit, start, end, sources, version, stats)
 
 
 def load_stats(path: PathLike) -> StreamStats:
