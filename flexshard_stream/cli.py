@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -35,23 +36,26 @@ def _default_trace() -> Path:
 
 
 def _sketch_logs(paths: List[Path], features: Optional[List[str]], read_batch_size: int,
-                 show_progress: bool):
+                 show_progress: bool, skip_bad_rows: bool = False):
+    """Sketch the logs; returns the statistics, the seconds taken and the bad rows skipped per
+    reason (all zero unless ``skip_bad_rows``)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .sources.logs import read_log
+    from .sources.logs import LogReader
     from .stats.stream import StreamStats
 
     stats = StreamStats(auto_tables=True)
     t0 = time.perf_counter()
+    reader = LogReader([str(p) for p in paths], features=features,
+                       read_batch_size=read_batch_size, skip_bad_rows=skip_bad_rows)
     with Progress(TextColumn("[bold]sketching[/]"), BarColumn(), TextColumn("{task.fields[ids]}"),
                   TimeElapsedColumn(), disable=not show_progress, transient=True,
                   console=_stderr_console()) as prog:
         task = prog.add_task("sketch", total=None, ids="0 IDs")
-        for batch in read_log([str(p) for p in paths], features=features,
-                              read_batch_size=read_batch_size):
+        for batch in reader:
             stats.update(batch)
             prog.update(task, ids=f"{stats.ids:,} IDs")
-    return stats, time.perf_counter() - t0
+    return stats, time.perf_counter() - t0, reader.skipped
 
 
 def _stderr_console():
@@ -92,7 +96,10 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
           old_batch_size: Optional[int] = typer.Option(None, "--batch-size", hidden=True,
                                                        help="Deprecated: --read-batch-size."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-          save: Optional[Path] = typer.Option(None, help="Also save the statistics here.")):
+          save: Optional[Path] = typer.Option(None, help="Also save the statistics here."),
+          skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Drop and count bad "
+                                             "rows (reported on stderr) instead of stopping at "
+                                             "the first.")):
     """Sketch logs and print per-table statistics."""
     feats = [f.strip() for f in features.split(",") if f.strip()] if features else None
     if topk < 0:
@@ -101,9 +108,16 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
         typer.echo("warning: --batch-size is deprecated (it is the read chunk); use "
                    "--read-batch-size", err=True)
         read_batch_size = old_batch_size
-    st, secs = _sketch_logs(logs, feats, read_batch_size, show_progress=not json_out)
-    if save is not None:
-        st.save(save)
+    try:
+        st, secs, skipped = _sketch_logs(logs, feats, read_batch_size, not json_out,
+                                         skip_bad_rows)
+        if save is not None:
+            st.save(save)
+    except FlexShardError as e:
+        _fail(e, ("--skip-bad-rows",))
+    if any(skipped.values()):
+        typer.echo(f"warning: skipped {sum(skipped.values()):,} bad rows ("
+                   + ", ".join(f"{k} {v:,}" for k, v in skipped.items() if v) + ")", err=True)
     if json_out:
         d = st.to_json(topk)
         typer.echo(json.dumps(d))
@@ -161,10 +175,30 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
         _fail(e)
 
 
-def _fail(e: BaseException | str) -> None:
-    """One clean error line on stderr, exit status 2 (no traceback)."""
-    msg = " ".join(str(e).split()).replace("skip_bad_rows=True", "--skip-bad-rows")
-    typer.echo(f"error: {msg}", err=True)
+#: Python keyword arguments that error messages suggest, and the flag that does the same on the
+#: command line (None: no command has one; the suggestion is left out).
+_FLAGS = {"skip_bad_rows=True": "--skip-bad-rows", "null_as_empty=True": None, "ts=False": None,
+          "features={": None}
+
+
+def _cli_message(e: BaseException | str, flags: tuple[str, ...] = ()) -> str:
+    """``e`` as one line for a command-line user: a suggested Python argument becomes the
+    command's flag when it has one (``flags``), else the suggestion is dropped."""
+    msg = " ".join(str(e).split())
+    for arg, flag in _FLAGS.items():
+        if arg not in msg:
+            continue
+        if flag is not None and flag in flags:
+            msg = msg.replace(arg, flag)
+        else:
+            msg = re.sub(rf";? ?(pass|declare it with) {re.escape(arg)}[^;]*", "", msg)
+    return msg
+
+
+def _fail(e: BaseException | str, flags: tuple[str, ...] = ()) -> None:
+    """One clean error line on stderr, exit status 2 (no traceback); ``flags``: the command's
+    flags that error messages may suggest (:func:`_cli_message`)."""
+    typer.echo(f"error: {_cli_message(e, flags)}", err=True)
     raise typer.Exit(2)
 
 
@@ -317,7 +351,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                              engine=engine, evaluation=evaluation, address=address,
                              num_workers=workers)
     except FlexShardError as e:
-        _fail(e)
+        _fail(e, ("--skip-bad-rows",))
     except OSError as e:
         _fail(f"cannot write {out}: {e}")
     if json_out:
@@ -638,7 +672,7 @@ def main() -> None:
     try:
         app()
     except FlexShardError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {_cli_message(e)}", err=True)
         sys.exit(2)
 
 

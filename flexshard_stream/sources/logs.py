@@ -43,10 +43,13 @@ All conversions (list offsets to lengths, text to IDs, checks) are vectorized pe
 
 from __future__ import annotations
 
+import atexit
 import csv
 import glob
 import io
 import os
+import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,18 +207,23 @@ def _is_text(t: pa.DataType) -> bool:
 
 
 def _text_kind(sample: pa.Array) -> Kind | None:
-    """Kind of a text column from a sample of it: None if it does not look like IDs."""
+    """Kind of a text column from a sample of it: None if it does not look like IDs.
+
+    A column is an ID column when most (more than half) of its sampled non-empty cells are
+    decimal IDs; the others are then bad rows when the column is read (an error naming the file,
+    line and column, or skipped and counted), never a reason to drop the whole column."""
     s = sample.drop_null()
     if len(s) == 0:
         return None
     if not pa.types.is_binary(s.type):
         s = pc.cast(s, pa.binary())
-    if not pc.all(pc.match_substring_regex(s, _RE_SEQ)).as_py():
+    s = s.filter(pc.invert(pc.match_substring_regex(s, r"^\s*$")))
+    if len(s) == 0:
         return None
-    nonempty = pc.greater(pc.binary_length(pc.ascii_trim_whitespace(pc.cast(s, pa.string()))), 0)
-    if not pc.any(nonempty).as_py():
+    ids = s.filter(pc.match_substring_regex(s, _RE_SEQ))
+    if 2 * len(ids) <= len(s):
         return None
-    return "sequence" if pc.any(pc.match_substring_regex(s, _RE_MULTI)).as_py() else "single"
+    return "sequence" if pc.any(pc.match_substring_regex(ids, _RE_MULTI)).as_py() else "single"
 
 
 def open_parquet(path: Path) -> pq.ParquetFile:
@@ -266,9 +274,50 @@ def _csv_header(path: Path, delimiter: str) -> list[str]:
     return names
 
 
+class _RowHandler:
+    """A CSV ``invalid_row_handler`` that interpreter exit waits for (:func:`_release_row_handlers`).
+
+    pyarrow's streaming CSV reader parses blocks ahead on its own threads, and a block parser holds
+    the Python handler; the thread that drops the last parser releases the handler, which takes
+    the GIL. When that happens while the interpreter finalizes (a command that stops with an error
+    right after opening a CSV file: the reader was dropped, a read-ahead block was still being
+    parsed), the thread is torn down inside C++ code and the process aborts (``terminate called
+    without an active exception``, exit 134). Every handler is therefore one of these, tracked
+    weakly: it dies exactly when pyarrow has released it.
+    """
+
+    __slots__ = ("fn", "__weakref__")
+    live: "weakref.WeakSet[_RowHandler]" = weakref.WeakSet()
+
+    def __init__(self, fn: Callable[[Any], str]):
+        self.fn = fn
+        _RowHandler.live.add(self)
+
+    def __call__(self, row: Any) -> str:
+        return self.fn(row)
+
+
+#: Longest wait at interpreter exit for pyarrow to release CSV row handlers (seconds): a
+#: read-ahead block takes milliseconds to parse; the bound only keeps exit from hanging.
+_EXIT_WAIT_S = 10.0
+
+
+@atexit.register
+def _release_row_handlers() -> None:
+    """At exit, before the interpreter finalizes: wait until pyarrow's read-ahead threads have
+    released every CSV row handler (see :class:`_RowHandler`), at most :data:`_EXIT_WAIT_S`."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    while _RowHandler.live and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
 def _csv_reader(path: Path, delimiter: str, names: list[str], include: list[str],
                 on_bad: Callable[[Any], str], block: int | None = None
                 ) -> pacsv.CSVStreamingReader:
+    """A streaming CSV reader of ``path`` (every column as binary); ``on_bad`` is called with
+    each malformed line (see :class:`_RowHandler`). LogError naming the file if it cannot be
+    opened."""
+    on_bad = _RowHandler(on_bad)
     try:
         return pacsv.open_csv(
             path,
