@@ -91,7 +91,6 @@ def workload(args):
 
 
 def run_setting(plan, sums, ev, B, model, keeps):
-    topo = plan.topology
     base = evaluate_analytic(plan, sums, B, model, want_matrices=False)
     rb = np.array([float(tp.table.row_bytes) for tp in plan.tables.values()])
     cold = cold_rows_per_gpu(plan) @ rb

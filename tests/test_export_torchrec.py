@@ -461,6 +461,10 @@ def test_odd_table_names_get_safe_files(tmp_path):
 # ------------------------------------------------------------------ TorchRec loaders
 def test_loaders_without_torchrec(tmp_path, monkeypatch):
     export_torchrec(_tiered_plan(), tmp_path / "x")
+    # block torchrec and any submodule an earlier test imported (a cached submodule would
+    # import even with the package blocked)
+    for name in [m for m in sys.modules if m == "torchrec" or m.startswith("torchrec.")]:
+        monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "torchrec", None)
     with pytest.raises(ImportError, match=r"needs TorchRec.*pip install torchrec==1\.8\.0"):
         torchrec_constraints(tmp_path / "x")

@@ -467,7 +467,6 @@ def test_aware_keeps_the_hottest_rows_and_places_only_what_it_must():
     B = 16
     budget, _ = budget_for(plan, sums, B, 0.25)
     p = split_cold(plan, sums, B, budget)
-    G = topo.num_gpus
     for t in tabs:
         tp = p[t.name]
         hot = fst.summary_order(t, sums[t.name], 30)

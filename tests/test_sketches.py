@@ -32,16 +32,21 @@ def test_countmin_never_underestimates_and_meets_epsilon_delta(ids, mode):
     assert bad <= cfg.cms_delta + slack
 
 
-@given(streams)
-def test_heavy_hitter_bounds_hold_for_every_item(ids):
-    t = TableStats("t", None, SMALL).update(ids)
+@given(streams, st.sampled_from(["plain", "conservative", "off"]))
+def test_heavy_hitter_bounds_hold_for_every_item(ids, mode):
+    cfg = SketchConfig(cms_epsilon=0.01, cms_delta=0.05, cms_mode=mode, hh_lg_size=5, hll_p=8)
+    t = TableStats("t", None, cfg).update(ids)
     probe = np.arange(int(ids.max()) + 2, dtype=np.int64)
     true = np.bincount(ids, minlength=probe.size)
     est, lo, hi = t.bounds(probe)
     assert np.all(lo <= true) and np.all(true <= hi)
     assert np.all((lo <= est) & (est <= hi))
-    # Misra-Gries a-posteriori bound: offset <= N / (counters / 2) for the median purge.
-    assert t.max_error <= ids.size / (SMALL.hh_capacity / 2) + 1
+    # no row above the threshold is missing from the table
+    tracked = np.zeros(probe.size, bool)
+    tracked[t.top(cfg.hh_capacity)[0]] = True
+    assert np.all(tracked[true > t.max_error])
+    # the a-posteriori bound stays within the Misra-Gries one: N / (counters / 2)
+    assert t.max_error <= ids.size / (cfg.hh_capacity / 2) + 1
 
 
 @given(streams, st.integers(0, 20000))
@@ -202,3 +207,241 @@ def test_decay_keeps_the_mean_length():
         t.update(np.arange(2000) % 1000, lengths)
     assert before == pytest.approx(5.0)
     assert t.summary(10).mean_length == pytest.approx(5.0, rel=0.01)
+
+
+# ------------------------------------------------------------ heavy hitters: invariants and gate
+def hh_state(t):
+    """Copies of a table's heavy-hitter arrays (keys, counts, errors, meta)."""
+    return t._mg_keys.copy(), t._mg_vals.copy(), t._mg_errs.copy(), t._mg_meta.copy()
+
+
+@given(streams, st.integers(0, 20000))
+def test_heavy_hitter_invariants_after_updates_and_merge(ids, cut):
+    """Every tracked row: count <= true <= count + error, error <= threshold < count + error;
+    every untracked row: true <= threshold; merging adds thresholds."""
+    cut = min(cut, ids.size)
+    a = TableStats("t", None, SMALL).update(ids[:cut])
+    b = TableStats("t", None, SMALL).update(ids[cut:])
+    thresholds = int(a._mg_meta[1]) + int(b._mg_meta[1])
+    m = a.copy().merge(b)
+    assert int(m._mg_meta[1]) >= thresholds
+    for t, part in ((a, ids[:cut]), (b, ids[cut:]), (m, ids)):
+        keys, counts, errs, meta = hh_state(t)
+        live = counts > 0
+        true = np.bincount(part, minlength=int(ids.max()) + 1) if part.size else np.zeros(1, int)
+        k = keys[live]
+        tk = true[k] if k.size else k
+        assert np.all(counts[live] <= tk) and np.all(tk <= counts[live] + errs[live])
+        assert np.all(errs[live] <= meta[1]) and np.all(counts[live] + errs[live] > meta[1])
+        assert int(meta[0]) == int(live.sum()) <= SMALL.hh_capacity
+        untracked = np.setdiff1d(np.flatnonzero(true), k)
+        assert np.all(true[untracked] <= meta[1])
+
+
+def test_gate_keeps_tail_ids_out_and_counts_the_head_exactly():
+    """On a skewed stream the count-min gate admits few rows beyond the head; the head's counts
+    are exact up to the error bound of their admission, far tighter than Misra-Gries' offset."""
+    ids = zipf_stream(400_000, 200_000, 1.1, 5)
+    t = TableStats("t", None, SketchConfig(cms_epsilon=1e-3, hh_lg_size=10)).update(ids)
+    true = np.bincount(ids)
+    top = np.argsort(-true, kind="stable")[:50]
+    est, lo, hi = t.bounds(top)
+    assert np.all(lo <= true[top]) and np.all(true[top] <= hi)
+    assert np.all(hi - lo <= t.max_error)
+    # the threshold is a small fraction of the Misra-Gries bound N / (capacity / 2)
+    assert t.max_error < 0.5 * ids.size / (t.config.hh_capacity / 2)
+
+
+def test_kernel_survives_a_table_with_every_slot_live():
+    """A table whose metadata claims fewer live rows than it holds, every slot live: the update
+    terminates, writes nothing out of bounds and repairs the count (the hardening issue)."""
+    from flexshard_stream.kernels.pipeline import update_table
+    size = 1 << SMALL.hh_lg_size
+    keys = np.arange(1000, 1000 + size, dtype=np.int64)   # no probe finds these where it looks
+    counts = np.full(size, 7, np.int64)
+    errs = np.zeros(size, np.int64)
+    meta = np.array([1, 0, 7 * size], np.int64)              # claims one live row
+    cms = np.zeros((SMALL.cms_depth, SMALL.cms_width), np.uint32)
+    ids = zipf_stream(5000, 300, 1.2, 1)
+    update_table(ids, SMALL.seed, cms, False, keys, counts, errs, meta,
+                 np.zeros(1 << SMALL.hll_p, np.uint8), SMALL.hll_p, np.zeros(0, np.uint32),
+                 1, 0, np.array([-1, 0], np.int64))
+    assert int(meta[0]) == int((counts > 0).sum()) <= SMALL.hh_capacity
+    assert (counts == 0).any()
+
+
+def test_kernel_survives_negative_counts_and_rejects_odd_sizes():
+    from flexshard_stream.kernels.frequent import hh_count_passing, hh_update
+    size = 32
+    keys, counts = np.zeros(size, np.int64), np.full(size, -3, np.int64)
+    errs, meta = np.zeros(size, np.int64), np.zeros(3, np.int64)
+    ids = np.arange(100, dtype=np.int64)
+    hh_update(keys, counts, errs, meta, ids, 1)      # a table of "occupied" garbage is purged
+    assert int(meta[0]) == int((counts > 0).sum()) and (counts >= 0).all()
+    sel = np.arange(10)
+    with pytest.raises(ValueError, match="power-of-two"):
+        hh_count_passing(np.zeros(12, np.int64), np.zeros(12, np.int64), np.zeros(12, np.int64),
+                         meta, ids, np.zeros(10, np.uint64), np.zeros(10, np.int64), sel, 10, 1)
+
+
+def _repacked(t, **changes):
+    """``t.to_bytes()`` with some arrays or meta fields replaced (a crafted, damaged blob)."""
+    from flexshard_stream.formats.container import pack, unpack
+    meta, arrays = unpack(t.to_bytes(), "TableStats")
+    for k, v in changes.items():
+        if k in arrays:
+            arrays[k] = v
+        else:
+            meta[k] = v
+    return pack("TableStats", meta, arrays)
+
+
+def test_loaded_heavy_hitter_state_is_validated():
+    from flexshard_stream import FormatError
+    t = TableStats("t", None, SMALL).update(zipf_stream(20_000, 3000, 1.2, 2))
+    vals = np.stack([t._mg_vals, t._mg_errs])
+    live = np.flatnonzero(t._mg_vals > 0)
+    meta = t._mg_meta.copy()
+
+    def damaged(field, **changes):
+        with pytest.raises(FormatError, match=field):
+            TableStats.from_bytes(_repacked(t, **changes), "crafted.fss")
+
+    fewer = meta.copy()
+    fewer[0] -= 1
+    damaged(r"mg_meta\[0\] \(live rows\)", mg_meta=fewer)
+    full = vals.copy()
+    full[0] = 5
+    full[1] = 0
+    damaged("no empty slot", mg_vals=full, mg_meta=np.array([full[0].size, meta[1], 10**6]))
+    neg = vals.copy()
+    neg[0, live[0]] = -1
+    damaged("negative count", mg_vals=neg)
+    big_err = vals.copy()
+    big_err[1, live[0]] = meta[1] + 5
+    damaged("mg_errs", mg_vals=big_err)
+    keys = t._mg_keys.copy()
+    keys[live[0]] = keys[live[1]]
+    damaged("repeated or not reachable", mg_keys=keys)
+    low = meta.copy()
+    low[2] = 0
+    damaged(r"mg_meta\[2\]", mg_meta=low)
+    damaged("sample_state", sample_state=np.array([-5, 0], np.int64))
+    damaged("statistics version 9", stats_version=9)
+    assert TableStats.from_bytes(_repacked(t), "intact.fss").to_bytes() == t.to_bytes()
+
+
+def test_reads_version_1_files():
+    """A file written by the Misra-Gries version (stats version 1) loads: each tracked row takes
+    the old offset as its error, the bounds still hold, and it saves as version 2."""
+    from pathlib import Path
+
+    from flexshard_stream import StreamStats
+    from flexshard_stream.formats.container import unpack
+    path = Path(__file__).parent / "data" / "stream_stats_v1.fss"
+    old_meta, old_arrays = unpack(path.read_bytes(), "StreamStats")
+    assert "stats_version" not in old_meta["tables"][0]
+    old_offset = float(old_arrays["0.mg_meta"][1])
+    assert old_offset > 0                            # the old table did purge
+    st = StreamStats.load(path)
+    seq, one = zipf_stream(6000, 2000, 1.2, 11), zipf_stream(600, 50, 1.1, 12)
+    probe = np.arange(2001)
+    _, lo, hi = st["seq"].bounds(probe)
+    true = np.bincount(seq, minlength=probe.size)
+    assert np.all(lo <= true) and np.all(true <= hi)
+    assert st["seq"].max_error == old_offset
+    assert np.array_equal(st["one"].estimate(np.arange(50)), np.bincount(one, minlength=50))
+    more = zipf_stream(3000, 2000, 1.2, 13)
+    st["seq"].update(more)  # keeps counting with the converted state
+    _, lo, hi = st["seq"].bounds(probe)
+    true += np.bincount(more, minlength=probe.size)
+    assert np.all(lo <= true) and np.all(true <= hi)
+    new_meta, _ = unpack(st.to_bytes(), "StreamStats")
+    assert new_meta["tables"][0]["stats_version"] == 2
+    assert StreamStats.from_bytes(st.to_bytes()).to_bytes() == st.to_bytes()
+
+
+# ------------------------------------------------------------------------ sampled ingestion
+SAMPLED = SketchConfig(cms_epsilon=1e-3, hh_lg_size=10, sample_k=4, sample_seed=3)
+
+
+def test_sampling_config_is_validated_and_refuses_mismatched_merges():
+    from flexshard_stream import ConfigError, IncompatibleError
+    for bad in (0, -1, 2.5, True, 2**21):
+        with pytest.raises(ConfigError, match="sample_k"):
+            SketchConfig(sample_k=bad)
+    with pytest.raises(ConfigError, match="sample_seed"):
+        SketchConfig(sample_seed=-1)
+    assert SketchConfig(sample_k=np.int64(4)).sample_k == 4
+    ids = zipf_stream(5000, 1000, 1.2, 1)
+    a = TableStats("t", None, SAMPLED).update(ids)
+    before = a.to_bytes()
+    for other in (SketchConfig(cms_epsilon=1e-3, hh_lg_size=10, sample_k=8, sample_seed=3),
+                  SketchConfig(cms_epsilon=1e-3, hh_lg_size=10, sample_k=4, sample_seed=4),
+                  SketchConfig(cms_epsilon=1e-3, hh_lg_size=10)):
+        with pytest.raises(IncompatibleError, match="sampled ingestion differs"):
+            a.merge(TableStats("t", None, other).update(ids))
+    assert a.to_bytes() == before
+
+
+def test_sampling_is_deterministic_and_independent_of_batching():
+    """The kept IDs depend on the seed and the stream only: one batch or many, saved and loaded
+    in between, the state is the same; another seed keeps other IDs."""
+    ids = zipf_stream(50_000, 5000, 1.1, 4)
+    whole = TableStats("t", None, SAMPLED).update(ids)
+    parts = TableStats("t", None, SAMPLED)
+    for cut in np.array_split(ids, 7):
+        parts = TableStats.from_bytes(parts.update(cut).to_bytes())
+    assert parts.to_bytes() == whole.to_bytes()
+    other = TableStats("t", None, SketchConfig(cms_epsilon=1e-3, hh_lg_size=10, sample_k=4,
+                                               sample_seed=5)).update(ids)
+    assert not np.array_equal(other._cms, whole._cms)
+    # about one ID in k reaches the sketches: binomial, within 5 standard deviations
+    kept = int(whole._mg_meta[2])
+    assert abs(kept - ids.size / 4) < 5 * np.sqrt(ids.size * 0.25 * 0.75)
+
+
+def test_sampled_estimates_are_scaled_and_bounds_widened():
+    ids = zipf_stream(400_000, 20_000, 1.1, 6)
+    t = TableStats("t", None, SAMPLED).update(ids)
+    full = TableStats("t", None, SketchConfig(cms_epsilon=1e-3, hh_lg_size=10)).update(ids)
+    true = np.bincount(ids)
+    top = np.argsort(-true, kind="stable")[:200]
+    est, lo, hi = t.bounds(top)
+    inside = (lo <= true[top]) & (true[top] <= hi)
+    assert inside.mean() >= 0.98                     # z = 3 normal bounds, per row
+    # errors in standard deviations of k * Binomial(f, 1/k): unbiased, |z| about 0.8 on average
+    z = (est - true[top]) / np.sqrt(3 * true[top])
+    assert abs(z.mean()) < 0.3 and np.abs(z).mean() < 1.0
+    assert np.all(hi - lo > 0)
+    # totals and HyperLogLog see every ID: the distinct count equals the unsampled one
+    assert t.total == ids.size and t.distinct() == full.distinct()
+    s = t.summary(100)
+    assert s.tail_mass == pytest.approx(ids.size - s.top_est.sum())
+    # an exact table ignores sampling
+    e = TableStats("e", 20_000, SAMPLED).update(ids)
+    assert e.exact and np.array_equal(e.estimate(top), true[top])
+
+
+def test_sampled_count_bounds_formula():
+    from flexshard_stream.stats.table_stats import sampled_count_bounds
+    lo, hi = sampled_count_bounds(np.array([0.0, 100.0]), np.array([0.0, 100.0]), 1)
+    assert lo.tolist() == [0, 100] and hi.tolist() == [0, 100]
+    lo, hi = sampled_count_bounds(np.array([0.0, 100.0]), np.array([0.0, 100.0]), 4, z=3.0)
+    # solve f -/+ 3 sqrt(3 f) = 400
+    for f, sign in ((lo[1], 1), (hi[1], -1)):
+        assert f + sign * 3 * np.sqrt(3 * f) == pytest.approx(400)
+    assert lo[0] == 0 and hi[0] == pytest.approx(27)   # never sampled: f up to z^2 (k - 1)
+    assert np.isinf(sampled_count_bounds(np.array([1.0]), np.array([np.inf]), 4)[1][0])
+
+
+def test_sampled_frequent_items_image_is_valid():
+    ids = zipf_stream(200_000, 10_000, 1.2, 8)
+    t = TableStats("t", None, SAMPLED).update(ids)
+    fi = ds.frequent_items_sketch.deserialize(t.to_datasketches_frequent_items(), ds.PyLongsSerDe())
+    assert fi.total_weight == ids.size
+    top_ids, est, lo, hi = t.top(50)
+    for i, l, h in zip(top_ids, lo, hi):
+        assert fi.get_lower_bound(int(i)) == np.floor(l)
+        assert fi.get_upper_bound(int(i)) >= h
+        assert fi.get_upper_bound(int(i)) == np.floor(l) + t.max_error

@@ -362,3 +362,47 @@ def test_a_batch_is_validated_once(monkeypatch):
     with pytest.raises(BatchError, match="out of range"):
         d.update(Batch(["one"], [50], [1]))
     assert d.view().batches == 0 and d.decays == 0
+
+
+# ------------------------------------------------------------------------ sampled ingestion
+SAMPLED_CFG = SketchConfig(cms_epsilon=0.01, cms_delta=0.05, hh_lg_size=6, hll_p=8, sample_k=3,
+                           sample_seed=11)
+
+
+def test_sampled_stream_threads_merge_and_save(tmp_path):
+    """Sampled statistics: threads change nothing, two hosts merge (the sampled counts add, the
+    exact parts stay exact), a save and load keeps the sampler's place in the stream."""
+    one = StreamStats({"seq": None, "one": 50}, SAMPLED_CFG)
+    two = StreamStats({"seq": None, "one": 50}, SAMPLED_CFG, threads=2)
+    h1 = StreamStats({"seq": None, "one": 50}, SAMPLED_CFG)
+    h2 = StreamStats({"seq": None, "one": 50}, SAMPLED_CFG)
+    bs = list(batches(8))
+    for i, b in enumerate(bs):
+        one.update(b)
+        two.update(b)
+        (h1 if i % 2 else h2).update(b)
+    two.close()
+    assert same_counts(one, two)
+    h1.merge(h2)
+    assert h1["seq"].total == one["seq"].total
+    assert np.array_equal(h1["one"]._counts, one["one"]._counts)   # exact tables: not sampled
+    assert h1["seq"].distinct() == one["seq"].distinct()             # HLL saw every ID
+    p = tmp_path / "sampled.fss"
+    one.save(p)
+    back = StreamStats.load(p)
+    extra = list(batches(3, seed=5))
+    for b in extra:
+        one.update(b)
+        back.update(b)
+    assert same_counts(one, back)
+
+
+def test_sampled_and_unsampled_streams_do_not_merge():
+    a = StreamStats({"seq": None, "one": 50}, SAMPLED_CFG)
+    a.update(next(batches(1)))
+    before = a.to_bytes()
+    b = StreamStats({"seq": None, "one": 50}, CFG)
+    b.update(next(batches(1)))
+    with pytest.raises(IncompatibleError, match="sample"):
+        a.merge(b)
+    assert a.to_bytes() == before

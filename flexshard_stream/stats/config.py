@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -11,6 +12,8 @@ from ..errors import ConfigError
 __all__ = ["SketchConfig", "TableConfig", "normalize_tables"]
 
 _CMS_MODES = ("plain", "conservative", "off")
+#: Largest sampling rate ``sample_k`` (one ID in a million).
+MAX_SAMPLE_K = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,9 @@ class SketchConfig:
         Plain is linear (merge by addition is exact); conservative update is far more accurate on
         skewed streams and about 3x slower; merged conservative sketches remain upper bounds.
     hh_lg_size : int
-        Heavy hitters hash map of ``2**hh_lg_size`` slots holding up to ``0.75 * 2**hh_lg_size``
-        counters (DataSketches ``lg_max_map_size``). Default 14: 12,288 counters, 256 KiB.
+        Heavy hitters hash map of ``2**hh_lg_size`` slots tracking up to ``0.75 * 2**hh_lg_size``
+        rows (DataSketches ``lg_max_map_size``), each with a key, a count and an error (24 bytes).
+        Default 14: 12,288 rows, 384 KiB.
     hll_p : int
         HyperLogLog precision: ``2**p`` one-byte registers, relative standard error ``1.04 / 2**(p/2)``
         (p = 12: 4 KiB, 1.6%).
@@ -39,6 +43,16 @@ class SketchConfig:
         exactly (one uint32 per row) instead of sketched: exact is both faster and error-free there.
     seed : int
         Seed of the row hash shared by all sketches; sketches merge only with equal seeds.
+    sample_k : int
+        Sampled ingestion: 1 (the default) counts every ID; ``k > 1`` feeds one ID occurrence in
+        ``k`` (independently, probability ``1 / k``) to the count-min sketch and the heavy hitters of
+        a sketched table, whose estimates are then scaled by ``k`` and whose bounds widen by the
+        sampling error (docs/STATISTICS.md). Totals, sequence lengths and the HyperLogLog registers
+        still see every ID, so distinct counts and the tail model are those of the whole stream.
+        Exact tables always count every ID.
+    sample_seed : int
+        Seed of the sampler (a counter-based generator of geometric skips): the same seed and stream
+        keep the same IDs. Statistics merge only with equal ``sample_k`` and ``sample_seed``.
     """
 
     cms_epsilon: float = 5e-5
@@ -49,6 +63,8 @@ class SketchConfig:
     length_k: int = 200
     exact_memory_limit: int = 64 * 2**20
     seed: int = 0x5EED5EED
+    sample_k: int = 1
+    sample_seed: int = 0x5A3B1E5
 
     def __post_init__(self) -> None:
         if not (0.0 < self.cms_epsilon < 1.0):
@@ -70,6 +86,13 @@ class SketchConfig:
             raise ConfigError(f"exact_memory_limit must be >= 0 bytes, got {self.exact_memory_limit}")
         if not (0 <= self.seed < 2**63):
             raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
+        if isinstance(self.sample_k, bool) or not isinstance(self.sample_k, numbers.Integral) \
+                or not (1 <= self.sample_k <= MAX_SAMPLE_K):
+            raise ConfigError(f"sample_k must be an integer in [1, {MAX_SAMPLE_K}] (1: no "
+                              f"sampling), got {self.sample_k!r}")
+        object.__setattr__(self, "sample_k", int(self.sample_k))
+        if not (0 <= self.sample_seed < 2**63):
+            raise ConfigError(f"sample_seed must be in [0, 2**63), got {self.sample_seed}")
 
     @classmethod
     def from_error(cls, epsilon: float, delta: float, **kw: Any) -> "SketchConfig":
@@ -85,6 +108,11 @@ class SketchConfig:
     def cms_depth(self) -> int:
         """Count-min rows (independent hash functions)."""
         return max(1, math.ceil(math.log(1.0 / self.cms_delta)))
+
+    @property
+    def sampled(self) -> bool:
+        """Whether sketched tables count one ID in ``sample_k`` (``sample_k > 1``)."""
+        return self.sample_k > 1
 
     @property
     def hh_capacity(self) -> int:

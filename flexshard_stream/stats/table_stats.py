@@ -1,8 +1,10 @@
 """Statistics of one embedding table, updated from the ID stream by the Numba kernels.
 
 A :class:`TableStats` holds either exact counts (row count known and small enough) or sketches
-(count-min, Misra-Gries heavy hitters, HyperLogLog), plus the sequence-length distribution (a
-DataSketches KLL sketch) and exact totals. It speaks the DataSketches verbs: ``update``, ``merge``,
+(count-min, heavy hitters admitted through the count-min estimate, HyperLogLog), plus the
+sequence-length distribution (a DataSketches KLL sketch) and exact totals. With sampled ingestion
+(``SketchConfig.sample_k > 1``) the count-min sketch and the heavy hitters see one ID in ``k`` and
+every reported count is scaled back, its bounds widened by the sampling error. It speaks the DataSketches verbs: ``update``, ``merge``,
 ``estimate`` / ``bounds``, ``to_bytes`` / ``from_bytes``. Callers normally go through
 :class:`flexshard_stream.stats.stream.StreamStats`, which validates whole batches first.
 """
@@ -20,15 +22,55 @@ from ..formats.container import pack, unpack
 from ..formats.fields import INT64_MAX, field_int, field_number, field_str, mapping
 from ..formats.interop import check_kll_ints_image
 from ..kernels.countmin import cms_query
-from ..kernels.frequent import mg_lookup, mg_update_weighted
-from ..kernels.pipeline import update_table
+from ..kernels.frequent import hh_capacity, hh_lookup, hh_misplaced, hh_rebuild, hh_union
+from ..kernels.pipeline import segment_min_max, update_table
 from .config import SketchConfig
 from .summary import FrequencySummary
 
-__all__ = ["TableStats", "checked_table_meta", "hll_estimate", "sketch_config"]
+__all__ = ["SAMPLE_Z", "TableStats", "checked_table_meta", "hll_estimate",
+           "sampled_count_bounds", "sketch_config"]
 
 _U32_MAX = np.uint64(0xFFFFFFFF)
 _EMPTY_U32 = np.zeros(0, dtype=np.uint32)
+#: Layout of a table inside a saved container: 1 = Misra-Gries with one global offset (read and
+#: converted), 2 = heavy hitters with a per-row error and a threshold, plus the sampler's state.
+STATS_VERSION = 2
+#: Normal quantile of the sampling bounds: 3 standard deviations, about 99.7% per row (two-sided).
+SAMPLE_Z = 3.0
+#: Largest heavy-hitter count or error a loaded table may hold (far beyond any real stream, and
+#: far from int64 overflow when two are added).
+_HH_VALUE_LIMIT = 1 << 60
+
+
+def sampled_count_bounds(lower: np.ndarray, upper: np.ndarray, k: int, z: float = SAMPLE_Z
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds on true counts from bounds ``[lower, upper]`` on the counts of a 1-in-``k`` sample.
+
+    A row with true count ``f`` has ``Binomial(f, 1/k)`` sampled occurrences, so ``k * s`` has mean
+    ``f`` and variance ``(k - 1) f``. The bounds solve ``f -/+ z sqrt((k - 1) f) = k * s`` for ``f``::
+
+        L(s) = ((-z a + sqrt(z^2 a^2 + 4 k s)) / 2)^2,   U(s) = ((z a + sqrt(z^2 a^2 + 4 k s)) / 2)^2
+
+    with ``a = sqrt(k - 1)``: ``L(lower) <= f <= U(upper)`` with probability about that of a normal
+    variable within ``z`` standard deviations (``z = 3``: 99.7%). ``k = 1`` returns the inputs.
+    """
+    lower = np.asarray(lower, dtype=np.float64)
+    upper = np.asarray(upper, dtype=np.float64)
+    if k == 1:
+        return lower, upper
+    za = z * math.sqrt(k - 1)
+    with np.errstate(invalid="ignore"):  # an infinite upper bound stays infinite
+        lo = ((np.sqrt(za * za + 4.0 * k * lower) - za) / 2.0) ** 2
+        hi = ((np.sqrt(za * za + 4.0 * k * upper) + za) / 2.0) ** 2
+    return lo, hi
+
+
+def _min_max(ids: np.ndarray) -> tuple[int, int]:
+    """Smallest and largest of non-empty int64 ``ids`` in one pass (the kernel that validates
+    batches)."""
+    lo, hi = np.empty(1, np.int64), np.empty(1, np.int64)
+    segment_min_max(ids, np.array([0, ids.size], np.int64), lo, hi)
+    return int(lo[0]), int(hi[0])
 
 
 def sketch_config(d: Any, where: str) -> SketchConfig:
@@ -53,21 +95,25 @@ def sketch_config(d: Any, where: str) -> SketchConfig:
         raise FormatError(f"{where}: sketch config: {e}") from None
 
 
-def _state_bytes(config: SketchConfig, num_rows: int | None) -> int:
-    """Bytes of the count arrays a table of ``num_rows`` rows holds under ``config`` (exact
-    counts, or count-min, heavy-hitter and HyperLogLog arrays): what building it allocates."""
+def _saved_bytes(config: SketchConfig, num_rows: int | None, version: int) -> int:
+    """Bytes of the count arrays a saved table of ``num_rows`` rows holds under ``config`` (exact
+    counts, or count-min, heavy-hitter and HyperLogLog arrays): keys and counts per heavy-hitter
+    slot, and from :data:`STATS_VERSION` 2 an error too. Building the table allocates at most 1.5
+    times this."""
     if config.uses_exact(num_rows):
         return 4 * num_rows
     width = config.cms_width if config.cms_mode != "off" else 0
-    return 4 * config.cms_depth * width + 16 * (1 << config.hh_lg_size) + (1 << config.hll_p)
+    per_slot = 16 if version == 1 else 24
+    return 4 * config.cms_depth * width + per_slot * (1 << config.hh_lg_size) + (1 << config.hll_p)
 
 
 def checked_table_meta(meta: Any, arrays: dict[str, np.ndarray], source: str
-                       ) -> tuple[str, int | None, SketchConfig]:
-    """``(name, num_rows, config)`` of a saved table, checked before anything is allocated:
-    field types and ranges, and that the arrays its config implies fit in the bytes the file holds
-    for it (a damaged config or row count cannot make loading allocate more than the file is).
-    FormatError naming the file and field otherwise."""
+                       ) -> tuple[str, int | None, SketchConfig, int]:
+    """``(name, num_rows, config, stats_version)`` of a saved table, checked before anything is
+    allocated: field types and ranges, a version this library reads, and that the arrays its
+    config implies fit in the bytes the file holds for it (a damaged config or row count cannot
+    make loading allocate more than the file holds). FormatError naming the file and field
+    otherwise."""
     meta = mapping(meta, f"{source}: table")
     name = field_str(meta, "name", f"{source}: table")
     where = f"{source}: table {name!r}"
@@ -80,12 +126,16 @@ def checked_table_meta(meta: Any, arrays: dict[str, np.ndarray], source: str
     for key in ("total", "samples", "saturated"):
         field_int(meta, key, where)
     field_int(meta, "max_id", where, lo=-1)
-    need = _state_bytes(config, num_rows)
+    version = field_int(meta, "stats_version", where, default=1)
+    if version not in (1, STATS_VERSION):
+        raise FormatError(f"{where}: statistics version {version}; this flexshard_stream reads "
+                          f"versions 1 and {STATS_VERSION}")
+    need = _saved_bytes(config, num_rows, version)
     have = sum(a.nbytes for a in arrays.values())
     if need > have:
         raise FormatError(f"{where}: its sketch config and num_rows {num_rows} make "
                           f"{need} bytes of counters; the file holds {have} for the table")
-    return name, num_rows, config
+    return name, num_rows, config, version
 
 
 def _lengths_sketch(blob: np.ndarray, config: SketchConfig, what: str) -> ds.kll_ints_sketch:
@@ -173,15 +223,18 @@ class TableStats:
             self._cms = np.zeros((c.cms_depth, 0), dtype=np.uint32)
             self._mg_keys = np.zeros(0, dtype=np.int64)
             self._mg_vals = np.zeros(0, dtype=np.int64)
+            self._mg_errs = np.zeros(0, dtype=np.int64)
             self._hll = np.zeros(0, dtype=np.uint8)
         else:
             self._counts = _EMPTY_U32
             width = c.cms_width if c.cms_mode != "off" else 0
             self._cms = np.zeros((c.cms_depth, width), dtype=np.uint32)
             self._mg_keys = np.zeros(1 << c.hh_lg_size, dtype=np.int64)
-            self._mg_vals = np.zeros(1 << c.hh_lg_size, dtype=np.int64)
+            self._mg_vals = np.zeros(1 << c.hh_lg_size, dtype=np.int64)  # counts, 0 = empty slot
+            self._mg_errs = np.zeros(1 << c.hh_lg_size, dtype=np.int64)
             self._hll = np.zeros(1 << c.hll_p, dtype=np.uint8)
-        self._mg_meta = np.zeros(3, dtype=np.int64)  # num_active, offset, stream weight
+        self._mg_meta = np.zeros(3, dtype=np.int64)  # live rows, threshold, occurrences counted
+        self._sample_state = np.array([-1, 0], dtype=np.int64)  # IDs to skip, uniforms drawn
         self._lengths = ds.kll_ints_sketch(c.length_k)
         self.total = 0          # lookups
         self.samples = 0        # samples (bags)
@@ -199,7 +252,7 @@ class TableStats:
                              field="values")
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if ids.size:
-            lo, hi = int(ids.min()), int(ids.max())
+            lo, hi = _min_max(ids)
             if lo < 0:
                 p = int(np.flatnonzero(ids < 0)[0])
                 raise BatchError(f"negative ID {int(ids[p])}; expected >= 0", feature=self.name,
@@ -223,11 +276,12 @@ class TableStats:
         above ``num_rows``) whose largest is ``max_id``; ``lengths`` (int64 IDs per sample, summing
         to ``ids.size``) or None. :meth:`update` and ``StreamStats.update_validated`` call it after
         validating; nothing is checked here. Releases the GIL inside the kernel."""
+        c = self.config
         if ids.size:
-            self.saturated += int(update_table(ids, self.config.seed, self._cms,
-                                               self.config.cms_mode == "conservative",
-                                               self._mg_keys, self._mg_vals, self._mg_meta,
-                                               self._hll, self.config.hll_p, self._counts))
+            self.saturated += int(update_table(ids, c.seed, self._cms, c.cms_mode == "conservative",
+                                               self._mg_keys, self._mg_vals, self._mg_errs,
+                                               self._mg_meta, self._hll, c.hll_p, self._counts,
+                                               c.sample_k, c.sample_seed, self._sample_state))
             self.total += int(ids.size)
             if max_id > self.max_id:
                 self.max_id = max_id
@@ -237,15 +291,19 @@ class TableStats:
             self._lengths.update(lengths)
             self.samples += int(lengths.size)
 
-    _update_validated = update_validated  # the former name, still used by bench/ingest.py
 
     # ------------------------------------------------------------- queries
     def bounds(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(estimate, lower, upper)`` lookups for each ID (float64 arrays).
 
-        Guarantee: ``lower <= true <= upper`` always for the heavy-hitter bounds; the count-min part
-        of ``upper`` holds always (it never underestimates), its excess is at most ``epsilon * N``
-        with probability ``1 - delta``. Exact tables return the counts three times.
+        Sketched tables (docs/STATISTICS.md): a tracked row's lower bound is its heavy-hitter count,
+        its upper bound the smaller of count + error and the count-min estimate; an untracked row
+        has lower 0 and upper the smaller of the heavy-hitter threshold and the count-min estimate.
+        ``lower <= true <= upper`` always; the count-min part exceeds the truth by at most
+        ``epsilon * N`` with probability ``1 - delta``. The estimate is the upper bound (count-min
+        off: count + error for tracked rows, 0 for the rest). Sampled ingestion scales the estimate
+        by ``k`` and widens both bounds with :func:`sampled_count_bounds`. Exact tables return the
+        counts three times.
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if self.exact:
@@ -253,18 +311,24 @@ class TableStats:
             c = np.zeros(ids.size, dtype=np.float64)
             c[inside] = self._counts[ids[inside]]
             return c, c.copy(), c.copy()
-        lower = mg_lookup(self._mg_keys, self._mg_vals, ids, self.config.seed,
-                          np.zeros(ids.size, dtype=np.int64)).astype(np.float64)
-        offset = float(self._mg_meta[1])
-        upper = lower + offset
+        count = np.zeros(ids.size, dtype=np.int64)
+        err = np.zeros(ids.size, dtype=np.int64)
+        hh_lookup(self._mg_keys, self._mg_vals, self._mg_errs, ids, self.config.seed, count, err)
+        tracked = err >= 0
+        lower = count.astype(np.float64)
+        upper = np.where(tracked, count + err, self._mg_meta[1]).astype(np.float64)
         if self._cms.shape[1]:
             cms = cms_query(self._cms, ids, self.config.seed,
                             np.zeros(ids.size, dtype=np.uint64)).astype(np.float64)
             cms[cms >= float(_U32_MAX)] = np.inf  # saturated: no upper bound from the sketch
             upper = np.minimum(upper, cms)
-            est = upper
+            est = upper.copy()
         else:
-            est = np.where(lower > 0, lower + offset, 0.0)
+            est = np.where(tracked, upper, 0.0)
+        k = self.config.sample_k
+        if k > 1:
+            lower, upper = sampled_count_bounds(lower, upper, k)
+            est *= k
         return est, lower, upper
 
     def estimate(self, ids: np.ndarray) -> np.ndarray:
@@ -280,8 +344,27 @@ class TableStats:
 
     @property
     def max_error(self) -> float:
-        """Heavy hitters' a-posteriori error bound (lookups): ``upper - lower`` for any row."""
-        return 0.0 if self.exact else float(self._mg_meta[1])
+        """The heavy hitters' a-posteriori error (lookups): ``upper - lower`` of any row by the
+        heavy-hitter bounds, and the most an untracked row can count (with sampling: widened, as
+        the DataSketches image carries it)."""
+        return 0.0 if self.exact else float(self._frequent_items()[3])
+
+    def _frequent_items(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Tracked rows as ``(ids, lower, upper, offset)`` in lookups: integer lower bounds, upper
+        bounds, and one offset with ``lower + offset >= upper`` for every row and ``offset`` at
+        least an untracked row's upper bound (DataSketches' single-offset convention)."""
+        live = self._mg_vals > 0
+        keys, counts, errs = self._mg_keys[live], self._mg_vals[live], self._mg_errs[live]
+        threshold = int(self._mg_meta[1])
+        k = self.config.sample_k
+        if k == 1:
+            offset = max(threshold, int(errs.max()) if errs.size else 0)
+            return keys, counts, counts + errs, offset
+        lower = np.floor(sampled_count_bounds(counts, counts, k)[0]).astype(np.int64)
+        upper = sampled_count_bounds(counts + errs, counts + errs, k)[1]
+        untracked = sampled_count_bounds(threshold, threshold, k)[1]
+        gap = float((upper - lower).max()) if counts.size else 0.0
+        return keys, lower, upper, int(math.ceil(max(gap, float(untracked))))
 
     def top(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The ``k`` rows with the largest estimates: ``(ids, est, lower, upper)``, sorted."""
@@ -336,8 +419,9 @@ class TableStats:
     @property
     def state_bytes(self) -> int:
         """Memory held by the statistics of this table (bytes)."""
-        return int(self._counts.nbytes + self._cms.nbytes + self._mg_keys.nbytes
-                   + self._mg_vals.nbytes + self._hll.nbytes + self._mg_meta.nbytes
+        return int(sum(a.nbytes for a in (self._counts, self._cms, self._mg_keys, self._mg_vals,
+                                          self._mg_errs, self._mg_meta, self._hll,
+                                          self._sample_state))
                    + len(self._lengths.serialize()))
 
     @property
@@ -349,6 +433,13 @@ class TableStats:
     def _check_compatible(self, other: "TableStats") -> None:
         if not isinstance(other, TableStats):
             raise IncompatibleError(f"cannot merge TableStats with {type(other).__name__}")
+        a, b = self.config, other.config
+        if (a.sample_k, a.sample_seed) != (b.sample_k, b.sample_seed):
+            raise IncompatibleError(
+                f"table {self.name!r}: sampled ingestion differs (1 in {a.sample_k} with "
+                f"sample_seed {a.sample_seed} vs 1 in {b.sample_k} with sample_seed "
+                f"{b.sample_seed}): counts sampled at different rates or by different samplers "
+                "do not add")
         if self.config != other.config:
             diff = {k: (v, other.config.to_dict()[k]) for k, v in self.config.to_dict().items()
                     if other.config.to_dict()[k] != v}
@@ -362,7 +453,9 @@ class TableStats:
 
         Count-min, exact counts, HyperLogLog and lengths merge exactly (the result equals the
         statistics of the concatenated stream); heavy hitters merge with the published guarantee:
-        offsets add, so ``lower <= true <= upper`` still holds. Saturating where counters would wrap.
+        counts and errors add, a row tracked on one side only takes the other side's threshold as
+        error, thresholds add (then a purge if too many rows), so ``lower <= true <= upper`` still
+        holds. Saturating where counters would wrap.
         """
         self._check_compatible(other)
         if self.exact:
@@ -373,10 +466,12 @@ class TableStats:
             if self._cms.size:
                 s = self._cms.astype(np.uint64) + other._cms
                 self._cms = np.minimum(s, _U32_MAX).astype(np.uint32)
-            live = other._mg_vals > 0
-            mg_update_weighted(self._mg_keys, self._mg_vals, self._mg_meta,
-                               other._mg_keys[live], other._mg_vals[live], self.config.seed)
-            self._mg_meta[1] += other._mg_meta[1]
+            seed = self.config.seed
+            thr, othr = int(self._mg_meta[1]), int(other._mg_meta[1])
+            rows = hh_union(self._mg_keys, self._mg_vals, self._mg_errs, thr, other._mg_keys,
+                            other._mg_vals, other._mg_errs, othr, seed)
+            hh_rebuild(self._mg_keys, self._mg_vals, self._mg_errs, self._mg_meta, *rows,
+                       thr + othr, seed)
             self._mg_meta[2] += other._mg_meta[2]
             np.maximum(self._hll, other._hll, out=self._hll)
         self._lengths.merge(other._lengths)
@@ -388,10 +483,12 @@ class TableStats:
     def scale(self, factor: float) -> "TableStats":
         """Multiply every count by ``factor`` in (0, 1] (exponential decay).
 
-        Bounds stay valid for the decayed counts: count-min counters and the heavy-hitter offset are
-        rounded up (the offset widened by one lookup), heavy-hitter counters and exact counts rounded
-        down; the sample count is scaled too, so the mean IDs per sample stays what it was.
-        Distinct counts and length sketches are not decayed (they cannot be).
+        Bounds stay valid for the decayed counts: count-min counters, heavy-hitter upper bounds
+        (count + error) and the threshold are rounded up (the threshold widened by one lookup),
+        heavy-hitter counts and exact counts rounded down, and a row whose count rounds to zero
+        leaves the table with the threshold raised to cover it; the sample count is scaled too, so
+        the mean IDs per sample stays what it was. Distinct counts and length sketches are not
+        decayed (they cannot be).
         """
         if not (0.0 < factor <= 1.0):
             raise ValueError(f"decay factor must be in (0, 1], got {factor}")
@@ -402,22 +499,25 @@ class TableStats:
         else:
             if self._cms.size:  # round up: the sketch stays an upper bound of the decayed counts
                 self._cms = np.ceil(self._cms * factor).astype(np.uint32)
-            live = self._mg_vals > 0
-            keys = self._mg_keys[live].copy()
-            vals = np.floor(self._mg_vals[live] * factor).astype(np.int64)
-            self._mg_keys[:] = 0
-            self._mg_vals[:] = 0
-            offset = int(math.ceil(self._mg_meta[1] * factor)) + (1 if self._mg_meta[2] else 0)
-            self._mg_meta[:] = 0
-            mg_update_weighted(self._mg_keys, self._mg_vals, self._mg_meta, keys, vals,
-                               self.config.seed)
-            self._mg_meta[1] += offset
+            self._scale_heavy_hitters(factor)
         self.total = int(self.total * factor)
         # samples decay with the lookups: the mean IDs per sample (total / samples) must not drift
         self.samples = int(round(self.samples * factor))
-        if not self.exact:
-            self._mg_meta[2] = self.total
         return self
+
+    def _scale_heavy_hitters(self, factor: float) -> None:
+        live = self._mg_vals > 0
+        keys = self._mg_keys[live].copy()
+        counts = np.floor(self._mg_vals[live] * factor).astype(np.int64)
+        upper = np.ceil((self._mg_vals[live] + self._mg_errs[live]) * factor).astype(np.int64)
+        threshold = int(math.ceil(self._mg_meta[1] * factor)) + (1 if self._mg_meta[2] else 0)
+        gone = counts == 0
+        if gone.any():
+            threshold = max(threshold, int(upper[gone].max()))
+        keep = ~gone
+        self._mg_meta[2] = int(self._mg_meta[2] * factor)
+        hh_rebuild(self._mg_keys, self._mg_vals, self._mg_errs, self._mg_meta, keys[keep],
+                   counts[keep], upper[keep] - counts[keep], threshold, self.config.seed)
 
     def copy(self) -> "TableStats":
         """A deep copy."""
@@ -427,27 +527,22 @@ class TableStats:
     def _meta(self) -> dict[str, Any]:
         return {"name": self.name, "num_rows": self.num_rows, "config": self.config.to_dict(),
                 "exact": self.exact, "total": self.total, "samples": self.samples,
-                "saturated": self.saturated, "max_id": self.max_id}
+                "saturated": self.saturated, "max_id": self.max_id,
+                "stats_version": STATS_VERSION}
 
     def _arrays(self) -> dict[str, np.ndarray]:
         return {"counts": self._counts, "cms": self._cms, "mg_keys": self._mg_keys,
-                "mg_vals": self._mg_vals, "mg_meta": self._mg_meta, "hll": self._hll,
+                "mg_vals": np.stack([self._mg_vals, self._mg_errs]), "mg_meta": self._mg_meta,
+                "hll": self._hll, "sample_state": self._sample_state,
                 "lengths": np.frombuffer(self._lengths.serialize(), dtype=np.uint8)}
 
     @classmethod
     def _from_parts(cls, meta: dict[str, Any], arrays: dict[str, np.ndarray],
                     source: str) -> "TableStats":
         try:
-            name, num_rows, config = checked_table_meta(meta, arrays, source)
+            name, num_rows, config, version = checked_table_meta(meta, arrays, source)
             t = cls(name, num_rows, config)
-            for key, attr in (("counts", "_counts"), ("cms", "_cms"), ("mg_keys", "_mg_keys"),
-                              ("mg_vals", "_mg_vals"), ("mg_meta", "_mg_meta"), ("hll", "_hll")):
-                want = getattr(t, attr)
-                got = arrays[key]
-                if got.shape != want.shape or got.dtype != want.dtype:
-                    raise FormatError(f"{source}: table {t.name!r} array {key!r} has shape "
-                                      f"{got.shape} {got.dtype}, expected {want.shape} {want.dtype}")
-                setattr(t, attr, np.array(got, copy=True))
+            t._load_arrays(arrays, version, source)
             t._lengths = _lengths_sketch(arrays["lengths"], t.config,
                                          f"{source}: table {t.name!r} array 'lengths'")
             t.total = int(meta["total"])
@@ -459,7 +554,83 @@ class TableStats:
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             raise FormatError(f"{source}: table state is inconsistent ({type(e).__name__}: {e})"
                               ) from None
+        if not t.exact:
+            t._check_heavy_hitters(source)
         return t
+
+    def _load_arrays(self, arrays: dict[str, np.ndarray], version: int, source: str) -> None:
+        """Copy the saved arrays in after checking shapes and dtypes. ``mg_vals`` holds each slot's
+        count and error (shape ``(2, slots)``). Version 1 (Misra-Gries with a global offset) had
+        counts only and no sampler: every tracked row takes the offset as its error (its bound was
+        ``vals <= f <= vals + offset``) and the offset becomes the threshold."""
+        wants = {"counts": self._counts, "cms": self._cms, "mg_keys": self._mg_keys,
+                 "mg_vals": np.stack([self._mg_vals, self._mg_errs]), "mg_meta": self._mg_meta,
+                 "hll": self._hll}
+        if version == 1:
+            wants["mg_vals"] = self._mg_vals
+        else:
+            wants["sample_state"] = self._sample_state
+        got = {}
+        for key, want in wants.items():
+            a = arrays[key]
+            if a.shape != want.shape or a.dtype != want.dtype:
+                raise FormatError(f"{source}: table {self.name!r} array {key!r} has shape "
+                                  f"{a.shape} {a.dtype}, expected {want.shape} {want.dtype}")
+            got[key] = np.array(a, copy=True)
+        self._counts, self._cms, self._hll = got["counts"], got["cms"], got["hll"]
+        self._mg_keys, self._mg_meta = got["mg_keys"], got["mg_meta"]
+        if version == 1:
+            self._mg_vals = got["mg_vals"]
+            self._mg_errs = np.where(self._mg_vals > 0, self._mg_meta[1], 0).astype(np.int64)
+        else:
+            self._mg_vals, self._mg_errs = (np.ascontiguousarray(r) for r in got["mg_vals"])
+            self._sample_state = got["sample_state"]
+
+    def _check_heavy_hitters(self, source: str) -> None:
+        """Validate loaded heavy-hitter state before any kernel sees it; FormatError names the
+        field. Checked: live rows equal to ``mg_meta[0]`` and within the capacity (so at least one
+        slot is empty), counts and errors in range, every row above the threshold with an error
+        within it, rows non-negative and each reachable from its home slot (no repeats), counted
+        occurrences at least the counts' sum, the sampler's state."""
+        keys, counts, errs, meta = self._mg_keys, self._mg_vals, self._mg_errs, self._mg_meta
+        where = f"{source}: table {self.name!r}"
+        live = counts > 0
+        n_live, threshold = int(live.sum()), int(meta[1])
+
+        def bad(field: str, what: str, mask: np.ndarray | None = None) -> FormatError:
+            at = f" (slot {int(np.flatnonzero(mask)[0])})" if mask is not None else ""
+            return FormatError(f"{where}: {field} {what}{at}")
+
+        if (counts < 0).any():
+            raise bad("mg_vals", "holds a negative count", counts < 0)
+        if int(meta[0]) != n_live:
+            raise bad("mg_meta[0]", f"(live rows) is {int(meta[0])} but mg_vals holds {n_live} "
+                      "non-empty slots")
+        if n_live > int(hh_capacity(counts.size)):
+            raise bad("mg_vals", f"holds {n_live} rows, more than the capacity "
+                      f"{int(hh_capacity(counts.size))} (a full table has no empty slot)")
+        if not (0 <= threshold < _HH_VALUE_LIMIT):
+            raise bad("mg_meta[1]", f"(threshold) is {threshold}, expected in [0, 2**60)")
+        if (counts >= _HH_VALUE_LIMIT).any():
+            raise bad("mg_vals", "holds a count of 2**60 or more", counts >= _HH_VALUE_LIMIT)
+        if (live & ((errs < 0) | (errs > threshold))).any():
+            raise bad("mg_errs", f"holds an error outside [0, threshold = {threshold}]",
+                      live & ((errs < 0) | (errs > threshold)))
+        if (live & (counts + errs <= threshold)).any():
+            raise bad("mg_vals", f"holds a row whose count + error is not above the threshold "
+                      f"{threshold}", live & (counts + errs <= threshold))
+        if (live & (keys < 0)).any():
+            raise bad("mg_keys", "holds a negative row ID", live & (keys < 0))
+        slot = int(hh_misplaced(keys, counts, self.config.seed))
+        if slot >= 0:
+            raise FormatError(f"{where}: mg_keys row {int(keys[slot])} at slot {slot} is repeated "
+                              "or not reachable from its home slot")
+        if int(meta[2]) < int(counts.sum()):
+            raise bad("mg_meta[2]", f"(occurrences counted) is {int(meta[2])}, below the counts' "
+                      f"sum {int(counts.sum())}")
+        if int(self._sample_state[0]) < -1 or int(self._sample_state[1]) < 0:
+            raise bad("sample_state", f"is {self._sample_state.tolist()}, expected "
+                      "[skip >= -1, draws >= 0]")
 
     def to_bytes(self) -> bytes:
         """Serialize (magic, version, checksum); see :mod:`flexshard_stream.formats.container`."""
@@ -476,17 +647,18 @@ class TableStats:
         """The heavy hitters as a DataSketches frequent-items binary image (``PyLongsSerDe``).
 
         Java (``ItemsSketch<Long>`` with ``ArrayOfLongsSerDe``), C++ and Python
-        (``frequent_items_sketch.deserialize(b, PyLongsSerDe())``) read it. Exact tables export
-        their top ``0.75 * 2**hh_lg_size`` rows with zero error.
+        (``frequent_items_sketch.deserialize(b, PyLongsSerDe())``) read it: each tracked row's
+        lower bound as its weight and one offset covering every row's upper bound (so DataSketches
+        reports bounds no tighter than this table's), the total lookups as stream weight. Exact
+        tables export their top ``0.75 * 2**hh_lg_size`` rows with zero error.
         """
         from ..formats.interop import frequent_items_image
         lg = self.config.hh_lg_size
         if self.exact:
             ids, est, _, _ = self.top(self.config.hh_capacity)
             return frequent_items_image(lg, ids, est.astype(np.int64), self.total, 0)
-        live = self._mg_vals > 0
-        return frequent_items_image(lg, self._mg_keys[live], self._mg_vals[live],
-                                    int(self._mg_meta[2]), int(self._mg_meta[1]))
+        ids, lower, _, offset = self._frequent_items()
+        return frequent_items_image(lg, ids, lower, self.total, offset)
 
     # ------------------------------------------------------------- exact rows (read-only)
     def nonzero_rows(self) -> np.ndarray:
