@@ -147,7 +147,7 @@ class Worker:
 
 
 #: Per-target multiple of the case time limit (the sidecar and the commands do more per case).
-TARGET_TIME = {"checkpoint": 2.0, "cli_plan": 2.0, "cli_replay": 2.0}
+TARGET_TIME = {"checkpoint": 2.0, "report": 2.0, "cli_plan": 2.0, "cli_replay": 2.0}
 
 
 # ====================================================================== mutation engine
@@ -393,6 +393,25 @@ def mutate_npy(data: bytes, rng: np.random.Generator) -> bytes:
     return data[:8] + struct.pack("<H", len(raw)) + raw + body
 
 
+def mutate_npz(data: bytes, rng: np.random.Generator) -> bytes:
+    """Damage one member of an .npz archive (rewritten, stored), or the archive's bytes."""
+    import zipfile
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            members = {i.filename: z.read(i) for i in z.infolist()}
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return mutate_bytes(data, rng)
+    if not members:
+        return mutate_bytes(data, rng)
+    name = pick(rng, sorted(members))
+    members[name] = mutate_npy(members[name], rng)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for k, v in members.items():
+            z.writestr(k, v)
+    return buf.getvalue()
+
+
 def _replace_field(head: str, key: str, value: str) -> str:
     start = head.find(f"'{key}':")
     if start < 0:
@@ -435,6 +454,8 @@ def mutate_file(path: Path, rng: np.random.Generator) -> None:
             return
     if path.suffix == ".npy":
         path.write_bytes(mutate_npy(data, rng))
+    elif path.suffix == ".npz" and rng.random() < 0.7:
+        path.write_bytes(mutate_npz(data, rng))
     elif data[:8] == b"FSSTREAM":
         path.write_bytes(mutate_container(data, rng))
     else:
@@ -912,11 +933,31 @@ def target_ring(fx: Fixtures, case: dict, work: Path) -> None:
                 p.unlink()
 
 
+def target_report(fx: Fixtures, case: dict, work: Path) -> None:
+    """A replay directory damaged, then drawn by ``build_report``."""
+    from flexshard_stream.online.replay import replay
+    from flexshard_stream.online.report import build_report
+
+    def build(out: Path) -> None:
+        log = fx.base / "replay_log.csv"
+        rng = np.random.default_rng(5)
+        rows = ["ts,a,b"] + [f"{1.7e9 + i * 0.05:.2f},{min(int(rng.zipf(1.3)), 999)},"
+                             f"{min(int(rng.zipf(1.2)), 4999)}" for i in range(400)]
+        log.write_text("\n".join(rows) + "\n")
+        replay(log, fx.topo, window="5s", out_dir=out, batch_size=2, top_k=64)
+
+    d = _dir_copy(fx, "replay", build, work)
+    rng = np.random.default_rng(case["seed"])
+    if not case.get("warm"):
+        mutate_tree(d, rng, [f for f in tree_files(d) if "plans" not in f.parts])
+    build_report(d)
+
+
 FORMAT_TARGETS: dict[str, Callable[[Fixtures, dict, Path], None]] = {
     "stats": target_stats, "snapshot": target_snapshot, "delta": target_delta,
     "plan": target_plan, "export": target_export, "topology": target_topology,
     "tables": target_tables, "state": target_state, "checkpoint": target_checkpoint,
-    "ring": target_ring}
+    "ring": target_ring, "report": target_report}
 
 
 # ====================================================================== log targets

@@ -28,9 +28,12 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import stat
+import struct
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,8 +42,9 @@ import numpy as np
 
 from ..errors import ConfigError, FormatError
 
-__all__ = ["KIND_MARKER", "check_output_directory", "claim_directory", "directory_kind",
-           "fsync_directory", "jsonable", "read_json", "read_npy", "replace_directory",
+__all__ = ["KIND_MARKER", "check_json_digest", "check_output_directory", "claim_directory",
+           "directory_kind", "fsync_directory", "json_digest", "jsonable", "npy_array",
+           "read_bytes", "read_json", "read_npy", "read_npz", "replace_directory",
            "staging_directory", "write_atomic", "write_json", "write_npy"]
 
 #: The marker file of every directory the project writes: one line, the directory's kind.
@@ -233,11 +237,37 @@ def read_npy(directory: str | os.PathLike, name: str, sha256: str, what: str = "
     return npy_array(raw, str(path), what, dtype=dtype, shape=shape)
 
 
+def read_npz(path: str | os.PathLike, what: str = "array archive") -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` archive written by ``np.savez`` (stored, not compressed), each
+    member's ``.npy`` header checked before its array is made (:func:`npy_array`): a member may
+    not claim more bytes than the archive holds. FormatError naming the file otherwise."""
+    raw = read_bytes(path, what)
+    out: dict[str, np.ndarray] = {}
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as z:
+            for info in z.infolist():
+                name = info.filename
+                if not name.endswith(".npy") or info.compress_type != zipfile.ZIP_STORED \
+                        or info.file_size > len(raw) or name[:-4] in out:
+                    raise FormatError(f"{path}: {what} member {name!r} is not a stored .npy "
+                                      "array (or appears twice)")
+                out[name[:-4]] = npy_array(z.read(info), f"{path}:{name}", what)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
+        if isinstance(e, FormatError):
+            raise
+        raise FormatError(f"{path}: damaged {what} ({type(e).__name__}: {e})") from None
+    return out
+
+
 #: dtype kinds a ``.npy`` file of the project may hold: booleans, integers, floats (no objects,
 #: strings, structures).
 _NPY_KINDS = "biuf"
-_NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
-                       (2, 0): np.lib.format.read_array_header_2_0}
+_NPY_MAGIC = b"\x93NUMPY"
+#: The header dictionary ``np.save`` writes (versions 1 and 2), and nothing else: parsed here,
+#: never by ``ast.literal_eval`` (numpy's reader raises what its tokenizer raises on damage).
+_NPY_HEADER = re.compile(
+    r"\{\s*'descr'\s*:\s*'([<>|=]?[a-z]\d{1,2})'\s*,\s*'fortran_order'\s*:\s*(True|False)\s*,"
+    r"\s*'shape'\s*:\s*\(\s*((?:\d{1,20}\s*,\s*)*(?:\d{1,20})?)\s*\)\s*,?\s*\}\s*")
 
 
 def npy_array(raw: bytes, source: str, what: str = "array file", *, dtype: Any = None,
@@ -246,30 +276,46 @@ def npy_array(raw: bytes, source: str, what: str = "array file", *, dtype: Any =
     checked first: version, a plain numeric dtype, a shape whose size in bytes is exactly what
     follows the header (so nothing is allocated that the file does not hold), and ``dtype`` /
     ``shape`` when given. FormatError naming ``source`` otherwise."""
-    f = io.BytesIO(raw)
-    try:
-        version = np.lib.format.read_magic(f)
-        if version not in _NPY_HEADER_READERS:
-            raise ValueError(f"unsupported .npy version {version}")
-        got_shape, fortran, got_dtype = _NPY_HEADER_READERS[version](f)
-    except (ValueError, EOFError, SyntaxError, TypeError, RecursionError) as e:
-        raise FormatError(f"{source}: not a .npy {what} ({e})") from None
-    if got_dtype.kind not in _NPY_KINDS or got_dtype.hasobject or got_dtype.fields \
-            or got_dtype.subdtype is not None:
-        raise FormatError(f"{source}: {what} has dtype {got_dtype}; expected a plain integer, "
-                          "float or boolean dtype")
+    got_dtype, fortran, got_shape, start = _npy_header(raw, source, what)
     count = math.prod(got_shape)
-    if count * got_dtype.itemsize != len(raw) - f.tell():
+    if count * got_dtype.itemsize != len(raw) - start:
         raise FormatError(f"{source}: {what} of shape {got_shape} {got_dtype} needs "
                           f"{count * got_dtype.itemsize} bytes, the file holds "
-                          f"{len(raw) - f.tell()} after its header")
+                          f"{len(raw) - start} after its header")
     if (dtype is not None and got_dtype.name != dtype) or \
             (shape is not None and list(got_shape) != shape):
         raise FormatError(f"{source}: shape {got_shape} {got_dtype.name} does not match its "
                           f"manifest ({shape} {dtype})")
-    arr = np.frombuffer(raw, got_dtype, count, f.tell())
+    arr = np.frombuffer(raw, got_dtype, count, start)
     arr = arr.reshape(got_shape, order="F" if fortran else "C")
     return arr.astype(got_dtype.newbyteorder("="), order="C")
+
+
+def _npy_header(raw: bytes, source: str, what: str
+                ) -> tuple[np.dtype, bool, tuple[int, ...], int]:
+    """``(dtype, fortran_order, shape, data offset)`` of ``.npy`` bytes (versions 1 and 2: a
+    little-endian header length, then the header dictionary :data:`_NPY_HEADER` matches); a plain
+    numeric dtype only. FormatError otherwise."""
+    if raw[:6] != _NPY_MAGIC or len(raw) < 10 or raw[6:8] not in (b"\x01\x00", b"\x02\x00"):
+        raise FormatError(f"{source}: not a .npy {what} (bad magic or version {raw[6:8]!r})")
+    if raw[6] == 1:
+        hlen, start = struct.unpack_from("<H", raw, 8)[0], 10
+    elif len(raw) < 12:
+        raise FormatError(f"{source}: not a .npy {what} (truncated header)")
+    else:
+        hlen, start = struct.unpack_from("<I", raw, 8)[0], 12
+    m = _NPY_HEADER.fullmatch(raw[start:start + hlen].decode("latin1"))
+    if m is None or start + hlen > len(raw):
+        raise FormatError(f"{source}: not a .npy {what} (damaged header)")
+    try:
+        dt = np.dtype(m.group(1))
+    except TypeError:
+        raise FormatError(f"{source}: {what} has an unknown dtype {m.group(1)!r}") from None
+    if dt.kind not in _NPY_KINDS or dt.hasobject or dt.fields or dt.subdtype is not None:
+        raise FormatError(f"{source}: {what} has dtype {dt}; expected a plain integer, float or "
+                          "boolean dtype")
+    shape = tuple(int(x) for x in re.findall(r"\d+", m.group(3)))
+    return dt, m.group(2) == "True", shape, start + hlen
 
 
 def _refuse_constant(name: str) -> Any:

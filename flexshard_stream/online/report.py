@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FlexShardError, FormatError
-from ..formats.files import write_atomic
+from ..formats.files import read_npz, write_atomic
 
 __all__ = ["PICTURES", "build_report"]
 
@@ -93,11 +93,7 @@ def _check_summary(s: Any, path: Path) -> None:
 def _load_traffic(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise FormatError(f"{path}: missing (traffic matrices of the replay)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            out = {k: np.asarray(z[k]) for k in z.files}
-    except (OSError, ValueError, EOFError) as e:
-        raise FormatError(f"{path}: damaged traffic file ({e})") from None
+    out = read_npz(path, "traffic file")
     if "a2a" not in out or "link_class" not in out or out["a2a"].ndim != 2 \
             or out["a2a"].shape != out["link_class"].shape:
         raise FormatError(f"{path}: damaged traffic file (no G x G 'a2a' and 'link_class')")
@@ -534,7 +530,7 @@ def build_report(directory: str | os.PathLike) -> Path:
         captions["threshold.png"] = _plot_threshold(plt, summary, d / "threshold.png")
         captions["traffic.png"] = _plot_traffic(plt, summary, traffic, d / "traffic.png")
         captions["memory.png"] = _plot_memory(plt, summary, d / "memory.png")
-    except (KeyError, TypeError, IndexError, AttributeError) as e:
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
         raise FormatError(f"{spath}: damaged replay summary: unexpected content ({e!r})") from None
     finally:
         plt.close("all")
