@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "ENGINES",
+    "MAX_WINDOWS",
     "SNAPSHOT_VERSION",
     "Snapshot",
     "WindowStats",
@@ -74,6 +75,10 @@ __all__ = [
 
 #: Engines of :func:`window_stats`.
 ENGINES = ("local", "process", "ray")
+#: Most windows one :func:`window_stats` run may span, from the first sample's to the last's: a
+#: task returns one object per window it can touch (Ray: one return each), so a gap of many
+#: windows in a log (1 ms windows over a day's gap) would make billions of them.
+MAX_WINDOWS = 1 << 20
 #: Version of the snapshot layout (inside the container); snapshots of other versions don't merge.
 SNAPSHOT_VERSION = 1
 _SNAPSHOT_KIND = "StreamSnapshot"
@@ -580,7 +585,20 @@ def _assign_windows(eng: Any, tasks: Sequence[dict], jobs: Sequence[dict], spec:
                   "sample_offset": int(off), "count": int(n),
                   "windows": _window_range(spec.unit, size, origin, int(n), int(off),
                                            r if isinstance(r, tuple) else None)})
+    _check_window_count(jobs, spec)
     return origin
+
+
+def _check_window_count(jobs: Sequence[dict], spec: WindowSpec) -> None:
+    """Refuse a run spanning more than :data:`MAX_WINDOWS` windows (ConfigError), before any
+    task makes one object per window."""
+    spans = [j["windows"] for j in jobs if j["windows"][1] > j["windows"][0]]
+    if not spans:
+        return
+    n = max(b for _, b in spans) - min(a for a, _ in spans)
+    if n > MAX_WINDOWS:
+        raise ConfigError(f"windows of {spec.describe()} over this log span {n:,} windows (its "
+                          f"samples lie far apart); at most {MAX_WINDOWS:,}: use a larger window")
 
 
 @dataclass

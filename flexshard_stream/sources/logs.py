@@ -638,20 +638,21 @@ def _convert_text(arr: pa.Array) -> _Col:
 
 
 def _convert_ts(arr: pa.Array) -> np.ndarray:
-    """Timestamps in float seconds; NaN where null or unparseable."""
+    """Timestamps in float seconds; NaN where null or unparseable. Integers beyond 2**53 are
+    rounded to the nearest float (pyarrow's checked cast refuses them)."""
     t = arr.type
+
+    def seconds(a: pa.Array) -> np.ndarray:
+        return pc.cast(a, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
     if pa.types.is_timestamp(t):
         scale = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}[t.unit]
-        return pc.cast(pc.cast(arr, pa.int64()), pa.float64()).to_numpy(
-            zero_copy_only=False) / scale
+        return seconds(pc.cast(arr, pa.int64())) / scale
     if pa.types.is_date32(t):
-        return pc.cast(pc.cast(arr, pa.int32()), pa.float64()).to_numpy(
-            zero_copy_only=False) * 86400.0
+        return seconds(pc.cast(arr, pa.int32())) * 86400.0
     if pa.types.is_date64(t):
-        return pc.cast(pc.cast(arr, pa.int64()), pa.float64()).to_numpy(
-            zero_copy_only=False) / 1e3
+        return seconds(pc.cast(arr, pa.int64())) / 1e3
     if _is_int(t) or pa.types.is_floating(t) or pa.types.is_null(t):
-        return pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+        return seconds(arr).astype(np.float64)
     s, _ = _ascii_only(arr)
     ser = pl.Series(s).str.strip_chars()
     ts = ser.cast(pl.Float64, strict=False)
