@@ -6,8 +6,10 @@ must end in success or a project error: a crash, a hang, a non-project exception
 beyond the worker's address-space limit fails the test (hypothesis then shrinks the case).
 
 Bounded for CI (a few cases per target, about a minute in all); ``FLEXSHARD_FUZZ_EXAMPLES=N`` runs
-N cases per target (the hardening run: 10,000 per format, 1,000 per command), and
-``FLEXSHARD_FUZZ_REPORT=path`` writes the outcome counts there as JSON at the end.
+N cases per format and ``FLEXSHARD_FUZZ_LOGS=M`` malformed logs per command (default N / 10: the
+hardening run is N = 10,000), and ``FLEXSHARD_FUZZ_REPORT=path`` writes the outcome counts there as
+JSON at the end. ``FLEXSHARD_FUZZ_TARGETS=a,b`` limits the run to those targets (to split a long
+run over processes).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fuzz_worker import CLI_TARGETS, FAILURES, FORMAT_TARGETS, Worker  # noqa: E402
 
 _LONG = int(os.environ.get("FLEXSHARD_FUZZ_EXAMPLES", "0"))
+_LOGS = int(os.environ.get("FLEXSHARD_FUZZ_LOGS", "0")) or _LONG // 10
+_ONLY = {t for t in os.environ.get("FLEXSHARD_FUZZ_TARGETS", "").split(",") if t}
 #: Cases per target without FLEXSHARD_FUZZ_EXAMPLES: the whole file stays near a minute.
 _CI_EXAMPLES = {"checkpoint": 4, "report": 3, "cli_plan": 4, "cli_replay": 4}
 #: Share of FLEXSHARD_FUZZ_EXAMPLES for targets whose cases take seconds (drawing the report's
@@ -34,7 +38,8 @@ _LONG_SHARE = {"report": 0.1}
 
 
 def _settings(target: str):
-    n = max(1, int(_LONG * _LONG_SHARE.get(target, 1.0))) if _LONG else \
+    long = _LOGS if target in CLI_TARGETS else _LONG
+    n = max(1, int(long * _LONG_SHARE.get(target, 1.0))) if _LONG else \
         _CI_EXAMPLES.get(target, 8)
     return settings(max_examples=n, deadline=None, derandomize=not _LONG, database=None,
                     suppress_health_check=list(HealthCheck))
@@ -62,6 +67,7 @@ def _check(worker: Worker, target: str, seed: int, variant: int) -> None:
 
 
 def _make_test(target: str):
+    @pytest.mark.skipif(bool(_ONLY) and target not in _ONLY, reason="FLEXSHARD_FUZZ_TARGETS")
     @_settings(target)
     @given(seed=st.integers(0, 2**31 - 1), variant=st.integers(0, 3))
     def test(worker, seed, variant):
