@@ -613,7 +613,7 @@ def load_torchrec_export(path: str | os.PathLike) -> TorchRecExport:
             if not seen.all():
                 raise FormatError(f"{f}: remap is not a permutation of [0, {arr.size})")
             remaps[e["table"]] = arr
-    except (KeyError, TypeError) as err:
+    except (KeyError, TypeError, AttributeError) as err:
         raise FormatError(f"{path / MANIFEST_FILE}: inconsistent manifest "
                           f"({type(err).__name__}: {err})") from None
     return TorchRecExport(path, doc, remaps)
@@ -679,7 +679,7 @@ def plan_from_export(export: TorchRecExport | str | os.PathLike) -> Plan:
                     {"source_strategy": doc.get("strategy"),
                      "cold_sharding": doc.get("cold_sharding"),
                      "node_replicas": doc.get("node_replicas")})
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError, IndexError) as err:
         if isinstance(err, ConfigError):
             raise FormatError(f"{ex.path}: inconsistent export ({err})") from None
         raise FormatError(f"{ex.path}: inconsistent export ({type(err).__name__}: {err})") \

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
+from ..formats.fields import field_list, field_mapping, field_str, mapping
 from ..formats.files import (
     check_json_digest,
     json_digest,
@@ -622,6 +623,18 @@ def _verified_plan_json(directory: Path) -> dict[str, Any]:
         raise FormatError(f"{pj}: plan schema version {doc['schema_version']!r} is not supported "
                           f"(this flexshard_stream reads version {PLAN_SCHEMA_VERSION})")
     check_json_digest(doc, pj, "plan", required=False)
+    field_mapping(doc, "topology", str(pj))
+    field_str(doc, "strategy", str(pj))
+    field_mapping(doc, "meta", str(pj), default={})
+    for i, entry in enumerate(field_list(doc, "tables", str(pj))):
+        where = f"{pj}: tables[{i}]"
+        field_mapping(mapping(entry, where), "table", where)
+        field_mapping(entry, "cold", where)
+        for name, spec in field_mapping(entry, "arrays", where).items():
+            spec = mapping(spec, f"{where} array {name!r}")
+            for key in ("file", "sha256", "dtype"):
+                field_str(spec, key, f"{where} array {name!r}")
+            field_list(spec, "shape", f"{where} array {name!r}")
     return doc
 
 
