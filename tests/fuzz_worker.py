@@ -61,6 +61,7 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self.tally: Counter = Counter()
         self.failures: list[dict] = []
+        self.distinct: dict[str, set] = {}         # target -> the distinct cases run
 
     def _start(self) -> None:
         req_r, self._req_w = os.pipe()
@@ -131,6 +132,7 @@ class Worker:
             out = {"outcome": "crash", "detail": f"worker exit status {code}; log tail:\n{tail}"}
         out.update(target=target, case=case)
         self.tally[(target, out["outcome"])] += 1
+        self.distinct.setdefault(target, set()).add(json.dumps(case, sort_keys=True))
         if out["outcome"] in FAILURES:
             self.failures.append(out)
         return out
