@@ -534,6 +534,16 @@ def build_report(directory: str | os.PathLike) -> Path:
         raise FormatError(f"{spath}: damaged replay summary: unexpected content ({e!r})") from None
     finally:
         plt.close("all")
+    try:
+        page = _page(summary, captions)
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
+        raise FormatError(f"{spath}: damaged replay summary: unexpected content ({e!r})") from None
+    return write_atomic(d / "report.html", page.encode("utf-8"), fsync=False, mode=0o644)
+
+
+def _page(summary: dict[str, Any], captions: dict[str, str]) -> str:
+    """The HTML of the report: the run's description, the totals, the pictures with their
+    captions, the windows."""
     titles = {"cdf.png": "Access CDF and tier cut points",
               "bytes_per_iter.png": "Bytes per iteration over time",
               "threshold.png": "Re-sharder threshold over time",
@@ -586,5 +596,4 @@ def build_report(directory: str | os.PathLike) -> Path:
               ("<p class='meta'>Written by <code>flexshard-stream report</code> from "
                "<code>summary.json</code>, <code>cdf.json</code> and <code>traffic/</code> in "
                "this directory; docs/REPLAY.md describes them.</p></body></html>")]
-    return write_atomic(d / "report.html", "\n".join(p for p in parts if p).encode("utf-8"),
-                        fsync=False, mode=0o644)
+    return "\n".join(p for p in parts if p)
