@@ -447,3 +447,23 @@ def test_evaluate_checks_ids_of_the_trailing_partial_iteration():
     bad = Batch(["t"], [10**6], [1])
     with pytest.raises(BatchError, match="out of range"):
         evaluate_trace(plan, [ok, bad], 2)
+
+
+def test_sidecar_state_json_cannot_point_elsewhere(tmp_path):
+    """state.json's 'plan' names plans/NNNNNN of the out_dir: a number (a TypeError at restart)
+    or a path elsewhere (loaded and linked to) is the usual fallback, with a warning."""
+    from flexshard_stream.online.sidecar import Sidecar, SidecarWarning
+    from flexshard_stream.placement.tables import EmbeddingTable
+    tables = [EmbeddingTable("t", 100, 8)]
+    out = tmp_path / "run"
+    Sidecar(tables, TOPO2, 4, out_dir=out, checkpoint_every_s=None).close()
+    elsewhere = _rw_plan().save(tmp_path / "elsewhere")
+    for bad in (7.5, "../elsewhere", str(elsewhere)):
+        state = json.loads((out / "state.json").read_text())
+        state["plan"] = bad
+        (out / "state.json").write_text(json.dumps(state))
+        with pytest.warns(SidecarWarning, match="field 'plan' must"):
+            sc = Sidecar(tables, TOPO2, 4, out_dir=out, resume=True, checkpoint_every_s=None)
+        assert sc.resume_report.plan_from != "published"
+        sc.close()
+    assert not (out / "plan").resolve().is_relative_to(tmp_path / "elsewhere")
