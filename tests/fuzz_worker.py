@@ -62,6 +62,7 @@ class Worker:
         self.tally: Counter = Counter()
         self.failures: list[dict] = []
         self.distinct: dict[str, set] = {}         # target -> the distinct cases run
+        self.journal = os.environ.get("FLEXSHARD_FUZZ_REPORT")  # + .failures.jsonl, .progress
 
     def _start(self) -> None:
         req_r, self._req_w = os.pipe()
@@ -133,9 +134,20 @@ class Worker:
         out.update(target=target, case=case)
         self.tally[(target, out["outcome"])] += 1
         self.distinct.setdefault(target, set()).add(json.dumps(case, sort_keys=True))
+        if self.journal:
+            self._write_journal(out)
         if out["outcome"] in FAILURES:
             self.failures.append(out)
         return out
+
+    def _write_journal(self, out: dict) -> None:
+        """As the run goes: each failure appended to ``<report>.failures.jsonl``, the counts so
+        far in ``<report>.progress`` (a long run shows what it found before it ends)."""
+        if out["outcome"] in FAILURES:
+            with open(self.journal + ".failures.jsonl", "a") as f:
+                f.write(json.dumps(out, default=str) + "\n")
+        counts = {f"{t}:{o}": n for (t, o), n in sorted(self.tally.items())}
+        Path(self.journal + ".progress").write_text(json.dumps(counts) + "\n")
 
     def close(self) -> None:
         if self.proc is not None:

@@ -59,6 +59,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
+from ..formats.fields import field_int, field_list, field_mapping
 from ..formats.files import (
     check_output_directory,
     read_json,
@@ -613,10 +614,36 @@ def load_torchrec_export(path: str | os.PathLike) -> TorchRecExport:
             if not seen.all():
                 raise FormatError(f"{f}: remap is not a permutation of [0, {arr.size})")
             remaps[e["table"]] = arr
+            _check_entry(e, arr.size, f"{path / MANIFEST_FILE}: table {e['table']!r}")
     except (KeyError, TypeError, AttributeError) as err:
         raise FormatError(f"{path / MANIFEST_FILE}: inconsistent manifest "
                           f"({type(err).__name__}: {err})") from None
     return TorchRecExport(path, doc, remaps)
+
+
+def _check_entry(e: Mapping[str, Any], rows: int, where: str) -> None:
+    """The fields of one table's manifest entry that reading the export uses, against its remap
+    of ``rows`` rows: the source table (as many rows), ``hot_rows`` in ``[0, rows]``, and the cold
+    part's ranks (GPU indices) and shard rows (one per rank, adding up to the cold rows).
+    FormatError naming the field otherwise."""
+    try:
+        t = EmbeddingTable(**field_mapping(e, "source_table", where))
+    except ConfigError as err:
+        raise FormatError(f"{where}: source_table: {err}") from None
+    if t.num_rows != rows:
+        raise FormatError(f"{where}: source_table has {t.num_rows} rows, its remap {rows}")
+    hot = field_int(e, "hot_rows", where, hi=rows)
+    field_mapping(e, "plan_cold", where)
+    cold = e.get("cold")
+    if cold is None and hot == rows:
+        return
+    cold = field_mapping(e, "cold", where)
+    ranks, shard_rows = field_list(cold, "ranks", where), field_list(cold, "shard_rows", where)
+    if not ranks or len(ranks) != len(shard_rows) or \
+            not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31
+                    for x in ranks + shard_rows) or sum(shard_rows) != rows - hot:
+        raise FormatError(f"{where}: cold 'ranks' and 'shard_rows' must be lists of as many "
+                          f"integers in [0, 2**31), the shard rows adding up to {rows - hot}")
 
 
 def plan_from_export(export: TorchRecExport | str | os.PathLike) -> Plan:
