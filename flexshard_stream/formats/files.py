@@ -75,10 +75,16 @@ def write_atomic(path: str | os.PathLike, data: bytes,
     (it raises to refuse them); a failed write leaves any previous file untouched. ``fsync=False``
     skips the file and folder fsyncs (still atomic for readers, not durable across a power loss):
     for files rewritten often. ``mode``: the file's permission bits (saved state is private by
-    default; configuration files a user shares pass ``0o644``).
+    default; configuration files a user shares pass ``0o644``). A directory at ``path`` (or a
+    file where a parent directory goes) is a ConfigError: nothing is replaced.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"{path}: a parent of it is not a directory; cannot write it") from None
+    if path.is_dir() and not path.is_symlink():
+        raise ConfigError(f"{path}: is a directory; refusing to replace it with a file")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         if mode != 0o600:
