@@ -107,6 +107,11 @@ class ColdSharding:
         object.__setattr__(self, "bounds", np.ascontiguousarray(self.bounds, dtype=np.int64).ravel())
         object.__setattr__(self, "weights",
                            np.ascontiguousarray(self.weights, dtype=np.float64).ravel())
+        w = self.weights
+        if w.size and (not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0
+                       or not self.bounds.size):
+            raise ConfigError("range weights must be finite, non-negative, not all zero, with "
+                              "bounds")
         if self.weights.size and (self.kind != "range" or self.weights.size != self.gpus.size
                                   or not np.array_equal(self.bounds,
                                                         range_bounds(self.weights,
