@@ -13,6 +13,12 @@ Analytic mode: ``Topology.uniform(512, 8)``, 1,000 tables of 1e6..1e8 rows, dim 
 FrequencySummary per table (1,000 top rows with Zipf estimates plus a uniform tail); a row-wise plan
 and one with replicas (100 global + 1,000 node rows per table).
 
+``--profile`` (default ``torchrec``; ``cost_profile`` in the JSON) is the execution profile of the
+timed evaluations; the numpy peer computes the ``ideal`` profile, so the matrices are checked under ``ideal`` whatever the
+profile timed. The analytic timings are given under both profiles
+(``analytic_1000_tables_s_torchrec`` / ``_ideal``; ``analytic_1000_tables_s`` is the one of
+``--profile``).
+
 The last line of output is one JSON object.
 """
 
@@ -257,7 +263,7 @@ def profile_trace(plan, batches, B, dedup, eval_s, n_ids):
 
 
 # ============================================================================ trace bench
-def bench_trace(iterations, np_iterations, repeats, B=64):
+def bench_trace(iterations, np_iterations, repeats, B=64, profile="torchrec"):
     topo = Topology.preset("16x8")
     G = topo.num_gpus
     t0 = time.perf_counter()
@@ -268,7 +274,7 @@ def bench_trace(iterations, np_iterations, repeats, B=64):
              "replicas": replica_plan(tables, perms, topo, 1000, 10_000)}
     res = {"topology": "16x8", "G": G, "B": B, "tables": len(tables), "alpha": ALPHA,
            "iterations": iterations, "ids": n_ids, "ids_per_iteration": n_ids / iterations,
-           "generate_s": gen_s,
+           "generate_s": gen_s, "cost_profile": profile, "numpy_peer_profile": "ideal",
            "eval_mode": "row-wise (contiguous ranges) plan, de-duplication on"}
     print(f"trace workload: {len(tables)} tables, G={G}, B={B}, {iterations} iterations, "
           f"{n_ids:,} IDs ({n_ids / iterations:,.0f} per iteration), generated in {gen_s:.1f} s")
@@ -276,12 +282,13 @@ def bench_trace(iterations, np_iterations, repeats, B=64):
     warm = [Batch(b.keys, *_head(b, G * 1)) for b in batches[:1]]
     for p in plans.values():
         for d in (True, False):
-            evaluate_trace(p, warm, 1, CostModel(dedup=d))
+            for pr in {profile, "ideal"}:
+                evaluate_trace(p, warm, 1, CostModel(dedup=d, profile=pr))
     matches = {}
     for pname, plan in plans.items():
         for dedup in (True, False):
             tag = f"{pname}{'' if dedup else '_no_dedup'}"
-            model = CostModel(dedup=dedup)
+            model = CostModel(dedup=dedup, profile=profile)
             t_ev, tc = timed(lambda: evaluate_trace(plan, batches, B, model), repeats)
             assert tc.mean.iterations == iterations
             ev_rate = n_ids / t_ev
@@ -290,7 +297,8 @@ def bench_trace(iterations, np_iterations, repeats, B=64):
             n_sub = int(sum(b.num_values for b in sub))
             t_np, np_out = timed(lambda: [numpy_iteration(plan, b, B, dedup) for b in sub], 1)
             np_rate = n_sub / t_np
-            ref = evaluate_trace(plan, sub, B, model, keep_matrices=True)
+            ref = evaluate_trace(plan, sub, B, CostModel(dedup=dedup, profile="ideal"),
+                                 keep_matrices=True)
             ok, worst = True, 0.0
             for (idx, fwd, s0, s1), mats in zip(np_out, ref.matrices):
                 ok &= bool(np.allclose(mats["index"], idx, rtol=1e-12, atol=0))
@@ -375,7 +383,7 @@ def analytic_workload(T=1000, N=512, M=8, k=1000, seed=0):
     return topo, tables, perms, summaries
 
 
-def bench_analytic(repeats, B=64):
+def bench_analytic(repeats, B=64, profile="torchrec"):
     t0 = time.perf_counter()
     topo, tables, perms, summaries = analytic_workload()
     build_s = time.perf_counter() - t0
@@ -385,48 +393,65 @@ def bench_analytic(repeats, B=64):
            "analytic_build_workload_s": build_s}
     print(f"analytic workload: {len(tables)} tables on {topo.num_gpus} GPUs "
           f"(built in {build_s:.1f} s)")
-    for pname, plan in plans.items():
-        t0 = time.perf_counter()
-        evaluate_analytic(plan, summaries, B)  # warm-up: Numba load, plan.flat, row bytes
-        first = time.perf_counter() - t0
-        t, cost = timed(lambda: evaluate_analytic(plan, summaries, B), repeats)
+    for pr in (profile, *{"torchrec", "ideal"} - {profile}):
+        model = CostModel(profile=pr)
+        for pname, plan in plans.items():
+            _analytic_timing(res, pname, plan, topo, summaries, B, model, repeats,
+                             suffix="" if pr == profile else None)
+    return res
 
-        def fresh():  # a new Plan object: plan.flat and row bytes are not cached yet
-            p = Plan(plan.strategy, topo, list(plan.tables.values()))
-            t1 = time.perf_counter()
-            evaluate_analytic(p, summaries, B)
-            return time.perf_counter() - t1
-        tf = statistics.median(fresh() for _ in range(repeats))
-        key = "analytic_1000_tables_s" + ("" if pname == "rw" else "_replicas")
+
+def _analytic_timing(res, pname, plan, topo, summaries, B, model, repeats, suffix):
+    """Time ``evaluate_analytic`` on one plan under ``model``: the keys of the profile
+    (``analytic_1000_tables_s[_replicas]_<profile>``) and, with ``suffix == ""``, the same figures
+    without the profile's name (the profile of ``--profile``)."""
+    t0 = time.perf_counter()
+    evaluate_analytic(plan, summaries, B, model)  # warm-up: Numba load, plan.flat, row bytes
+    first = time.perf_counter() - t0
+    t, cost = timed(lambda: evaluate_analytic(plan, summaries, B, model), repeats)
+
+    def fresh():  # a new Plan object: plan.flat and row bytes are not cached yet
+        p = Plan(plan.strategy, topo, list(plan.tables.values()))
+        t1 = time.perf_counter()
+        evaluate_analytic(p, summaries, B, model)
+        return time.perf_counter() - t1
+    tf = statistics.median(fresh() for _ in range(repeats))
+    base = "analytic_1000_tables_s" + ("" if pname == "rw" else "_replicas")
+    for key in [f"{base}_{model.profile}"] + ([base] if suffix == "" else []):
         res[key] = t
         res[key + "_first_call"] = first
         res[key + "_fresh_plan"] = tf
-        res[f"analytic_a2a_bytes_per_iter_{pname}"] = cost.a2a_bytes
-        res[f"analytic_inter_node_bytes_per_iter_{pname}"] = cost.inter_node_bytes
-        res[f"analytic_sync_bytes_per_iter_{pname}"] = cost.sync_bytes
-        print(f"  {pname:9s} evaluate_analytic {t * 1e3:8.1f} ms (median of {repeats}); first call "
-              f"{first * 1e3:.0f} ms; on a fresh Plan object {tf * 1e3:.1f} ms   a2a "
-              f"{cost.a2a_bytes / 1e9:.2f} GB/iter, inter-node {cost.inter_node_bytes / 1e9:.2f} "
-              f"GB/iter, sync {cost.sync_bytes / 1e9:.2f} GB/iter")
-    return res
+    tag = f"{pname}_{model.profile}"
+    for k, v in (("a2a_bytes", cost.a2a_bytes), ("inter_node_bytes", cost.inter_node_bytes),
+                 ("sync_bytes", cost.sync_bytes)):
+        res[f"analytic_{k}_per_iter_{tag}"] = v
+        if suffix == "":
+            res[f"analytic_{k}_per_iter_{pname}"] = v
+    print(f"  {pname:9s} {model.execution.label:12s} evaluate_analytic {t * 1e3:8.1f} ms (median "
+          f"of {repeats}); first call {first * 1e3:.0f} ms; on a fresh Plan object "
+          f"{tf * 1e3:.1f} ms   a2a {cost.a2a_bytes / 1e9:.2f} GB/iter, inter-node "
+          f"{cost.inter_node_bytes / 1e9:.2f} GB/iter, sync {cost.sync_bytes / 1e9:.2f} GB/iter")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true",
                     help="2 iterations, numpy check on 1, 1 repeat (under a minute)")
+    ap.add_argument("--profile", choices=("torchrec", "ideal"), default="torchrec",
+                    help="execution profile of the timed evaluations (default torchrec)")
     args = ap.parse_args(argv)
     iterations, np_iterations, repeats, a_repeats = (2, 1, 1, 3) if args.quick else (6, 2, 3, 5)
     t0 = time.perf_counter()
     res = {"quick": args.quick}
-    res.update(bench_trace(iterations, np_iterations, repeats))
-    res.update(bench_analytic(a_repeats))
+    res.update(bench_trace(iterations, np_iterations, repeats, profile=args.profile))
+    res.update(bench_analytic(a_repeats, profile=args.profile))
     res["targets"] = {"eval_ids_per_s>=50e6": res["eval_ids_per_s"] >= 50e6,
                       "analytic_1000_tables_s<0.1": res["analytic_1000_tables_s"] < 0.1}
     res["bench_s"] = time.perf_counter() - t0
     for k in ("eval_ids_per_s", "eval_ids_per_s_replicas", "eval_ids_per_s_no_dedup",
               "numpy_ids_per_s", "speedup_vs_numpy", "numpy_matches", "analytic_1000_tables_s",
-              "analytic_1000_tables_s_replicas", "targets"):
+              "analytic_1000_tables_s_replicas", "analytic_1000_tables_s_torchrec",
+              "analytic_1000_tables_s_ideal", "targets"):
         print(f"{k:40s} {res[k]}")
     print(json.dumps(res, default=float))
     if not res["numpy_matches"]:  # the peer must compute the evaluator's numbers

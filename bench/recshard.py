@@ -211,6 +211,8 @@ def main(argv=None):
     ap.add_argument("--keep", type=float, nargs="+", default=[0.1, 0.25, 0.5],
                     help="fractions of each GPU's cold rows that fit in HBM")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", choices=("torchrec", "ideal"), default="torchrec",
+                    help="execution profile of the cost model (default torchrec)")
     args = ap.parse_args(argv)
     args.topology = args.topology or ("2x8" if args.quick else "16x8")
     args.scale = args.scale or (1 / 8 if args.quick else 1 / 4)
@@ -222,10 +224,12 @@ def main(argv=None):
     t_start = time.perf_counter()
     tables, topo, sums, ev, B, info = workload(args)
     plan = row_wise(tables, topo)
-    res = {"quick": args.quick, "workload": info, "plan": "rw", "keep": args.keep}
+    res = {"quick": args.quick, "workload": info, "plan": "rw", "keep": args.keep,
+           "profile": args.profile}
     for key, dedup in SETTINGS:
         log(f"== {key}")
-        res[key] = run_setting(plan, sums, ev, B, CostModel(dedup=dedup), args.keep)
+        res[key] = run_setting(plan, sums, ev, B, CostModel(dedup=dedup, profile=args.profile),
+                               args.keep)
     main_ = res["dedup_on"]
     for k in ("slow_memory_access_reduction_vs_blind", "uvm_time_speedup_vs_blind",
               "iteration_time_speedup_vs_blind", "analytic_vs_trace"):

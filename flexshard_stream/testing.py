@@ -37,7 +37,7 @@ import numpy as np
 
 from .errors import FlexShardError
 from .placement.cost import COMPONENTS, CostModel, evaluate_analytic, evaluate_trace
-from .placement.plan import ColdSharding, Plan, TablePlan
+from .placement.plan import SHARDING_KINDS, ColdSharding, Plan, TablePlan
 from .placement.tables import (
     DTYPE_BYTES,
     TABLE_KINDS,
@@ -324,11 +324,12 @@ def plans(topology: Any, tables: Any, *, summaries: Any = None, max_tier_rows: i
           strategy: str = "random", host_tier: bool = False):
     """Strategy of valid :class:`Plan` s: per table random global / node / placed tiers (node rows on
     random local GPUs, placed rows on random GPUs) and a cold function among hash, equal ranges,
-    weighted ranges, ranges over a subset of GPUs, or all-replicated. With ``summaries``, the global
-    and node tiers are prefixes of each summary's frequency order (so the plans pass
-    :func:`check_plan` with those summaries); otherwise any rows. With ``host_tier``, some tables
-    that are not replicated also get a host memory tier (``hbm_fraction``: per GPU 0, 1 or a random
-    fraction). Arguments may be strategies."""
+    weighted ranges, ranges over a subset of GPUs, all-replicated, or ``"columns"`` (column shards
+    of random widths on distinct random GPUs, global replicas only; not drawn unless listed). With
+    ``summaries``, the global and node tiers are prefixes of each summary's frequency order (so the
+    plans pass :func:`check_plan` with those summaries); otherwise any rows. With ``host_tier``,
+    some tables that are neither replicated nor column-wise also get a host memory tier
+    (``hbm_fraction``: per GPU 0, 1 or a random fraction). Arguments may be strategies."""
     st = _hypothesis()
 
     @st.composite
@@ -344,6 +345,9 @@ def plans(topology: Any, tables: Any, *, summaries: Any = None, max_tier_rows: i
             kind = draw(st.sampled_from(tuple(cold_kinds)))
             if kind == "replicated":
                 tps.append(TablePlan(t, ColdSharding.replicated()))
+                continue
+            if kind == "columns":
+                tps.append(_column_table(draw, st, t, G, _summary_of(summ, t), max_tier_rows))
                 continue
             if kind == "hash":
                 cold = ColdSharding.hashed(range(G), seed=draw(st.integers(0, 2**32)))
@@ -382,6 +386,24 @@ def plans(topology: Any, tables: Any, *, summaries: Any = None, max_tier_rows: i
         return Plan(strategy, topo, tps)
 
     return _plans()
+
+
+def _column_table(draw, st, t: EmbeddingTable, G: int, s: FrequencySummary | None,
+                  max_tier_rows: int) -> TablePlan:
+    """A column-wise table: 1..min(G, D) shards of random widths on distinct GPUs, and a global
+    tier (a prefix of the summary's order when there is one)."""
+    n = draw(st.integers(1, min(G, t.dim)))
+    cuts = sorted(draw(st.lists(st.integers(1, t.dim - 1), min_size=n - 1, max_size=n - 1,
+                                unique=True))) if n > 1 else []
+    widths = np.diff([0, *cuts, t.dim])
+    gpus = draw(st.permutations(range(G)))[:n]
+    k0 = draw(st.integers(0, min(max_tier_rows, t.num_rows // 3)))
+    if s is not None:
+        g0 = summary_order(t, s, k0)
+    else:
+        g0 = np.asarray(draw(st.lists(st.integers(0, t.num_rows - 1), max_size=k0, unique=True)),
+                        np.int64)
+    return TablePlan(t, ColdSharding.columns(gpus, widths), global_ids=np.sort(g0))
 
 
 def workloads(max_nodes: int = 3, max_gpus_per_node: int = 3, max_tables: int = 3,
@@ -482,6 +504,7 @@ def _check_structure(plan: Plan, tp: TablePlan, r: _Report) -> bool:
                   f"{_ex(both)}")
     if tp.replicated and (tp.global_ids.size or tp.node_ids.size or tp.placed_ids.size):
         r.add(f"table {name!r}: an all-replicated table lists tier rows as well")
+    ok &= _check_sharding(plan, tp, r)
     hf = np.asarray(getattr(tp, "hbm_fraction", np.zeros(0)))
     if hf.size:
         if tp.replicated:
@@ -493,6 +516,35 @@ def _check_structure(plan: Plan, tp: TablePlan, r: _Report) -> bool:
         if bad.size:
             r.add(f"table {name!r}: hbm_fraction outside [0, 1] on GPUs {_ex(bad)}")
     return ok
+
+
+def _check_sharding(plan: Plan, tp: TablePlan, r: _Report) -> bool:
+    """The sharding kind is one of :data:`SHARDING_KINDS` and fits the cold function: column
+    shards on distinct GPUs covering the dim with global replicas only; one node for
+    table_row_wise / table_column_wise. False if routing cannot be checked meaningfully."""
+    name, topo = tp.name, plan.topology
+    kind = plan.sharding_kinds.get(name)
+    if kind not in SHARDING_KINDS:
+        r.add(f"table {name!r}: sharding kind {kind!r} is not one of {list(SHARDING_KINDS)}")
+        return False
+    c = tp.cold
+    if (kind in ("column_wise", "table_column_wise")) != (c.kind == "columns"):
+        r.add(f"table {name!r}: sharding {kind} with a {c.kind!r} cold function")
+        return False
+    if kind in ("table_row_wise", "table_column_wise") and \
+            np.unique(c.gpus // topo.gpus_per_node).size > 1:
+        r.add(f"table {name!r}: {kind} on GPUs {c.gpus.tolist()} of several nodes")
+    if c.kind != "columns":
+        return True
+    if int(c.widths.sum()) != tp.table.dim or np.any(c.widths <= 0):
+        r.add(f"table {name!r}: column widths {c.widths.tolist()} do not cover dim "
+              f"{tp.table.dim}")
+    if np.unique(c.gpus).size != c.gpus.size:
+        r.add(f"table {name!r}: two column shards on one GPU ({c.gpus.tolist()})")
+    if tp.node_ids.size or tp.placed_ids.size or tp.has_host_tier:
+        r.add(f"table {name!r}: a column-wise table with node replicas, placed rows or a host "
+              f"memory tier (global replicas only)")
+    return True
 
 
 def _check_routing(plan: Plan, tp: TablePlan, ids: np.ndarray, complete: bool, r: _Report) -> None:
@@ -512,10 +564,44 @@ def _check_routing(plan: Plan, tp: TablePlan, ids: np.ndarray, complete: bool, r
     expected, kind = _expected_owners(plan.topology, tp, ids)
     _check_expected_owners(tp.name, ids, out, expected, kind, r)
     cold = kind == 0
+    if tp.column_wise:
+        _check_column_owners(plan, tp, ids, cold, r)
+        if complete:
+            _check_column_bytes(plan.topology, tp, r)
+        return
     if cold.any():
         _check_cold_owners(tp, ids[cold], out[:, cold], r)
     if complete:
         _check_stored_rows(plan.topology, tp, out[0, cold], r)
+
+
+def _check_column_owners(plan: Plan, tp: TablePlan, ids: np.ndarray, cold: np.ndarray,
+                         r: _Report) -> None:
+    """Column shards: :meth:`Plan.owners` sends every cold lookup to every shard's GPU and a
+    global replica's lookup to the requester."""
+    G, name = plan.topology.num_gpus, tp.name
+    for src in (0, G - 1):
+        own = np.asarray(plan.owners(name, ids, src))
+        want = np.where(cold[:, None], tp.cold.gpus[None, :], src)
+        if own.shape != want.shape or not np.array_equal(own, want):
+            j = int(np.flatnonzero(np.any(own != want, axis=1))[0]) if own.shape == want.shape \
+                else 0
+            r.add(f"table {name!r}: ID {int(ids[j])} requested from GPU {src} is served by GPUs "
+                  f"{own[j].tolist()}, expected {want[j].tolist()} (every column shard's GPU)")
+            return
+
+
+def _check_column_bytes(topo: Topology, tp: TablePlan, r: _Report) -> None:
+    """Column shards: each shard's GPU stores its ``w / D`` of every cold row, every GPU the
+    global replicas, and the bytes add up to the table's rows."""
+    c, rb = tp.cold, float(tp.table.row_bytes)
+    want = np.full(topo.num_gpus, tp.global_ids.size * rb)
+    want[c.gpus] += (tp.table.num_rows - tp.global_ids.size) * rb * c.widths / tp.table.dim
+    got = tp.row_bytes_per_gpu(topo)
+    if not np.allclose(got, want, rtol=_RTOL, atol=1e-9):
+        g = int(np.flatnonzero(~np.isclose(got, want, rtol=_RTOL, atol=1e-9))[0])
+        r.add(f"table {tp.name!r}: GPU {g} stores {got[g]:.6g} bytes of the table by the "
+              f"accounting, its column shards and replicas take {want[g]:.6g}")
 
 
 def _route_from_every_gpu(plan: Plan, tp: TablePlan, ids: np.ndarray, r: _Report
@@ -679,6 +765,10 @@ def _check_prefix(tp: TablePlan, s: FrequencySummary, r: _Report) -> None:
 
 
 def _check_conservation(cost: Any, label: str, r: _Report) -> None:
+    """Bytes sent equal bytes received, per component and link class; backward is the forward
+    transposed; matrices agree with the per-GPU sums. Only the ``torchrec`` profile may count
+    bytes on the local class (a rank's own chunk of TorchRec's buffers)."""
+    own_chunks = getattr(cost, "profile", "ideal") == "torchrec"
     for comp in COMPONENTS:
         s, v = cost.send[comp], cost.recv[comp]
         if not (np.all(np.isfinite(s)) and np.all(np.isfinite(v))):
@@ -693,7 +783,7 @@ def _check_conservation(cost: Any, label: str, r: _Report) -> None:
             if abs(float(s[:, i].sum()) - float(v[:, i].sum())) > _RTOL * scale:
                 r.add(f"{label}: {comp} {cls} bytes sent ({s[:, i].sum():.6g}) != received "
                       f"({v[:, i].sum():.6g})")
-        if float(np.abs(s[:, 0]).sum()) > _RTOL * scale:
+        if float(np.abs(s[:, 0]).sum()) > _RTOL * scale and not (own_chunks and comp != "sync"):
             r.add(f"{label}: {comp} counts {s[:, 0].sum():.6g} bytes on the local link class "
                   f"(local lookups must cost nothing)")
     mats = cost.matrices
@@ -707,7 +797,7 @@ def _check_conservation(cost: Any, label: str, r: _Report) -> None:
             if m is None:
                 continue
             scale = max(1.0, float(np.abs(m).sum()))
-            if np.abs(np.diag(m)).sum() > _RTOL * scale:
+            if np.abs(np.diag(m)).sum() > _RTOL * scale and not (own_chunks and comp != "sync"):
                 r.add(f"{label}: {comp} matrix has bytes on its diagonal (a GPU sending to itself)")
             if comp in cost.send:
                 if not np.allclose(m.sum(axis=1), cost.send[comp].sum(axis=1), rtol=1e-7,
@@ -741,7 +831,7 @@ def _check_round_trip(plan: Plan, r: _Report) -> None:
             a, b = plan.tables[n], back.tables[n]
             if a == b:
                 continue
-            diff = [f for f in ("table", "cold") if getattr(a, f) != getattr(b, f)]
+            diff = [f for f in ("table", "cold", "sharding") if getattr(a, f) != getattr(b, f)]
             diff += [f for f in ("global_ids", "node_ids", "node_local", "placed_ids",
                                  "placed_gpus", "hbm_fraction")
                      if not np.array_equal(getattr(a, f), getattr(b, f))]
@@ -761,11 +851,16 @@ def check_plan(plan: Plan, *, summaries: Mapping[str, FrequencySummary] | None =
     Checks
     ------
     - structure: tier arrays sorted, unique, in range and disjoint; GPU indices in ``[0, G)``;
+      the sharding kind one of ``SHARDING_KINDS`` and consistent with the cold function (column
+      shards on distinct GPUs covering the dim, global replicas only; table_row_wise and
+      table_column_wise on one node);
     - routing, from every GPU: every checked ID of every table routes to exactly one owner in
       ``[0, G)``; global replicas are served by the requester itself, node replicas by local GPU
       ``node_local`` of the requester's node, placed rows by their GPU, cold rows by the cold function
       (the same owner from every GPU; ranges: by the bounds; hash: one of the cold GPUs);
-      all-replicated tables stay local. Checked IDs: every ID when ``num_rows * G <=
+      all-replicated tables stay local; column-wise tables: every cold lookup goes to every
+      shard's GPU (:meth:`Plan.owners`) and each shard stores ``w / D`` of every cold row's
+      bytes. Checked IDs: every ID when ``num_rows * G <=
       full_route_limit`` (then also: ``rows_per_gpu`` agrees with what the routing serves), else
       0, ``num_rows - 1``, the tier members (up to ``max_tier_ids`` per tier), the range bounds and
       ``sample_ids`` (a count of random IDs, an array of IDs, or ``{table: IDs}``);
@@ -780,8 +875,9 @@ def check_plan(plan: Plan, *, summaries: Mapping[str, FrequencySummary] | None =
       all-replicated table); with all IDs checked, the host rows accounted are ``1 - f`` of the cold
       rows each GPU serves; each node's host bytes fit its ``host_memory_bytes``;
     - with ``summaries`` and ``batch_size`` (and for ``batches``, replayed with ``evaluate_trace``):
-      bytes sent equal bytes received per component and link class, nothing on the local class,
-      backward equals forward transposed, matrix sums match the per-GPU sums;
+      bytes sent equal bytes received per component and link class, nothing on the local class
+      (but a rank's own chunk under the ``torchrec`` profile), backward equals forward
+      transposed, matrix sums match the per-GPU sums;
     - ``round_trip``: ``Plan.load(plan.save(tmp)) == plan``.
     """
     r = _Report()

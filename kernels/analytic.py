@@ -34,7 +34,7 @@ def analytic_traffic(G, M, B, dedup,
                      idx_cold, idx_node, emb_cold, emb_node, s_node,
                      # host memory tier: per-table fractions (hf[hf_off[t]:hf_off[t+1]], G values or
                      # none), UVM bytes per host lookup; outputs host lookups and UVM bytes per GPU
-                     hf_off, hf, uvm_lb, host_lk, uvm_b):
+                     hf_off, hf, uvm_lb, host_lk, uvm_b, torchrec=False):
     """Accumulate expected requests per iteration into the outputs; return the global-replica
     gradient bytes (all-reduced over all GPUs).
 
@@ -43,6 +43,15 @@ def analytic_traffic(G, M, B, dedup,
     embedding bytes likewise (weighted by D * e); s_node[M]: node-replica gradient bytes.
     host_lk[G]: expected lookups served from GPU g's host memory (all requesters, the owner
     included); uvm_b[G]: the same weighted by ``uvm_lb[t]`` bytes per lookup.
+
+    Column shards (layout kind 4, ``lay_w`` the widths): every cold request goes to each shard's
+    GPU, with ``w / D`` of the embedding bytes; pooled tables one partial sum per (sample, shard).
+
+    ``torchrec``: the TorchRec execution profile's share (docs/COST_MODEL.md): ``idx_cold[g]`` is
+    the expected IDs *every* GPU (``g`` itself included) sends to ``g`` in the input distribution,
+    ``emb_cold[g]`` the sequence rows ``g`` returns to every GPU (bytes); replicated rows (global,
+    node, data-parallel tables) send nothing and are not summed (their all-reduce is dense);
+    pooled tables contribute IDs only, never de-duplicated (their outputs are dense); returns 0.
     """
     T = sp_off.shape[0] - 1
     nl = lay_off.shape[0] - 1
@@ -63,6 +72,8 @@ def analytic_traffic(G, M, B, dedup,
         lt = layout[t]
         kind = lay_kind[lt]
         if kind == 2:  # data parallel: every touched row is all-reduced
+            if torchrec:
+                continue
             touched = 0.0
             for k in range(ta, tb):
                 touched += -np.expm1(-lam_scale * top_p[k])
@@ -70,7 +81,9 @@ def analytic_traffic(G, M, B, dedup,
             s_global += touched * eb
             continue
         is_pooled = pooled[t]
-        if is_pooled:
+        dd = dedup and not (torchrec and is_pooled)
+        partial = is_pooled and not torchrec   # one partial sum per (sample, owner)
+        if partial:
             for g in range(G):
                 q_c[g] = 0.0
             for m in range(M):
@@ -86,6 +99,8 @@ def analytic_traffic(G, M, B, dedup,
         ho = hf_off[t]
         tier = hf_off[t + 1] > ho
         ulb = uvm_lb[t]
+        col_rq = 0.0   # column shards: requests and probability mass of the cold rows
+        col_q = 0.0
         q = a   # top rows come sorted by ID: merge them with the (sorted) special rows
         for k in range(ta, tb):
             r = top_ids[k]
@@ -98,6 +113,12 @@ def analytic_traffic(G, M, B, dedup,
                 if q < b and sp_ids[q] == r:
                     p_special[q - a] = p
                     continue  # special rows are handled below with their probability
+            lam = lam_scale * p
+            rq = -np.expm1(-lam * inv_g) if dd else lam * inv_g
+            if kind == 4:
+                col_rq += rq
+                col_q += p
+                continue
             if kind == 0:
                 dst = lay_gpus[ca + np.int64(mix64(uint64(r), seed) % ncold)]
             elif kind == 3:
@@ -112,12 +133,10 @@ def analytic_traffic(G, M, B, dedup,
                 dst = lay_gpus[ca + j]
             else:
                 dst = lay_gpus[ca + range_slot(bnd, r)]
-            lam = lam_scale * p
-            rq = -np.expm1(-lam * inv_g) if dedup else lam * inv_g
             idx_cold[dst] += rq
-            if is_pooled:
+            if partial:
                 q_c[dst] += p
-            else:
+            elif not is_pooled:
                 emb_cold[dst] += rq * eb
             if tier and host_u(r) >= hf[ho + dst]:
                 hl = rq * G
@@ -130,8 +149,10 @@ def analytic_traffic(G, M, B, dedup,
                 p = pt
                 n_special_tail += 1
             code = sp_codes[a + j]
+            if torchrec and code < 0:
+                continue   # the hot (data-parallel) table: no input distribution
             lam = lam_scale * p
-            rq = -np.expm1(-lam * inv_g) if dedup else lam * inv_g
+            rq = -np.expm1(-lam * inv_g) if dd else lam * inv_g
             if code == -1:
                 s_global += -np.expm1(-lam) * eb
             elif code <= -2:
@@ -144,24 +165,28 @@ def analytic_traffic(G, M, B, dedup,
                     emb_node_m[m] += rq * eb
             else:
                 idx_cold[code] += rq
-                if is_pooled:
+                if partial:
                     q_c[code] += p
-                else:
+                elif not is_pooled:
                     emb_cold[code] += rq * eb
         # tail rows: spread over the layout's GPUs by their share of rows
         tr = tail_rows[t] - n_special_tail
         if tr > 0 and pt > 0:
-            rq_t = -np.expm1(-lam_scale * pt * inv_g) if dedup else lam_scale * pt * inv_g
-            lay_idx[lt] += tr * rq_t
-            if is_pooled:
-                wsum = 0.0
-                for j in range(ca, cb):
-                    wsum += lay_w[j]
-                if wsum > 0:
-                    for j in range(ca, cb):
-                        q_c[lay_gpus[j]] += lay_w[j] / wsum * tr * pt
+            rq_t = -np.expm1(-lam_scale * pt * inv_g) if dd else lam_scale * pt * inv_g
+            if kind == 4:
+                col_rq += tr * rq_t
+                col_q += tr * pt
             else:
-                lay_emb[lt] += tr * rq_t * eb
+                lay_idx[lt] += tr * rq_t
+                if partial:
+                    wsum = 0.0
+                    for j in range(ca, cb):
+                        wsum += lay_w[j]
+                    if wsum > 0:
+                        for j in range(ca, cb):
+                            q_c[lay_gpus[j]] += lay_w[j] / wsum * tr * pt
+                elif not is_pooled:
+                    lay_emb[lt] += tr * rq_t * eb
             if tier:  # the tail share of each cold GPU, in host memory with prob. 1 - f[g]
                 wsum = 0.0
                 for j in range(ca, cb):
@@ -173,7 +198,10 @@ def analytic_traffic(G, M, B, dedup,
                         hl = scale_h * lay_w[j] * (1.0 - hf[ho + g])
                         host_lk[g] += hl
                         uvm_b[g] += hl * ulb
-        if is_pooled:
+        if kind == 4:
+            _column_shards(lay_gpus, lay_w, ca, cb, col_rq, col_q, eb, B, L, is_pooled, partial,
+                           idx_cold, emb_cold)
+        elif partial:
             for g in range(G):
                 e_c = np.exp(-L * q_c[g])
                 emb_cold[g] += B * (1.0 - e_c) * eb
@@ -194,6 +222,26 @@ def analytic_traffic(G, M, B, dedup,
     for g in range(G):
         emb_node[g] += emb_node_m[g % M]
     return s_global
+
+
+@njit(nogil=True, cache=True)
+def _column_shards(lay_gpus, lay_w, ca, cb, rq, q, eb, B, L, is_pooled, partial, idx_cold,
+                   emb_cold):
+    """One column-wise table's cold requests ``rq`` (probability mass ``q``) sent to every
+    shard: shard ``j`` (``lay_w[j]`` of the table's columns) gets all requests and returns its
+    share of the embedding bytes ``eb`` per sequence row, or per (sample, shard) partial sum
+    ``B (1 - exp(-L q))`` with ``partial``."""
+    wsum = 0.0
+    for j in range(ca, cb):
+        wsum += lay_w[j]
+    for j in range(ca, cb):
+        g = lay_gpus[j]
+        share = eb * lay_w[j] / wsum
+        idx_cold[g] += rq
+        if partial:
+            emb_cold[g] += B * (1.0 - np.exp(-L * q)) * share
+        elif not is_pooled:
+            emb_cold[g] += rq * share
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -221,10 +269,12 @@ def _slot_of(kind, bnd, H, r):
 
 
 @njit(nogil=True, cache=True)
-def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus, lay_boff,
+def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus, lay_w, lay_boff,
                     lay_bounds, sp_off, sp_ids, out, hf_off, hf, host_out):
-    """Add the bytes of every table's range-sharded cold rows to ``out[G]`` (special rows taken
-    out); returns False if a table uses a cold kind this kernel does not handle (hash).
+    """Add the bytes of every table's range-sharded or column-sharded cold rows to ``out[G]``
+    (special rows taken out); returns False if a table uses a cold kind this kernel does not
+    handle (hash). A column shard of ``w`` of the table's ``D`` columns (``lay_w``: the widths)
+    stores ``w / D`` of every cold row's bytes.
 
     Host memory tier (``hf_off`` / ``hf`` of ``Plan.flat``): a table with fractions ``f`` puts
     ``f[g]`` of GPU g's cold bytes in ``out`` (HBM) and ``1 - f[g]`` in ``host_out`` (expected
@@ -242,6 +292,14 @@ def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus,
         rb = row_bytes[t]
         ca, cb = lay_off[lt], lay_off[lt + 1]
         n = cb - ca
+        if kind == 4:  # column shards (global replicas only: the special rows)
+            wsum = 0.0
+            for j in range(ca, cb):
+                wsum += lay_w[j]
+            rows = H - (sp_off[t + 1] - sp_off[t])
+            for j in range(ca, cb):
+                out[lay_gpus[j]] += rows * rb * (lay_w[j] / wsum)
+            continue
         bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
         ho = hf_off[t]
         tier = hf_off[t + 1] > ho
@@ -281,14 +339,15 @@ def cold_rows_by_table(G, layout, num_rows, lay_kind, lay_off, lay_gpus, lay_bof
                        sp_off, sp_ids, out):
     """Cold rows of every range-sharded table on every GPU, special rows taken out, added into
     ``out[G, T]`` (GPU-major); tables with a hashed cold function are left to the caller (returns
-    their indices, int64); data-parallel tables have none."""
+    their indices, int64); data-parallel and column-wise tables have none (they keep every row in
+    HBM)."""
     T = layout.shape[0]
     todo = np.zeros(T, np.int64)
     nt = 0
     for t in range(T):
         lt = layout[t]
         kind = lay_kind[lt]
-        if kind == 2:
+        if kind == 2 or kind == 4:
             continue
         if kind == 0:
             todo[nt] = t
@@ -312,8 +371,8 @@ def cold_rows_by_table(G, layout, num_rows, lay_kind, lay_off, lay_gpus, lay_bof
 def top_cold_owners(sp_off, sp_ids, layout, num_rows, lay_kind, lay_off, lay_gpus, lay_bounds,
                     lay_boff, lay_seed, top_off, top_ids, out):
     """Owner GPU of every explicit top row that the cold function routes (``out[k]``), or -1 for
-    rows that are replicas or placed already, out of range, of a data-parallel table, or repeated in
-    the same table's list (the first listing is kept)."""
+    rows that are replicas or placed already, out of range, of a data-parallel or column-wise table
+    (no host memory tier), or repeated in the same table's list (the first listing is kept)."""
     T = layout.shape[0]
     nmax = 0
     for t in range(T):
@@ -329,7 +388,7 @@ def top_cold_owners(sp_off, sp_ids, layout, num_rows, lay_kind, lay_off, lay_gpu
             continue
         lt = layout[t]
         kind = lay_kind[lt]
-        if kind == 2:
+        if kind == 2 or kind == 4:
             for k in range(ta, tb):
                 out[k] = -1
             continue
@@ -473,3 +532,88 @@ def fill_hbm(cap, over, owner, ex_table, ex_dens, ex_order, tail_order, tail_den
                 hb += (1.0 - frac[g, t]) * rest * row_bytes[t]
                 tier[t] = True
         host[g] = hb
+
+
+# ----------------------------------------------------------------------------- TorchRec profile
+@njit(nogil=True, cache=True)
+def torchrec_dense_terms(G, M, B, length_bytes, sharding, layout, pooled, emb_bytes, num_rows,
+                         sp_off, sp_codes, lay_off, lay_gpus, lay_w,
+                         lengths, pooled_owner, rs_node, x_node, groups, counted):
+    """The collectives of the TorchRec execution profile that do not depend on the IDs (one
+    iteration, bytes; docs/COST_MODEL.md), all tables in one pass.
+
+    ``sharding[t]``: the table's sharding kind code (``plan.SHARDING_CODES``: 0 table_wise,
+    1 column_wise, 2 table_column_wise, 3 row_wise, 4 table_row_wise, 5 data_parallel); the
+    replicated rows of a table (special codes < 0) form its data-parallel hot table. Sequence
+    tables have no table_row_wise / table_column_wise in TorchRec and are priced as row_wise /
+    column_wise. Outputs (accumulated):
+
+    - ``lengths[g]``: KJT lengths every rank sends to ``g`` (``length_bytes * B`` per slot);
+    - ``pooled_owner[g]``: pooled all-to-all bytes ``g`` sends to every rank (``B d e`` per
+      table-wise / column-wise shard of ``d`` columns);
+    - ``rs_node[n]``: table-row-wise reduce-scatter chunk of each rank of node ``n`` (``N B D_n
+      e``), ``x_node[n]``: its cross-node all-to-all bytes to each peer (``B D_n e``);
+    - ``groups[6 * pooled + kind]``: 1 for every (module, sharding kind) group with a dist;
+    - ``counted[t]``: table t's IDs go through an input distribution (not data-parallel, not all
+      rows replicated).
+
+    Returns ``(rs_world, allreduce)``: the row-wise reduce-scatter chunk every rank sends every
+    rank (``B sum D e``) and the data-parallel all-reduce buffer (``sum H D e`` over data-parallel
+    tables plus ``K D e`` over hot tables of ``K`` replicated rows).
+    """
+    T = layout.shape[0]
+    N = G // M
+    bl = B * length_bytes
+    n_rw = 0.0
+    twrw_len = np.zeros(N)
+    d_node = np.zeros(N)
+    rs_world = 0.0
+    allreduce = 0.0
+    for t in range(T):
+        eb = emb_bytes[t]
+        hot = 0
+        for k in range(sp_off[t], sp_off[t + 1]):
+            if sp_codes[k] < 0:
+                hot += 1
+        code = sharding[t]
+        if code == 5 or hot >= num_rows[t]:
+            allreduce += num_rows[t] * eb
+            continue
+        allreduce += hot * eb
+        counted[t] = True
+        is_pooled = pooled[t]
+        if not is_pooled and code == 4:
+            code = 3
+        elif not is_pooled and code == 2:
+            code = 1
+        groups[6 * np.int64(is_pooled) + code] = 1
+        ca, cb = lay_off[layout[t]], lay_off[layout[t] + 1]
+        if code == 0:
+            g = lay_gpus[ca]
+            lengths[g] += bl
+            if is_pooled:
+                pooled_owner[g] += B * eb
+        elif code == 1 or code == 2:
+            wsum = 0.0
+            for j in range(ca, cb):
+                wsum += lay_w[j]
+            for j in range(ca, cb):
+                g = lay_gpus[j]
+                lengths[g] += bl
+                if is_pooled:
+                    pooled_owner[g] += B * eb * lay_w[j] / wsum
+        elif code == 3:
+            n_rw += 1.0
+            if is_pooled:
+                rs_world += B * eb
+        else:
+            n = lay_gpus[ca] // M
+            twrw_len[n] += 1.0
+            if is_pooled:
+                d_node[n] += B * eb
+    for g in range(G):
+        lengths[g] += bl * (n_rw + twrw_len[g // M])
+    for n in range(N):
+        rs_node[n] += N * d_node[n]
+        x_node[n] += d_node[n]
+    return rs_world, allreduce

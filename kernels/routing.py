@@ -11,7 +11,10 @@ Codes stored in the map (int32):
 
 Cold functions (``cold_kind``): 0 hash: ``gpus[mix64(id, seed) % len(gpus)]``; 1 range:
 ``gpus[j]`` for ``bounds[j] <= id < bounds[j + 1]`` (contiguous or weighted ranges; IDs past the last
-bound go to the last GPU); 2 all-replicated (data parallel): every ID is local.
+bound go to the last GPU); 2 all-replicated (data parallel): every ID is local; 3 column shards:
+every cold row lives on every GPU of ``gpus`` (a slice of its columns each), so a lookup goes to all
+of them; the single-owner functions here answer with the first shard's GPU, ``gpus[0]`` (the
+traffic kernels fan out over every shard themselves).
 """
 
 import heapq
@@ -22,7 +25,7 @@ from numba import njit, uint64
 from .hashing import mix64
 
 CODE_GLOBAL = -1
-COLD_HASH, COLD_RANGE, COLD_REPLICATED = 0, 1, 2
+COLD_HASH, COLD_RANGE, COLD_REPLICATED, COLD_COLUMNS = 0, 1, 2, 3
 _MAP_SEED = np.uint64(0x2545F4914F6CDD1D)
 
 
@@ -95,9 +98,12 @@ def range_slot(bounds, key):
 
 @njit(nogil=True, cache=True, inline="always")
 def cold_owner(key, src, cold_kind, gpus, bounds, seed):
-    """Owner GPU of a non-special row ``key`` requested by ``src``."""
+    """Owner GPU of a non-special row ``key`` requested by ``src`` (column shards: the first
+    shard's GPU)."""
     if cold_kind == 2:
         return src
+    if cold_kind == 3:
+        return gpus[0]
     if cold_kind == 0:
         return gpus[np.int64(mix64(uint64(key), seed) % uint64(gpus.shape[0]))]
     return gpus[range_slot(bounds, key)]

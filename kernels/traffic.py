@@ -9,6 +9,17 @@ Replica rows touched by any GPU are counted once per iteration for the gradient 
 Host memory tier (optional arguments): lookups of cold rows kept in host memory are counted per owner
 GPU, the owner's own included (docs/COST_MODEL.md, "Host memory tier").
 
+Column shards (optional ``col_gpus``): a cold lookup goes to every shard's GPU (one index message
+and, for sequence tables, one shard row each; pooled tables one partial sum per (sample, shard)).
+
+TorchRec execution profile (``torchrec=True``, docs/COST_MODEL.md): ``cnt_idx[src, dst]`` counts
+every ID of ``src``'s samples that the KJT input distribution sends to ``dst``, ``dst == src``
+included (TorchRec's all-to-all buffers hold a rank's own share too); replicated rows (global and
+node replicas: the exported data-parallel hot table) are not sent at all; de-duplication, when
+asked (TorchRec's index de-duplication of sequence tables), is per (``src``, row) as above.
+``cnt_emb`` is then left alone: sequence rows come back one per counted ID and pooled outputs are
+dense, both priced by the caller.
+
 Hot-loop notes (measured, bench/cost.py): routing is written out in the loop rather than called
 through inlined helpers that take arrays (those left reference-count calls per ID), and
 de-duplication works one source-GPU block at a time (a GPU's samples are contiguous) in a small
@@ -27,7 +38,8 @@ _MAP_SEED = np.uint64(0x2545F4914F6CDD1D)
 @njit(nogil=True, cache=True)
 def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind, gpus, bounds,
                   seed, dedup, pooled, set_tab, stamp0, touch_stamp, dp_tab, marks,
-                  cnt_idx, cnt_emb, touched_node, hbm_frac=None, host_cnt=None):
+                  cnt_idx, cnt_emb, touched_node, hbm_frac=None, host_cnt=None, torchrec=False,
+                  col_gpus=None):
     """Accumulate one iteration of one table into ``cnt_idx`` / ``cnt_emb`` (int64[G, G]).
 
     ``set_tab`` (int64[cap, 2], ``cap`` a power of two >= 2 * the IDs of any one GPU) is the
@@ -46,6 +58,10 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
     adds one to ``host_cnt[g]`` (with de-duplication once per (source GPU, row) pair, as the index
     exchange). Without them (the default) this code is pruned at compile time: the specialization
     without a host tier is the plain hot loop.
+
+    ``torchrec`` (bool): count as TorchRec's input distribution does (module docstring).
+    ``col_gpus`` (int64[n], column-wise tables, no host tier): the GPU of each column shard; a
+    cold lookup is counted towards each of them.
     """
     nsamp = lengths.shape[0]
     G = (nsamp + B - 1) // B
@@ -94,6 +110,8 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                         i = (i + 1) & map_mask
                     if special:
                         code = vals[i]
+                        if torchrec and code < 0:
+                            continue  # the hot (data-parallel) table: no input distribution
                         if code >= 0:
                             dst = np.int64(code)
                         elif code == -1:
@@ -122,6 +140,8 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                         continue
                     elif cold_kind == 0:
                         dst = np.int64(gpus[np.int64(mix64(uint64(key), seed) % ngpu)])
+                    elif cold_kind == 3:
+                        dst = -1   # column shards: every shard's GPU (below)
                     else:
                         # range: guess by proportion (exact for equal ranges), else binary search
                         j = 0
@@ -142,7 +162,7 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                         dst = np.int64(gpus[j])
                     if hbm_frac is not None:
                         host = host_u(key) >= hbm_frac[dst]
-                if dst == src and not host:
+                if dst == src and not host and not torchrec:
                     continue
                 new = True
                 if dedup:
@@ -158,14 +178,25 @@ def table_traffic(ids, lengths, B, M, num_rows, keys, vals, used, lg, cold_kind,
                 if host_cnt is not None:
                     if host and new:
                         host_cnt[dst] += 1
-                    if dst == src:
+                    if dst == src and not torchrec:
                         continue
-                if new:
-                    cnt_idx[src, dst] += 1
-                    if not pooled:
+                d0 = dst
+                nd = 1
+                if col_gpus is not None:
+                    if d0 < 0:
+                        nd = col_gpus.shape[0]
+                for q in range(nd):
+                    if col_gpus is not None:
+                        if d0 < 0:
+                            dst = col_gpus[q]
+                            if dst == src and not torchrec:
+                                continue
+                    if new:
+                        cnt_idx[src, dst] += 1
+                        if not pooled and not torchrec:
+                            cnt_emb[src, dst] += 1
+                    if pooled and not torchrec and marks[dst] != s:
+                        marks[dst] = s
                         cnt_emb[src, dst] += 1
-                if pooled and marks[dst] != s:
-                    marks[dst] = s
-                    cnt_emb[src, dst] += 1
             pos += n
     return touched_global

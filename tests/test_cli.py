@@ -94,6 +94,34 @@ def test_plan_and_evaluate(log, tmp_path):
     assert d["rw"]["comm_time_s_per_iter"] > 0
 
 
+def test_profile_option(log, tmp_path):
+    """--profile chooses the execution profile; the figures say which; cw / twcw plans write."""
+    p, _ = log
+    for strat in ("rw", "cw"):
+        r = runner.invoke(app, ["plan", "--log", str(p), "--topology", "2x8", "--strategy", strat,
+                                "--out", str(tmp_path / strat), "--batch-size", "8", "--json"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout.strip().splitlines()[-1])
+        assert set(doc["sharding"].values()) == {"row_wise" if strat == "rw" else "column_wise"}
+        assert doc["profile"] == "torchrec" and doc["torchrec_issues"] == []
+    got = {}
+    for prof in ("torchrec", "ideal"):
+        r = runner.invoke(app, ["evaluate", "--plan", str(tmp_path / "rw"), "--log", str(p),
+                                "--batch-size", "8", "--profile", prof, "--json"])
+        assert r.exit_code == 0, r.output
+        got[prof] = json.loads(r.stdout.strip().splitlines()[-1])["rw"]
+        assert got[prof]["profile"] == prof
+        r = runner.invoke(app, ["evaluate", "--plan", str(tmp_path / "rw"), "--log", str(p),
+                                "--batch-size", "8", "--profile", prof])
+        assert ("TorchRec 1.8 figures" if prof == "torchrec" else "idealized figures") in r.output
+    # TorchRec sends the pooled user table's partial sums densely: more than the ideal exchange
+    assert got["torchrec"]["bytes_per_iter"]["total"] > got["ideal"]["bytes_per_iter"]["total"]
+    assert "torchrec_collectives" in got["torchrec"]["bytes_per_iter"]
+    r = _script("evaluate", "--plan", str(tmp_path / "rw"), "--log", str(p), "--batch-size", "8",
+                "--profile", "nccl")
+    assert r.returncode == 2 and "'nccl' is not one of torchrec, ideal" in r.stderr
+
+
 def _script(*args):
     exe = Path(sys.executable).parent / "flexshard-stream"
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)
@@ -142,3 +170,80 @@ def test_plan_host_memory_tier(tmp_path):
                                  "--memory-bytes", "2e7"])
     assert r.exit_code != 0
     assert not (tmp_path / "q").exists()
+
+
+# ---------------------------------------------------------------------------- start-up, choices
+#: What ``--help`` and an argument error must not import (issue 17: they answer at once).
+HEAVY = ("numba", "polars", "pyarrow", "matplotlib", "ray", "torch", "datasketches")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["plan", "--help"], ["replay", "--help"],
+                                  ["tables", "--help"],
+                                  ["plan", "--log", "x.parquet", "--topology", "2x8",
+                                   "--strategy", "nope", "--out", "y"],
+                                  ["evaluate", "--plan", "p"],
+                                  ["stats", "x.parquet", "--ids", "modulo"]])
+def test_help_and_argument_errors_load_no_heavy_module(args):
+    code = ("import sys\nfrom flexshard_stream.cli import app\ntry:\n    app(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
+
+
+def test_choices_any_case_and_every_value_listed(tmp_path):
+    from flexshard_stream import cli
+    from flexshard_stream.online import replay as rp
+    from flexshard_stream.placement.planner import MemoryPolicy
+
+    assert cli.ENGINES == rp.ENGINES and cli.EVALUATIONS == rp.EVALUATIONS
+    for b in cli.MEMORY_BASELINES:
+        MemoryPolicy(baseline=b)
+    check = cli._choice(cli.STRATEGIES, "--strategy")
+    assert check("FlexShard") == "flexshard" and check(" RW-Hash ") == "rw-hash"
+    with pytest.raises(Exception) as e:
+        check("flex")
+    assert all(s in str(e.value) for s in cli.STRATEGIES)
+    trace = Path(__file__).resolve().parent.parent / "data" / "default_trace.parquet"
+    r = runner.invoke(app, ["plan", "--log", str(trace), "--topology", "2x8", "--strategy",
+                            "RW-HASH", "--memory-baseline", "TWRW", "--out",
+                            str(tmp_path / "p"), "--batch-size", "32", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["strategy"] == "rw-hash"
+
+
+def test_every_log_command_takes_an_id_mode():
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name in ("stats", "tables", "plan", "evaluate", "replay", "sidecar"):
+        opts = {o for p in group.commands[name].params for o in p.opts}
+        assert "--ids" in opts, name
+    for name in ("plan", "evaluate", "replay"):
+        assert "--skip-bad-rows" in {o for p in group.commands[name].params for o in p.opts}
+
+
+def test_units_by_magnitude():
+    from flexshard_stream.formats.units import fmt_bytes, fmt_count, fmt_rows, fmt_seconds
+
+    assert [fmt_bytes(x) for x in (0, 812, 2810, 999_700, 20.6e9, 4.72e21)] == \
+        ["0 B", "812 B", "2.81 KB", "1.00 MB", "20.6 GB", "4.72e+21 B"]
+    assert fmt_seconds(2.81e-6) == "2.81 us" and fmt_seconds(2.41e-6) == "2.41 us"
+    assert [fmt_seconds(x) for x in (6.92e-4, 0.0123, 1.3, 0.0)] == \
+        ["692 us", "12.3 ms", "1.30 s", "0 s"]
+    assert fmt_rows(54_273) == "54,273" and fmt_rows(751_499_940) == "751M"
+    assert fmt_count(999_789_872) == "999,789,872" and fmt_count(9.19e18) == "9.19e+18"
+
+
+def test_example_tables_file_plans_the_default_trace(tmp_path):
+    from flexshard_stream.data import EXAMPLE_TABLES, DEFAULT_TRACE
+
+    r = runner.invoke(app, ["plan", "--log", str(DEFAULT_TRACE), "--tables", str(EXAMPLE_TABLES),
+                            "--topology", "2x8", "--strategy", "twrw", "--batch-size", "32",
+                            "--out", str(tmp_path / "p"), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["settings"]["tables_source"] == str(EXAMPLE_TABLES)
+    assert {t["table"] for t in doc["tables"]} == {"item_history", "query_tokens",
+                                                   "page_topics", "ad_id"}

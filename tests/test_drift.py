@@ -331,3 +331,58 @@ def test_table_dependent_and_call_errors():
         D.true_prob(small, ok, 0, [100])
     with pytest.raises(ConfigError, match="flash_crowd"):
         D.crowd_ids(small, ok)
+
+
+# ----------------------------------------------------------------------- the drift bench (issue 14)
+
+
+def _bench():
+    """bench/drift.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "drift.py"
+    spec = importlib.util.spec_from_file_location("bench_drift", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_bench_charges_every_strategy_transfer_and_pauses():
+    from argparse import Namespace
+
+    from flexshard_stream.placement.cost import CostModel
+    from flexshard_stream.placement.tables import EmbeddingTable
+    from flexshard_stream.placement.topology import Topology
+
+    bench = _bench()
+    spec = S.TableSpec("items", 20_000, 1.1, "pooled", "fixed", 4)
+    topo, B = Topology.uniform(2, 2), 8
+    scen = D.scenario("rotating", k=100, rate=0.5)
+    wins = list(D.generate_windows([spec], scen, 4, topo.num_gpus * B * 8, topo.num_gpus * B,
+                                   seed=1))
+    tables = [EmbeddingTable("items", 20_000, 16, "fp32", "pooled", optimizer_state_bytes=4)]
+    sc = bench.Scenario("tiny", tables, wins, topo, B)
+    args = Namespace(quick=True, iterations_per_window=5_000.0, top_k=512, checks_per_window=2,
+                     stats="windowed", window_checks=None, dedup=False)
+    pauses = [0.0, 0.5]
+    res = bench.run_scenario(sc, CostModel(dedup=False), args, pauses)
+    refs = res["references"]
+    for p in pauses:
+        for name in ("static", "online", "oracle", "resharder"):
+            t = refs[name][str(p)] if name != "resharder" else res["resharder"][str(p)]
+            assert t["total_s"] == pytest.approx(t["comm_s"] + t["transfer_s"] + t["pause_s"])
+            assert t["pause_s"] == pytest.approx(p * t["deltas"])
+        assert refs["static"][str(p)]["deltas"] == 0
+        # re-planning every window one window late moves what the oracle moved, a window later
+        assert refs["online"][str(p)]["deltas"] == refs["oracle"][str(p)]["deltas"] - 1
+        k = res["keys"][str(p)]
+        best = min(refs["static"][str(p)]["total_s"], refs["online"][str(p)]["total_s"])
+        assert k["total_vs_best_online_reference"] == pytest.approx(
+            res["resharder"][str(p)]["total_s"] / best)
+    assert refs["oracle"]["0.5"]["deltas"] >= 2      # the hot set moves: the references move
+    agg = bench.aggregate({"tiny": res}, 0.5)
+    assert agg["total_vs_best_online_reference"] == res["keys"]["0.5"][
+        "total_vs_best_online_reference"]
+    assert bench.targets(agg)["deltas_per_window_max"]["met"] == (agg["deltas_per_window_max"]
+                                                                  <= 1)

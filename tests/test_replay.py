@@ -11,6 +11,7 @@ from flexshard_stream.sources import drift
 from flexshard_stream.cli import app
 from flexshard_stream.errors import ConfigError, LogError
 from flexshard_stream.online.replay import STRATEGIES, WindowSpec, parse_window, replay
+from flexshard_stream.online.resharder import ReshardConfig
 from flexshard_stream.placement.cost import CostModel, evaluate_trace
 from flexshard_stream.placement.plan import Plan
 from flexshard_stream.placement.topology import Topology
@@ -40,10 +41,17 @@ def log(tmp_path_factory):
     return _write(tmp_path_factory.mktemp("log") / "drift.parquet")
 
 
+# This log is 125 iterations long: no saving of microseconds per iteration could pay the
+# default pause per delta (issue 14), so the replays that test how the re-sharder tracks drift
+# charge no pause (transfer only, as before the pause existed).
+NO_PAUSE = ReshardConfig(pause_s=0.0)
+
+
 @pytest.fixture(scope="module")
 def timed(log, tmp_path_factory):
     out = tmp_path_factory.mktemp("rep") / "out"
-    return replay(log, TOPO, window="2s", out_dir=out, batch_size=B), out
+    return replay(log, TOPO, window="2s", out_dir=out, batch_size=B,
+                  reshard_config=NO_PAUSE), out
 
 
 def _all_batches(path):
@@ -304,3 +312,45 @@ def test_cli_replay(tmp_path, log):
     assert r.exit_code == 0, r.output
     assert "skipped 1 bad rows" in r.stdout and "negative_id 1" in r.stdout
     assert not (tmp_path / "e").joinpath("report.html").exists()
+
+
+def _total_cost_adds_up(summary, pause):
+    """Every strategy's total_cost_s, per window and in the totals, is its modelled iteration time
+    plus (the re-sharder only) the transfer and the pauses of the deltas it applied."""
+    for w in summary["windows"]:
+        applied = [c for c in w["checks"] if c["action"] in ("applied", "partial")]
+        assert w["pause_s"] == pytest.approx(pause * len(applied))
+        assert w["migration_s"] == pytest.approx(sum(c["migration_s"] for c in applied))
+        for name, m in w["strategies"].items():
+            paid = w["migration_s"] + w["pause_s"] if name == "resharder" else 0.0
+            assert m["total_cost_s"] == pytest.approx(
+                m["iteration_time_s_per_iter"] * m["iterations"] + paid)
+    for name, t in summary["totals"]["strategies"].items():
+        assert t["total_cost_s"] == pytest.approx(t["iteration_time_s"] + t["migration_s"]
+                                                  + t["pause_s"])
+        assert t["total_cost_s"] == pytest.approx(sum(w["strategies"][name]["total_cost_s"]
+                                                      for w in summary["windows"]))
+        if name != "resharder":
+            assert (t["migration_s"], t["pause_s"], t["deltas"]) == (0.0, 0.0, 0)
+    r = summary["totals"]["strategies"]["resharder"]
+    assert r["pause_s"] == pytest.approx(pause * r["deltas"])
+
+
+def test_total_cost_counts_communication_migration_and_pauses(timed, log, tmp_path):
+    res, _ = timed
+    _total_cost_adds_up(res.summary, 0.0)
+    assert res.totals["strategies"]["resharder"]["deltas"] >= 1
+    paid = replay(log, TOPO, window="2s", out_dir=tmp_path / "paid", batch_size=B,
+                  reshard_config=ReshardConfig(pause_s=1e-6))
+    _total_cost_adds_up(paid.summary, 1e-6)
+    assert paid.totals["strategies"]["resharder"]["pause_s"] > 0
+    # a pause no saving of this short log can pay: the re-sharder waits, its plan stays the
+    # static one, and every check says why
+    dear = replay(log, TOPO, window="2s", out_dir=tmp_path / "dear", batch_size=B,
+                  reshard_config=ReshardConfig(pause_s=1e3))
+    _total_cost_adds_up(dear.summary, 1e3)
+    t = dear.totals["strategies"]
+    assert t["resharder"]["deltas"] == 0 and dear.plans["resharder"] == dear.plans["static"]
+    assert t["resharder"]["total_cost_s"] == pytest.approx(t["static"]["total_cost_s"])
+    waited = [c for w in dear.windows for c in w["checks"] if "waiting" in c["reason"]]
+    assert waited and all(c["pause_s"] == 0.0 for c in waited)

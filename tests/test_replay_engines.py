@@ -16,6 +16,7 @@ from flexshard_stream.cli import app
 from flexshard_stream.errors import ConfigError
 from flexshard_stream.online.distributed import window_stats
 from flexshard_stream.online.replay import STRATEGIES, replay
+from flexshard_stream.online.resharder import ReshardConfig
 from flexshard_stream.placement.baselines import build_baseline
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic
 from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard
@@ -52,8 +53,9 @@ def _write_files(d, windows=NW, spw=SPW, files=FILES):
 
 
 def _run(logs, out, **kw):
+    # no pause per delta: these short logs could never pay the default one (issue 14)
     kw = {"window": WINDOW, "batch_size": B, "top_k": TOP_K, "evaluation": "analytic",
-          "num_workers": WORKERS, **kw}
+          "num_workers": WORKERS, "reshard_config": ReshardConfig(pause_s=0.0), **kw}
     return replay(logs, TOPO, TABLES, out_dir=out, **kw)
 
 

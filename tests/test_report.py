@@ -100,3 +100,83 @@ def test_matplotlib_is_lazy_and_its_absence_is_a_clear_error(rep, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(FlexShardError, match=r"flexshard-stream\[report\]"):
         build_report(rep)
+
+
+# ---------------------------------------------------------------------------- reading it at a glance
+def _captured(monkeypatch):
+    """Keep every figure the report saves (name -> figure), still drawable."""
+    from flexshard_stream.online import report
+
+    figs = {}
+    real = report._save
+
+    def keep(fig, path):
+        figs[path.name] = fig
+        real(fig, path)
+
+    monkeypatch.setattr(report, "_save", keep)
+    return figs
+
+
+def _extents(fig, texts):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)          # the report closed it: draw it again as it was saved
+    canvas.draw()
+    r = canvas.get_renderer()
+    return [t.get_window_extent(r) for t in texts if t.get_visible() and t.get_text()]
+
+
+def test_titles_fit_and_colorbar_labels_do_not_overlap(rep, tmp_path, monkeypatch):
+    d = tmp_path / "one"
+    shutil.copytree(rep, d)
+    cdf = json.loads((d / "cdf.json").read_text())
+    name = next(iter(cdf["tables"]))
+    cdf["tables"] = {name: cdf["tables"][name]}            # a single table: the narrow figure
+    (d / "cdf.json").write_text(json.dumps(cdf))
+    figs = _captured(monkeypatch)
+    build_report(d)
+    fig = figs["cdf.png"]
+    box = fig.bbox
+    for t in _extents(fig, [fig._suptitle] + [ax.title for ax in fig.axes]):
+        assert box.x0 <= t.x0 and t.x1 <= box.x1, (t, box)
+    fig = figs["traffic.png"]
+    cbar = fig.axes[-1]
+    labels = sorted(_extents(fig, cbar.get_yticklabels()), key=lambda b: b.y0)
+    assert len(labels) >= 2
+    for a, b in zip(labels, labels[1:]):
+        assert a.y1 <= b.y0, "colour-bar labels overlap"
+
+
+def test_budget_shares_only_for_the_plans_made_for_it(rep, monkeypatch):
+    figs = _captured(monkeypatch)
+    build_report(rep)
+    texts = [t.get_text() for t in figs["memory.png"].legends[0].get_texts()]
+    rw = next(t for t in texts if t.startswith("row-wise"))
+    static = next(t for t in texts if t.startswith("FlexShard, static"))
+    assert "budget" not in rw and "% of the budget" in static
+    assert any("row-wise's modelled peak" in t for t in texts)
+
+
+def test_epoch_windows_show_dates_and_the_report_says_how_to_apply_it(rep, tmp_path):
+    d = tmp_path / "dated"
+    shutil.copytree(rep, d)
+    s = json.loads((d / "summary.json").read_text())
+    shift = 1.6e9                                           # 2020-09-13 12:26:40 UTC
+    s["window"]["t0"] = (s["window"].get("t0") or 0.0) + shift
+    for w in s["windows"]:
+        for k in ("start", "end", "ts_first", "ts_last"):
+            if w.get(k) is not None:
+                w[k] += shift
+        for c in w.get("checks") or []:
+            c["position"] += shift
+    (d / "summary.json").write_text(json.dumps(s))
+    html = build_report(d).read_text()
+    assert "start (UTC)" in html and "<td>2020-09-13 12:26</td>" in html
+    assert "Period: 2020-09-13 12:26:40" in html
+    plain = build_report(rep).read_text()
+    assert "(UTC)" not in plain
+    assert "Apply this plan" in html and "plans/" in html and "TORCHREC_EXPORT.md" in html
+    best = min(("static", "resharder"),
+               key=lambda n: s["totals"]["strategies"][n]["comm_time_s_per_iter"])
+    assert f"Plan.load(&#x27;plans/{best}&#x27;)" in html

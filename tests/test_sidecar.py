@@ -43,7 +43,9 @@ H = 2000
 TABLES = [EmbeddingTable("a", H, 32, optimizer_state_bytes=4), EmbeddingTable("b", H, 16)]
 TOPO = Topology.uniform(2, 2)
 B = 16
-CFG = ReshardConfig(check_every=4, top_k=128)
+# no pause per delta: the few iterations of these tests could never pay the default one (issue
+# 14); they test publishing, not whether a move pays
+CFG = ReshardConfig(check_every=4, top_k=128, pause_s=0.0)
 WAIT = 120.0  # seconds: generous, the machine is loaded
 
 
@@ -277,10 +279,19 @@ def _flip(path, offset=None):
     path.write_bytes(bytes(data))
 
 
+def decayed():
+    """Decayed statistics (the sidecar's default before issue 14): their checkpoint is the one
+    file stats/stats.fss that the damage tests flip."""
+    from flexshard_stream.stats.config import TableConfig
+    from flexshard_stream.stats.window import DecayedStats
+    return DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in TABLES],
+                        half_life=4 * CFG.check_every, unit=CFG.unit)
+
+
 @pytest.mark.parametrize("damage", ["stats/stats.fss", "manifest.json", "plan/plan.json"])
 def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
     rng = np.random.default_rng(5)
-    sc = sidecar(tmp_path)
+    sc = sidecar(tmp_path, stats=decayed())
     for _ in range(10):
         sc.submit(make_batch(rng))
     sc.flush(WAIT)
@@ -294,7 +305,7 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
     assert list_checkpoints(tmp_path) == [second, first]
     _flip(second / damage)
     with pytest.warns(SidecarWarning, match=rf"{second.name}.*{Path(damage).name}"):
-        sc2 = sidecar(tmp_path, resume=True)
+        sc2 = sidecar(tmp_path, resume=True, stats=decayed())
     try:
         r = sc2.resume_report
         assert r.checkpoint == str(first) and r.batches_in_checkpoint == 10
@@ -311,7 +322,7 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, damage):
 
 def test_every_checkpoint_damaged_starts_empty_keeps_published_plan(tmp_path):
     rng = np.random.default_rng(6)
-    with sidecar(tmp_path) as sc:
+    with sidecar(tmp_path, stats=decayed()) as sc:
         for _ in range(30):
             sc.submit(make_batch(rng, alpha=1.5))
         sc.flush(WAIT)
@@ -322,7 +333,7 @@ def test_every_checkpoint_damaged_starts_empty_keeps_published_plan(tmp_path):
     for ck in ckpts:
         _flip(ck / "stats" / "stats.fss")
     with pytest.warns(SidecarWarning, match="no good checkpoint left"):
-        sc2 = sidecar(tmp_path, resume=True)
+        sc2 = sidecar(tmp_path, resume=True, stats=decayed())
     try:
         r = sc2.resume_report
         assert r.checkpoint is None and len(r.skipped) == len(ckpts) >= 1
@@ -653,3 +664,88 @@ def test_ring_sidecar_sigint_is_a_clean_shutdown(ring_setup):
     assert done["rejected"] == done["errors"] == 1 and "out of range" in "".join(c.err)
     m, plan, _, _ = read_checkpoint(done["checkpoint"])
     assert m["batches"] == 10 and check_plan(plan) == []
+
+
+# ----------------------------------------------------------------------- sampling within a budget
+
+
+def sketched():
+    """Statistics of the two tables with unknown row counts: sketched, so sampling applies."""
+    return StreamStats({t.name: None for t in TABLES})
+
+
+def feed_until(sc, rng, cond, what, sent):
+    """Submit batches (block policy) until ``cond()``; every ID submitted is appended to
+    ``sent`` per table."""
+    deadline = time.monotonic() + WAIT
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        b = make_batch(rng, n=2000)
+        assert sc.submit(b)
+        for i, key in enumerate(b.keys):
+            sent.setdefault(key, []).append(b.values[i * 2000:(i + 1) * 2000])
+
+
+def test_a_cpu_budget_samples_reports_the_rate_and_resumes_at_it(tmp_path):
+    """A budget no ingestion can meet (a millionth of a core) takes the rate to its maximum;
+    the statistics, the counters, counters.json and the checkpoint all say so; the estimates
+    still bound the truth; a restart goes on at the checkpoint's rate (with a budget) or rescales
+    to the configured one (without)."""
+    rng = np.random.default_rng(11)
+    sent: dict[str, list] = {}
+    with sidecar(tmp_path, stats=sketched(), cpu_budget=1e-6, max_sample_k=8,
+                 policy="block") as sc:
+        feed_until(sc, rng, lambda: sc.stats().sample_k == 8, "the rate to reach 1 in 8", sent)
+        assert sc.flush(WAIT)
+        st = sc.stats()
+        assert st.sample_k == sc.stats_object.config.sample_k == 8
+        assert st.sample_k_changes >= 1 and st.cpu_budget == 1e-6
+        assert st.cpu_s > 0 and st.ingest_threads == 1
+        ckpt = sc.checkpoint(WAIT)
+    counters = json.loads((tmp_path / "counters.json").read_text())
+    assert counters["sample_k"] == 8
+    assert json.loads((ckpt / "manifest.json").read_text())["sampling"]["sample_k"] == 8
+    stats = sc.stats_object
+    for key, parts in sent.items():
+        ids = np.concatenate(parts)
+        table = stats[key]
+        assert table.total == ids.size and table.config.sample_k == 8
+        rows, counts = np.unique(ids, return_counts=True)
+        top = np.argsort(-counts)[:100]
+        _, lo, hi = table.bounds(rows[top])
+        assert np.mean((lo <= counts[top]) & (counts[top] <= hi)) >= 0.95
+    with sidecar(tmp_path, stats=sketched(), cpu_budget=1e-6, max_sample_k=8,
+                 resume=True) as again:
+        st = again.stats()    # the checkpoint's rate (idle since: any change is a halving)
+        assert st.sample_k << st.sample_k_changes == 8
+    fixed = sidecar(tmp_path, stats=sketched(), cpu_budget=None, resume=True)
+    try:
+        assert fixed.stats().sample_k == fixed.stats_object.config.sample_k == 1
+        assert fixed.stats_object["a"].sample_variance == 7    # the 1-in-8 part keeps its bounds
+        assert fixed.stats().cpu_budget is None
+    finally:
+        fixed.close()
+
+
+def test_ingest_threads_give_the_statistics_of_one_thread(tmp_path):
+    from test_sampling import assert_same_statistics
+    rng = np.random.default_rng(12)
+    batches = [make_batch(rng, n=3000) for _ in range(12)]
+    results = []
+    for threads in (1, 2):
+        with sidecar(tmp_path / str(threads), stats=sketched(), cpu_budget=None,
+                     ingest_threads=threads) as sc:
+            for b in batches:
+                assert sc.submit(b, block=True)
+            assert sc.flush(WAIT)
+            assert sc.stats().ingest_threads == threads
+        results.append(sc.stats_object.to_bytes())
+    assert_same_statistics(*results)
+
+
+def test_the_ring_command_takes_a_cpu_budget():
+    out = subprocess.run([sys.executable, "-m", "flexshard_stream.cli", "sidecar", "--help"],
+                         capture_output=True, text=True, timeout=WAIT, cwd=ROOT, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "--cpu-budget" in out.stdout

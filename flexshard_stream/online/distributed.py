@@ -50,6 +50,7 @@ from ..errors import ConfigError, FlexShardError, FormatError, IncompatibleError
 from ..sources.windows import WindowSpec, parse_window
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..sources.ids import RowMap
     from ..sources.logs import LogFileInfo, LogReader
     from ..stats.batch import Batch
     from ..stats.config import SketchConfig, TableConfig
@@ -116,7 +117,7 @@ def _part_reader(job: Mapping[str, Any]) -> LogReader:
 
     return LogReader([job["path"]], dict(job["features"]), job["read_batch_size"],
                      skip_bad_rows=job["skip_bad_rows"], ts=job["use_ts"],
-                     row_groups=job["row_groups"])
+                     row_groups=job["row_groups"], rows=job.get("rows"))
 
 
 def _take(batch: Batch, mask: np.ndarray) -> Batch:
@@ -434,7 +435,8 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
                  config: SketchConfig | None = None,
                  tables: Mapping[str, int | None] | Sequence[TableConfig | str] | None = None,
                  read_batch_size: int = 65536, executor: Any = None,
-                 diagnostics: dict[str, Any] | None = None) -> list[WindowStats]:
+                 diagnostics: dict[str, Any] | None = None,
+                 rows: RowMap | None = None) -> list[WindowStats]:
     """Per-window statistics of a log, computed in parallel and merged by a tree reduction.
 
     Parameters
@@ -467,6 +469,9 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
     executor : engine "process" only: a ``concurrent.futures`` executor to run the tasks in (kept
         open, so its workers stay warm across calls; a process pool should use the spawn start
         method); default: a new spawn ``ProcessPoolExecutor`` per call (start-up about 1-3 s).
+    rows : how the log's IDs become table rows (:class:`~.logs.RowMap`: ID mode and ``num_rows``
+        checks, out-of-range rows counted as ``"out_of_range"`` with ``skip_bad_rows``); default:
+        the IDs as they are.
     diagnostics : if a dict, filled with ``tasks``, ``scan_pass`` (a first counting pass ran),
         ``seconds`` per phase, ``task_bytes`` (bytes of the window statistics the map tasks
         return), ``merges``, ``moved_bytes`` (bytes that leave a task on a cluster: every map
@@ -503,7 +508,8 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
     try:
         tasks = _plan_tasks(reader.file_infos, workers)
         base = {"features": dict(reader.schema.features), "use_ts": reader.use_ts,
-                "read_batch_size": int(read_batch_size), "skip_bad_rows": bool(skip_bad_rows)}
+                "read_batch_size": int(read_batch_size), "skip_bad_rows": bool(skip_bad_rows),
+                "rows": rows}
         jobs = [{**base, "path": t["path"], "row_groups": t["row_groups"]} for t in tasks]
         base = {"config": config.to_dict(), "tables": tab_list}
         origin = _assign_windows(eng, tasks, jobs, spec, skip_bad_rows, base, diag)

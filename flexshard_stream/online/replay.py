@@ -70,9 +70,10 @@ from ..placement.cost import (
 )
 from ..placement.plan import Plan
 from ..placement.planner import MemoryPolicy, plan_flexshard
-from ..placement.tables import EmbeddingTable, infer_tables, load_tables
+from ..placement.tables import EmbeddingTable, infer_tables, load_tables, row_map
 from ..placement.topology import Topology
 from ..sources.logs import REASONS as _REASONS
+from ..sources.ids import IdMode, RowMap
 from ..sources.logs import LogReader
 from ..sources.windows import WindowSpec, parse_window
 from ..stats.batch import Batch, concat_batches, rebatch, slice_batch
@@ -263,7 +264,9 @@ def _decision_json(d: Decision) -> dict[str, Any]:
     out = {"check": d.check, "position": d.position, "action": d.action, "reason": d.reason,
            "current_s_per_iter": d.current_s, "target_s_per_iter": d.target_s,
            "applied_s_per_iter": d.applied_s, "migration_bytes": d.migration_bytes,
-           "migration_s": d.migration_s, "fraction": d.fraction, "thresholds": d.thresholds}
+           "migration_s": d.migration_s, "pause_s": d.pause_s, "iterations": d.iterations,
+           "drift_rate": d.drift_rate, "horizon_iterations": d.horizon_iterations,
+           "hysteresis": d.hysteresis, "fraction": d.fraction, "thresholds": d.thresholds}
     if d.delta is not None:
         tot = d.delta.summary().get("totals", {})
         out["delta"] = {k: tot[k] for k in ("rows_moved", "promoted", "demoted", "rows_changed")
@@ -325,17 +328,20 @@ class _Log:
     total_rows: int
     read_batch_size: int                  # samples per chunk read
     skip_bad_rows: bool
+    rows: RowMap                          # IDs -> table rows (ID mode, num_rows checks)
 
     def new_reader(self) -> LogReader:
         """A fresh reader over the same files (a second pass)."""
         return LogReader(self.paths, features=self.features,
-                         read_batch_size=self.read_batch_size, skip_bad_rows=self.skip_bad_rows)
+                         read_batch_size=self.read_batch_size, skip_bad_rows=self.skip_bad_rows,
+                         rows=self.rows)
 
 
 def _open_log(logs: PathLike | Sequence[PathLike],
               tables: Sequence[EmbeddingTable] | PathLike | None, read_batch_size: int,
-              skip_bad_rows: bool) -> _Log:
-    """Open the log and resolve its tables (given, a TOML file, or inferred from the log).
+              skip_bad_rows: bool, ids: IdMode | str | None = None) -> _Log:
+    """Open the log and resolve its tables (given, a TOML file, or inferred from the log) and
+    how its IDs become their rows (``ids``, :func:`~.tables.row_map`).
 
     Raises ConfigError when two tables share a feature or a log feature has no table, LogError
     for an unreadable log.
@@ -352,7 +358,7 @@ def _open_log(logs: PathLike | Sequence[PathLike],
     reader = LogReader(paths, features=feats, read_batch_size=read_batch_size,
                        skip_bad_rows=skip_bad_rows)
     if tabs is None:
-        tabs = infer_tables(paths, dict(reader.schema.features))
+        tabs = infer_tables(paths, dict(reader.schema.features), ids=ids)
     by_feat = {t.feature: t for t in tabs}
     if len(by_feat) != len(tabs):
         raise ConfigError("two tables are fed by the same feature; each feature may feed one table")
@@ -360,8 +366,9 @@ def _open_log(logs: PathLike | Sequence[PathLike],
     if missing:
         raise ConfigError(f"log features {missing} have no table")
     configs = [TableConfig(t.name, t.num_rows, t.feature) for t in tabs]
+    reader.rows = row_map(tabs, ids)
     return _Log(paths, tabs, configs, feats, reader, reader.data_rows(), read_batch_size,
-                skip_bad_rows)
+                skip_bad_rows, reader.rows)
 
 
 def _window_spec(spec: WindowSpec | None, log: _Log) -> WindowSpec:
@@ -448,7 +455,7 @@ def _engine_windows(log: _Log, spec: WindowSpec, engine: str, address: str | Non
         wins = window_stats(log.paths, window=spec, engine=engine, address=address,
                             num_workers=num_workers, skip_bad_rows=log.skip_bad_rows,
                             tables=log.configs, read_batch_size=log.read_batch_size,
-                            diagnostics=diag)
+                            diagnostics=diag, rows=log.rows)
     except ConnectionError as e:
         if engine != "ray":
             raise
@@ -511,8 +518,8 @@ def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
                     decayed: StreamStats | DecayedStats,
                     reshard_config: ReshardConfig | None) -> _Start:
     """Plan on window 0: the FlexShard static plan (its budget bounds the re-sharder), twrw
-    balanced by window 0's lookups per iteration, rw; the re-sharder's horizon defaults to the
-    iterations of window 0."""
+    balanced by window 0's lookups per iteration, rw; the re-sharder from the static plan (its
+    default configuration: pause, horizon and hysteresis from the measured drift rate)."""
     sums0 = st0.summary(run.top_k)
     it0 = st0.samples / run.spi
     try:
@@ -526,7 +533,7 @@ def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
         "rw": build_baseline("rw", tabs, run.topo),
         "twrw": build_baseline("twrw", tabs, run.topo, lookups=lookups),
         "static": static_res.plan}
-    base_cfg = reshard_config or ReshardConfig(horizon_iterations=max(1.0, it0))
+    base_cfg = reshard_config or ReshardConfig()
     rs_cfg = dataclasses.replace(base_cfg, check_every=float("inf"), unit=run.unit,
                                  top_k=run.top_k)
     rs = Resharder(tabs, run.topo, run.B, stats=decayed,
@@ -544,7 +551,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
            read_batch_size: int = 65536,
            progress: Callable[[dict[str, Any]], None] | None = None,
            engine: str = "local", evaluation: str = "trace", address: str | None = None,
-           num_workers: int | None = None) -> ReplayResult:
+           num_workers: int | None = None, ids: IdMode | str | None = None) -> ReplayResult:
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder.
 
     Parameters
@@ -552,7 +559,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     logs : path(s), globs or directories of parquet / CSV logs (see :mod:`~.logs`), read in order
     topology : a :class:`Topology`, a topology TOML file or a preset name ("2x8", ...)
     tables : tables (or a table TOML file); default: inferred from the log (rows = largest ID + 1,
-        dim 128, fp32)
+        or ROWS with ``ids="hash:ROWS"``; dim 128, fp32)
     window : a duration on ``ts`` ("30m", "1h", "90s") or a number of samples ("100000", 100000);
         default: :data:`DEFAULT_WINDOWS` windows of ``ceil(rows / 10)`` samples (rows from the
         parquet footers or CSV line counts)
@@ -566,7 +573,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
         trace evaluation only (the analytic evaluation checks once per window)
     half_life_windows : half-life of the re-sharder's decayed statistics, in windows
     reshard_config : re-sharder knobs (its ``check_every``, ``unit`` and ``top_k`` are set by the
-        replay); default horizon: the iterations of one window (measured on the first window)
+        replay; its ``pause_s`` is charged per applied delta); default ``ReshardConfig()``
     read_batch_size : samples per chunk read from the logs (memory bound; not ``batch_size``)
     progress : called after every chunk read (per window with the analytic evaluation) with
         ``{"phase", "rows_read", "total_rows", "window"}``
@@ -583,6 +590,9 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
         row groups), so the statistics, and hence the analytic replay, are identical on every
         engine for equal ``num_workers`` (default: local 1, process the CPU count, Ray the
         cluster's CPUs)
+    ids : how the log's IDs become table rows (:class:`~.logs.IdMode`): ``"raw"`` (default; a
+        row with an ID out of its table's range is a bad row, ``"out_of_range"``), ``"hash"``
+        (ID mod each table's ``num_rows``) or ``"hash:ROWS"``
 
     Raises
     ------
@@ -600,7 +610,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     topo = topology if isinstance(topology, Topology) else Topology.load(topology)
     if evaluation == "trace":
         check_matrix_size(topo, "replay's trace evaluation")
-    log = _open_log(logs, tables, read_batch_size, skip_bad_rows)
+    log = _open_log(logs, tables, read_batch_size, skip_bad_rows, ids)
     run = _Run(topo, _window_spec(spec, log), int(batch_size), int(checks_per_window),
                int(top_k), model or CostModel(), evaluation == "analytic", half_life_windows)
     report = _Progress(progress, log.total_rows)
@@ -681,19 +691,27 @@ def _resharder_doc(run: _Run, config: ReshardConfig) -> dict[str, Any]:
 def _strategy_totals(name: str, a: _Acc, budget: float, rs: Resharder, plan: Plan,
                      rw_time: float) -> dict[str, Any]:
     """One strategy's entry of ``summary["totals"]["strategies"]``: per-iteration means, sums
-    over the replay (bytes, seconds), migration (the re-sharder's only) and the final tiers."""
+    over the replay (bytes, seconds), migration and pauses (the re-sharder's only; the others
+    never change their plan), the total cost and the final tiers."""
     d = a.to_json(budget)
     d["total_bytes"] = {"total": a.s["total"], "intra_node": a.s["intra_node"],
                         "inter_node": a.s["inter_node"], "sync": a.s["sync"]}
     d["comm_time_s"] = a.s["comm_time_s"]
     d["iteration_time_s"] = a.s["iteration_time_s"]
-    moving = name == "resharder"
-    d["migration_bytes"] = float(sum(x.migration_bytes for x in rs.history) if moving else 0.0)
-    d["migration_s"] = float(sum(x.migration_s for x in rs.history)) if moving else 0.0
-    d["deltas"] = sum(1 for x in rs.history if x.delta is not None) if moving else 0
+    d.update(_migration_totals(rs.history if name == "resharder" else []))
+    d["total_cost_s"] = a.s["iteration_time_s"] + d["migration_s"] + d["pause_s"]
     d["speedup_vs_rw"] = (rw_time / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 else None
     d["tiers"] = plan.tier_sizes()
     return d
+
+
+def _migration_totals(decisions: Sequence[Decision]) -> dict[str, Any]:
+    """What the applied deltas among ``decisions`` cost: ``migration_bytes``, ``migration_s``
+    (transfer at the topology's bandwidths), ``pause_s`` (the fixed pauses), ``deltas``."""
+    applied = [d for d in decisions if d.delta is not None]
+    return {"migration_bytes": float(sum(d.migration_bytes for d in applied)),
+            "migration_s": float(sum(d.migration_s for d in applied)),
+            "pause_s": float(sum(d.pause_s for d in applied)), "deltas": len(applied)}
 
 
 def _totals(tot: Mapping[str, _Acc], start: _Start, final: Mapping[str, Plan],
@@ -761,15 +779,18 @@ def _window_doc(index: int, start: Any, end: Any, samples: int, sample_start: in
     for d in decs:
         counts[d.action] = counts.get(d.action, 0) + 1
     strat = {s: accs[s].to_json(budget) for s in STRATEGIES}
-    mig = float(sum(d.migration_bytes for d in decs))
-    strat["resharder"]["migration_bytes"] = mig
+    mig = _migration_totals(decs)
+    strat["resharder"]["migration_bytes"] = mig["migration_bytes"]
+    for s, a in accs.items():
+        paid = mig["migration_s"] + mig["pause_s"] if s == "resharder" else 0.0
+        strat[s]["total_cost_s"] = a.s["iteration_time_s"] + paid
     return {"index": index, "start": start, "end": end, "samples": samples,
             "sample_start": sample_start, "sample_end": sample_start + samples,
             "ts_first": ts_first, "ts_last": ts_last,
             "iterations": iterations, "dropped_samples": dropped,
             "late_samples": late,
-            "strategies": strat, "migration_bytes": mig,
-            "migration_s": float(sum(d.migration_s for d in decs)),
+            "strategies": strat, "migration_bytes": mig["migration_bytes"],
+            "migration_s": mig["migration_s"], "pause_s": mig["pause_s"],
             "thresholds": thresholds,
             "decisions": counts,
             "checks": [_decision_json(d) for d in decs]}
@@ -802,7 +823,7 @@ def _analytic_pass(wins: Sequence[WindowStats], run: _Run, use_ts: bool, start: 
             pos = (float(st.last_ts) if use_ts and st.last_ts is not None
                    else float(sample_start + n))
             dsums = decayed.summary(run.top_k)
-            rs.check(summaries=dsums, position=pos)
+            rs.check(summaries=dsums, position=pos, iterations=n / run.spi)
         else:
             dsums = decayed.summary(run.top_k)
         prev = ws.index
@@ -1052,10 +1073,13 @@ def _write(out: Path, summary: dict, cdf: dict, final: Mapping[str, Plan],
 
 def _traffic_npz(acc: _Acc, link_class: np.ndarray) -> bytes:
     """``traffic/<strategy>.npz``: the mean G x G byte matrices per iteration (``a2a`` and each
-    component), the link-class matrix and the iterations averaged."""
+    component), the link-class matrix and the iterations averaged. ``a2a`` is the bytes over
+    links: under the ``torchrec`` profile the components also hold each rank's own chunk on their
+    diagonal, which ``a2a`` leaves out (as ``Cost.a2a_bytes`` does)."""
     k = max(acc.n, 1)
     mats = {c: acc.mats[c] / k for c in COMPONENTS}
     a2a = sum(mats[c] for c in A2A_COMPONENTS)
+    np.fill_diagonal(a2a, 0.0)
     buf = io.BytesIO()
     np.savez(buf, a2a=a2a, link_class=link_class, iterations=np.int64(acc.n), **mats)
     return buf.getvalue()

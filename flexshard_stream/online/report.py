@@ -11,16 +11,21 @@ Reads what :func:`flexshard_stream.online.replay.replay` wrote (``summary.json``
 ``traffic.png``        mean all-to-all bytes per iteration per GPU pair, node boundaries drawn
 ``memory.png``         per-GPU peak memory per strategy against the memory budget
 
-matplotlib (Agg backend) is imported only here, lazily: ``pip install 'flexshard-stream[report]'``.
+and closes with how to apply the plan (export to TorchRec). Windows on a ``ts`` column in epoch
+seconds are shown as UTC dates (tables and time axes). matplotlib (Agg backend) is imported only
+here, lazily: ``pip install 'flexshard-stream[report]'``.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import html
 import io
 import json
 import math
 import os
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,7 @@ import numpy as np
 
 from ..errors import FlexShardError, FormatError
 from ..formats.files import read_npz, write_atomic
+from ..formats.units import byte_scale, fmt_bytes, fmt_seconds, time_scale
 
 __all__ = ["PICTURES", "build_report"]
 
@@ -35,6 +41,8 @@ __all__ = ["PICTURES", "build_report"]
 PICTURES = ("cdf.png", "bytes_per_iter.png", "threshold.png", "traffic.png", "memory.png")
 
 _COLORS = {"rw": "#7f7f7f", "twrw": "#1f77b4", "static": "#ff7f0e", "resharder": "#d62728"}
+#: Strategies planned within the memory budget (the others are the budget's reference).
+_BUDGETED = ("static", "resharder")
 _LABELS = {"rw": "row-wise (rw)", "twrw": "table-row-wise (twrw)",
            "static": "FlexShard, static (planned on window 0)",
            "resharder": "FlexShard + re-sharder (online)"}
@@ -101,49 +109,101 @@ def _load_traffic(path: Path) -> dict[str, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _unit(vmax: float, base: str = "B") -> tuple[float, str]:
-    """Scale factor and unit label for values up to ``vmax`` (decimal prefixes)."""
-    for f, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if vmax >= f:
-            return f, p + base
-    return 1.0, base
-
-
-def _time_unit(vmax: float) -> tuple[float, str]:
-    for f, u in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if vmax >= f:
-            return f, u
-    return 1e-9, "ns"
+#: Epoch seconds in this range (1973 .. 2100) are shown as dates; smaller ``ts`` values (a
+#: synthetic trace's seconds from 0) stay seconds.
+_EPOCH_RANGE = (1e8, 4.1e9)
 
 
 def _fmt_bytes(x: float | None, digits: int = 3) -> str:
-    if x is None:
-        return "–"
-    f, u = _unit(abs(x))
-    return f"{x / f:,.{digits}g} {u}"
+    return "–" if x is None else fmt_bytes(x, digits)
 
 
 def _fmt_time(x: float | None) -> str:
-    if x is None:
-        return "–"
-    f, u = _time_unit(abs(x)) if x else (1.0, "s")
-    return f"{x / f:,.3g} {u}"
+    return "–" if x is None else fmt_seconds(x)
 
 
-def _strategies(summary: dict) -> list[str]:
-    names = summary.get("strategies") or list(summary["totals"]["strategies"])
-    return [n for n in names if n in summary["totals"]["strategies"]]
+def _utc(ts: float, seconds: bool = False) -> str:
+    """Epoch seconds as a UTC date and time (``2017-11-24 10:03``)."""
+    d = _dt.datetime.fromtimestamp(float(ts), _dt.timezone.utc)
+    return d.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
 
 
-def _axis(summary: dict) -> tuple[str, float]:
-    """x-axis label and origin for window positions."""
+@dataclass(frozen=True)
+class _Axis:
+    """Where windows sit on the x axis: UTC dates (a ``ts`` column in epoch seconds), seconds
+    since the first sample (other ``ts``), or sample indices."""
+
+    label: str
+    origin: float
+    dates: bool
+
+    def x(self, v: Any) -> Any:
+        """Plot coordinate of a window position (seconds, or a sample index)."""
+        v = np.asarray(v, dtype=float)
+        if self.dates:
+            from matplotlib import dates as mdates
+            return mdates.date2num(np.datetime64(0, "s")) + v / 86400.0
+        return v - self.origin
+
+    def style(self, ax) -> None:
+        """Date ticks that fit (matplotlib's concise formatter) when the axis holds dates."""
+        if self.dates:
+            from matplotlib import dates as mdates
+            loc = mdates.AutoDateLocator(minticks=3, maxticks=8)
+            ax.xaxis.set_major_locator(loc)
+            ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(loc))
+
+    def when(self, v: Any) -> str:
+        """A window position for a table cell."""
+        if self.dates:
+            return _utc(float(v))
+        return f"{float(v):,.6g}"
+
+
+def _axis(summary: dict) -> _Axis:
+    """The x axis of the time series: dates, seconds or sample indices."""
     win = summary["window"]
     if win.get("position") == "ts":
         t0 = win.get("t0")
         if t0 is None:
             t0 = summary["windows"][0]["start"]
-        return "time since the first sample (s)", float(t0)
-    return "sample index", 0.0
+        t0 = float(t0)
+        if _EPOCH_RANGE[0] <= t0 <= _EPOCH_RANGE[1]:
+            return _Axis("date (UTC)", t0, True)
+        return _Axis("time since the first sample (s)", t0, False)
+    return _Axis("sample index", 0.0, False)
+
+
+def _wrapped(fig, text: str, fontsize: float, share: float = 1.0) -> str:
+    """``text`` wrapped to ``share`` of the figure's width at ``fontsize`` (a title that is never
+    clipped at the edges)."""
+    chars = max(20, int(fig.get_figwidth() * share * 72 / (0.6 * fontsize)))
+    return "\n".join(textwrap.wrap(text, chars)) or text
+
+
+def _nice_log_ticks(vmin: float, vmax: float) -> list[float]:
+    """Tick values for a log colour scale from ``vmin`` to ``vmax`` (> 0): 1-2-5 steps, thinned
+    to powers of ten over wide ranges and densified to 1..9 over narrow ones, so that the labels
+    (at most 9) never overlap."""
+    lo, hi = math.floor(math.log10(vmin)), math.ceil(math.log10(vmax))
+
+    def ticks(subs: tuple[float, ...]) -> list[float]:
+        return [m * 10.0 ** e for e in range(lo, hi + 1) for m in subs
+                if vmin * (1 - 1e-9) <= m * 10.0 ** e <= vmax * (1 + 1e-9)]
+
+    t = ticks((1.0, 2.0, 5.0))
+    if len(t) > 8:
+        t = ticks((1.0,))
+        return t[::math.ceil(len(t) / 8)] if len(t) > 8 else t
+    if len(t) < 3:
+        dense = ticks(tuple(float(m) for m in range(1, 10)))
+        t = dense if len(dense) <= 9 else dense[::2]
+    return t if len(t) >= 2 else [float(f"{x:.2g}") for x in np.geomspace(vmin, vmax, 3)]
+
+
+def _strategies(summary: dict) -> list[str]:
+    names = summary.get("strategies") or list(summary["totals"]["strategies"])
+    return [n for n in names if n in summary["totals"]["strategies"]]
 
 
 def _save(fig, path: Path) -> None:
@@ -162,7 +222,8 @@ def _plot_cdf(plt, cdf: dict, path: Path) -> str:
     n = len(tables)
     cols = min(n, 2)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 3.9 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(8.0, 6.2 * cols), 3.9 * rows + 0.4),
+                             squeeze=False)
     for ax, (name, t) in zip(axes.flat, tables.items()):
         share = np.asarray(t.get("cumulative_share", []), dtype=float) * 100
         rank = np.arange(1, share.size + 1)
@@ -189,14 +250,15 @@ def _plot_cdf(plt, cdf: dict, path: Path) -> str:
         ax.set_xlabel("row rank (hottest first, log scale)")
         ax.set_ylabel("cumulative share of lookups (%)")
         kind = "exact counts" if t.get("exact") else "sketch estimates"
-        ax.set_title(f"{name}: {t.get('total', 0):,} lookups, {t.get('num_rows', 0):,} rows "
-                     f"({kind})", fontsize=10)
+        ax.set_title(_wrapped(fig, f"{name}: {t.get('total', 0):,} lookups, "
+                                   f"{t.get('num_rows', 0):,} rows ({kind})", 10, 0.9 / cols),
+                     fontsize=10)
         ax.grid(True, which="both", alpha=0.25)
         ax.legend(fontsize=7.5, loc="upper left", framealpha=0.95)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
-    fig.suptitle("Access CDF per table and the replication cut points (thin line: global tier "
-                 "ends; thick: node tier ends)", fontsize=11)
+    fig.suptitle(_wrapped(fig, "Access CDF per table and the replication cut points (thin line: "
+                               "global tier ends; thick: node tier ends)", 11), fontsize=11)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
@@ -208,10 +270,10 @@ def _plot_cdf(plt, cdf: dict, path: Path) -> str:
 
 
 def _plot_bytes(plt, summary: dict, path: Path) -> str:
-    xlabel, x0 = _axis(summary)
+    axis = _axis(summary)
     wins = summary["windows"]
     strategies = _strategies(summary)
-    mid = np.array([(float(w["start"]) + float(w["end"])) / 2 - x0 for w in wins])
+    mid = axis.x([(float(w["start"]) + float(w["end"])) / 2 for w in wins])
     series = {}
     for s in strategies:
         tot, inter, t = [], [], []
@@ -225,9 +287,9 @@ def _plot_bytes(plt, summary: dict, path: Path) -> str:
         series[s] = (np.array(tot, float), np.array(inter, float), np.array(t, float))
     fig, axes = plt.subplots(3, 1, figsize=(9.5, 9.4), sharex=True)
     allb = np.concatenate([np.concatenate([v[0], v[1]]) for v in series.values()])
-    fb, ub = _unit(np.nanmax(allb) if np.isfinite(allb).any() else 0.0)
+    fb, ub = byte_scale(np.nanmax(allb) if np.isfinite(allb).any() else 0.0)
     allt = np.concatenate([v[2] for v in series.values()])
-    ft, ut = _time_unit(np.nanmax(allt) if np.isfinite(allt).any() else 0.0)
+    ft, ut = time_scale(np.nanmax(allt) if np.isfinite(allt).any() else 0.0)
     for s, (tot, inter, t) in series.items():
         kw = dict(color=_COLORS.get(s), label=_LABELS.get(s, s), **_STYLE.get(s, {}))
         axes[0].plot(mid, tot / fb, **kw)
@@ -240,15 +302,17 @@ def _plot_bytes(plt, summary: dict, path: Path) -> str:
         ax.grid(True, alpha=0.3)
         ax.margins(y=0.15)
         for w in wins:
-            ax.axvline(float(w["start"]) - x0, color="#cccccc", lw=0.6, zorder=0)
+            ax.axvline(axis.x(float(w["start"])), color="#cccccc", lw=0.6, zorder=0)
+        axis.style(ax)
     if not np.isfinite(allt).any():
         axes[1].text(0.5, 0.5, "no window holds a whole iteration (G x B samples): nothing was "
                      "evaluated", ha="center", va="center", transform=axes[1].transAxes)
-    axes[2].set_xlabel(xlabel + " (points: window midpoints; grey lines: window starts)")
+    axes[2].set_xlabel(axis.label + " (points: window midpoints; grey lines: window starts)")
     B = summary.get("batch_size")
-    fig.suptitle(f"Per iteration ({summary.get('samples_per_iteration', '?')} samples = "
-                 f"{summary['topology'].get('num_gpus', '?')} GPUs x B {B}), mean over each "
-                 f"window (y axes do not start at 0)", fontsize=11)
+    fig.suptitle(_wrapped(fig, f"Per iteration ({summary.get('samples_per_iteration', '?')} "
+                               f"samples = {summary['topology'].get('num_gpus', '?')} GPUs x B "
+                               f"{B}), mean over each window (y axes do not start at 0)", 11),
+                 fontsize=11)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=2, fontsize=8.5,
                bbox_to_anchor=(0.5, 0.955), frameon=False)
@@ -262,18 +326,19 @@ def _plot_bytes(plt, summary: dict, path: Path) -> str:
 
 
 def _plot_threshold(plt, summary: dict, path: Path) -> str:
-    xlabel, x0 = _axis(summary)
+    axis = _axis(summary)
     wins = summary["windows"]
     pts: list[tuple[float, dict, str]] = []
     for w in wins:
         checks = w.get("checks") or []
         if not checks and w.get("thresholds"):
             # no check in this window (the first one): its plan held from its start to its end
-            pts.append((float(w["start"]) - x0, w["thresholds"], ""))
-            pts.append((float(w["end"]) - x0, w["thresholds"], ""))
+            pts.append((float(axis.x(float(w["start"]))), w["thresholds"], ""))
+            pts.append((float(axis.x(float(w["end"]))), w["thresholds"], ""))
         for c in checks:
             if c.get("thresholds"):
-                pts.append((float(c["position"]) - x0, c["thresholds"], c.get("action", "")))
+                pts.append((float(axis.x(float(c["position"]))), c["thresholds"],
+                            c.get("action", "")))
     fig, axes = plt.subplots(2, 1, figsize=(10.5, 7.4), sharex=True)
     tables = list(dict.fromkeys(t for _, th, _ in pts for t in th))
     cmap = plt.get_cmap("Dark2")
@@ -299,7 +364,9 @@ def _plot_threshold(plt, summary: dict, path: Path) -> str:
             ax.axvline(x, color="#d62728", lw=1.2, alpha=0.6, ls="-.", zorder=1)
     for w in wins:
         for ax in axes:
-            ax.axvline(float(w["start"]) - x0, color="#cccccc", lw=0.6, zorder=0)
+            ax.axvline(axis.x(float(w["start"])), color="#cccccc", lw=0.6, zorder=0)
+    for ax in axes:
+        axis.style(ax)
     axes[0].set_ylabel("replicated rows\n(global + node tiers)")
     axes[0].set_yscale("symlog", linthresh=10)
     axes[0].set_ylim(0, ymax * 3)
@@ -308,7 +375,7 @@ def _plot_threshold(plt, summary: dict, path: Path) -> str:
     if any(v is not None and v > 0 for v in probs):
         axes[1].set_yscale("log")
         axes[1].margins(y=0.15)
-    axes[1].set_xlabel(xlabel + " (one point per check; grey lines: window starts)")
+    axes[1].set_xlabel(axis.label + " (one point per check; grey lines: window starts)")
     for ax in axes:
         ax.grid(True, which="major", alpha=0.3)
     extra = []
@@ -351,7 +418,7 @@ def _plot_traffic(plt, summary: dict, traffic: dict[str, dict[str, np.ndarray]],
     pos = np.concatenate([m[m > 0] for m in mats.values()]) if mats else np.zeros(0)
     vmax = float(pos.max()) if pos.size else 1.0
     vmin = max(float(pos.min()) if pos.size else 1e-3, vmax * 1e-4)
-    f, u = _unit(vmax)
+    f, u = byte_scale(vmax)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols + 1.4, 5.0 * rows + 0.6),
                              squeeze=False, layout="constrained")
     im = None
@@ -378,16 +445,15 @@ def _plot_traffic(plt, summary: dict, traffic: dict[str, dict[str, np.ndarray]],
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     if im is not None:
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
         cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
         cb.set_label(f"all-to-all {u} per iteration (log scale)")
-        fmt = FuncFormatter(lambda v, _: f"{v:,.3g}")
-        cb.ax.yaxis.set_major_formatter(fmt)
-        cb.ax.yaxis.set_minor_formatter(fmt)
-        cb.ax.tick_params(which="minor", labelsize=7)
-    fig.suptitle("Mean all-to-all traffic per GPU pair over the replay\n(white lines: node "
-                 "boundaries; diagonal blocks = intra-node links, the rest inter-node)",
-                 fontsize=10.5)
+        cb.ax.yaxis.set_major_locator(FixedLocator(_nice_log_ticks(vmin / f, vmax / f)))
+        cb.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.3g}"))
+        cb.ax.yaxis.set_minor_formatter(NullFormatter())
+    fig.suptitle(_wrapped(fig, "Mean all-to-all traffic per GPU pair over the replay (white "
+                               "lines: node boundaries; diagonal blocks = intra-node links, the "
+                               "rest inter-node)", 10.5), fontsize=10.5)
     _save(fig, path)
     plt.close(fig)
     return ("Bytes GPU <i>a</i> (row) sends GPU <i>b</i> (column) per iteration, mean over every "
@@ -404,13 +470,15 @@ def _plot_memory(plt, summary: dict, path: Path) -> str:
     mems = {s: m for s, m in mems.items() if m.size}
     budget = summary.get("budget_bytes")
     vmax = max([float(m.max()) for m in mems.values()] + [float(budget or 0)] + [1.0])
-    f, u = _unit(vmax)
+    f, u = byte_scale(vmax)
     G = max((m.size for m in mems.values()), default=0)
     fig, ax = plt.subplots(figsize=(min(14.0, max(8.5, 0.5 * G + 3)), 5.2))
     x = np.arange(G)
 
     def label(s: str, m: np.ndarray) -> str:
-        rel = f", {100 * m.max() / budget:.1f}% of the budget" if budget else ""
+        # only the FlexShard plans were made for the budget (row-wise's modelled peak)
+        rel = (f", {100 * m.max() / budget:.1f}% of the budget"
+               if budget and s in _BUDGETED else "")
         return f"{_LABELS.get(s, s)}: peak {_fmt_bytes(float(m.max()), 4)}{rel}"
 
     if G <= 32:
@@ -425,7 +493,8 @@ def _plot_memory(plt, summary: dict, path: Path) -> str:
             ax.step(x, m / f, where="mid", color=_COLORS.get(s), label=label(s, m), **st)
     if budget:
         ax.axhline(budget / f, color="black", ls=(0, (4, 3)), lw=1.2, zorder=6,
-                   label=f"FlexShard memory budget {_fmt_bytes(budget, 4)} per GPU")
+                   label=f"FlexShard's budget {_fmt_bytes(budget, 4)} per GPU (row-wise's "
+                         f"modelled peak on window 0)")
     pos = [float(m[m > 0].min()) for m in mems.values() if (m > 0).any()]
     if pos and vmax / min(pos) > 20:
         ax.set_yscale("log")
@@ -441,17 +510,18 @@ def _plot_memory(plt, summary: dict, path: Path) -> str:
     ax.grid(True, axis="y", alpha=0.3)
     fig.legend(loc="upper center", ncol=2, fontsize=8.5, bbox_to_anchor=(0.5, 0.93),
                frameon=False)
-    fig.suptitle("Peak per-GPU memory over the replay (rows + optimizer state + communication "
-                 "buffers)", fontsize=11)
+    fig.suptitle(_wrapped(fig, "Peak per-GPU memory over the replay (rows + optimizer state + "
+                               "communication buffers)", 11), fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.83))
     _save(fig, path)
     plt.close(fig)
     return ("Largest memory each GPU needed during the replay: embedding rows with their "
             "optimizer state, plus the communication buffers of its busiest iteration. The "
-            "dashed line is the budget the FlexShard plans were made for (by default the row-wise "
-            "plan's modelled peak on the first window); trace-mode peaks can exceed it slightly "
-            "when an iteration's buffers are above the modelled mean. HBM capacity (topology) is "
-            "not drawn.")
+            "dashed line is the budget the FlexShard plans were made for: the row-wise plan's "
+            "modelled (expected) peak on the first window, so the legend gives a share of it "
+            "for the FlexShard plans only. Replayed peaks, row-wise's included, can sit a little "
+            "above it when an iteration's buffers exceed the modelled mean. HBM capacity "
+            "(topology) is not drawn.")
 
 
 # ----------------------------------------------------------------------------- html
@@ -460,6 +530,7 @@ def _totals_table(summary: dict) -> str:
     head = ("<tr><th>strategy</th><th>iterations</th><th>all-to-all / iter</th>"
             "<th>inter-node / iter</th><th>sync / iter</th><th>comm time / iter</th>"
             "<th>comm time, total</th><th>peak memory / GPU</th><th>migration</th>"
+            "<th>migration + pauses</th><th>total cost</th>"
             "<th>plan changes</th><th>speed-up vs rw</th></tr>")
     rows = []
     for s in _strategies(summary):
@@ -473,18 +544,23 @@ def _totals_table(summary: dict) -> str:
                 _fmt_time(t.get("comm_time_s_per_iter")), _fmt_time(t.get("comm_time_s")),
                 _fmt_bytes(t.get("peak_memory_bytes"), 4),
                 _fmt_bytes(t.get("migration_bytes", 0)),
+                _fmt_time(t.get("migration_s", 0.0) + t.get("pause_s", 0.0)),
+                _fmt_time(t.get("total_cost_s")),
                 t.get("deltas", 0), "–" if sp is None else f"{sp:.2f}x")) + "</tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 
 
 def _windows_table(summary: dict) -> str:
     strategies = _strategies(summary)
-    head = ("<tr><th>window</th><th>start</th><th>end</th><th>samples</th><th>iterations</th>"
+    axis = _axis(summary)
+    unit = " (UTC)" if axis.dates else ""
+    head = (f"<tr><th>window</th><th>start{unit}</th><th>end{unit}</th><th>samples</th>"
+            "<th>iterations</th>"
             + "".join(f"<th>{html.escape(s)} comm / iter</th>" for s in strategies)
             + "<th>re-sharder migration</th><th>checks (applied)</th></tr>")
     rows = []
     for w in summary["windows"]:
-        cells = [w.get("index", ""), f"{w['start']:.6g}", f"{w['end']:.6g}",
+        cells = [w.get("index", ""), axis.when(w["start"]), axis.when(w["end"]),
                  f"{w['samples']:,}", w.get("iterations", "")]
         for s in strategies:
             cells.append(_fmt_time((w["strategies"].get(s) or {}).get("comm_time_s_per_iter")))
@@ -495,13 +571,65 @@ def _windows_table(summary: dict) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _best_flexshard(summary: dict) -> tuple[str, dict] | None:
+    """The FlexShard strategy (static or re-sharded) with the least comm time per iteration."""
+    st = summary["totals"]["strategies"]
+    cands = [(s, st[s]) for s in _BUDGETED
+             if s in st and st[s].get("comm_time_s_per_iter") is not None]
+    return min(cands, key=lambda c: c[1]["comm_time_s_per_iter"]) if cands else None
+
+
+def _apply_section(summary: dict) -> str:
+    """The closing section: which plan to take, where it is, and how to run it in TorchRec."""
+    best = _best_flexshard(summary)
+    if best is None:
+        return ("<h2>Apply this plan</h2><p>No FlexShard plan was evaluated (no window filled an "
+                "iteration); replay with larger windows or a smaller batch size first.</p>")
+    name, t = best
+    sp = t.get("speedup_vs_rw")
+    where = {"static": "the plan made on the first window",
+             "resharder": "where the re-sharder ended"}[name]
+    gain = (f" ({sp:.2f}x less communication time per iteration than row-wise over this "
+            f"replay)" if sp is not None else "")
+    if sp is not None and sp < 1:
+        gain += "; row-wise (<code>plans/rw</code>) was faster here, so keep row-wise"
+    code = ("from flexshard_stream.placement.plan import Plan\n"
+            "from flexshard_stream.placement.export_torchrec import export_torchrec\n"
+            f"export_torchrec(Plan.load('plans/{name}'), 'torchrec')")
+    return (
+        "<h2>Apply this plan</h2>"
+        f"<p>Every strategy's final plan is in <code>plans/</code> of this directory. The one to "
+        f"take is <code>plans/{name}</code>, {where}{gain}. To run it in TorchRec, export it "
+        "from this directory: per table a replicated hot table, a row-wise cold table, an ID "
+        "remapping and <code>ParameterConstraints</code> for TorchRec's planner, in "
+        "<code>torchrec/</code>:</p>"
+        f"<pre>{html.escape(code)}</pre>"
+        "<p>docs/TORCHREC_EXPORT.md describes the files and the data-loader side "
+        "(<code>split_jagged</code> routes each feature's IDs to the hot and cold tables). To "
+        "keep the placement current while training, run the sidecar beside the data loaders "
+        "(<code>flexshard-stream sidecar</code>, docs/SIDECAR.md).</p>")
+
+
+def _period(summary: dict) -> str:
+    """``<br>Period: first .. last sample (UTC)`` when the windows sit on epoch dates."""
+    axis = _axis(summary)
+    if not axis.dates:
+        return ""
+    wins = summary["windows"]
+    first = min(float(w.get("ts_first") or w["start"]) for w in wins)
+    last = max(float(w.get("ts_last") or w["end"]) for w in wins)
+    return f"<br>Period: {_utc(first, True)} .. {_utc(last, True)} (UTC)"
+
+
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;
 max-width:1100px;margin:2em auto;padding:0 1em;color:#222}h1{font-size:1.5em}
 h2{font-size:1.2em;margin-top:1.6em}table{border-collapse:collapse;font-size:.9em;margin:.6em 0}
 td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}
+td{white-space:nowrap}
 td:first-child,th:first-child{text-align:left}figure{margin:1.2em 0}
 img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.92em;color:#444;margin-top:.3em}
-.meta{color:#555;font-size:.92em}code{background:#f5f5f5;padding:0 .2em}"""
+.meta{color:#555;font-size:.92em}code{background:#f5f5f5;padding:0 .2em}
+pre{background:#f5f5f5;padding:.6em;overflow-x:auto}"""
 
 
 def build_report(directory: str | os.PathLike) -> Path:
@@ -557,6 +685,10 @@ def _page(summary: dict[str, Any], captions: dict[str, str]) -> str:
     best = st.get("resharder") or st.get("static") or {}
     sp = best.get("speedup_vs_rw")
     dedup = "on" if (summary.get("model") or {}).get("dedup", True) else "off"
+    # figures of replays written before execution profiles were idealized
+    profile = (summary.get("model") or {}).get("profile", "ideal")
+    label = "TorchRec 1.8 execution profile" if profile == "torchrec" else "idealized (custom " \
+        "runtime) profile"
     logs = ", ".join(f"<code>{html.escape(str(p))}</code>" for p in summary.get("logs", []))
     wdesc = html.escape(str(win.get("describe") or win.get("spec") or win.get("size")))
     skipped_txt = ""
@@ -569,12 +701,13 @@ def _page(summary: dict[str, Any], captions: dict[str, str]) -> str:
         f"<style>{_CSS}</style></head><body>",
         "<h1>flexshard-stream replay report</h1>",
         f"<p class='meta'>Logs: {logs}<br>",
-        f"Topology: {html.escape(str(topo.get('summary', '')))}<br>",
+        f"Topology: {html.escape(str(topo.get('summary', '')))}{_period(summary)}<br>",
         (f"B = {summary['batch_size']} samples per GPU per iteration "
          f"({summary.get('samples_per_iteration', '?')} samples per iteration); "
          f"{tot.get('windows', len(summary['windows']))} windows of {wdesc}; "
          f"{tot.get('samples', 0):,} samples, {tot.get('iterations', 0):,} iterations evaluated "
-         f"per strategy; de-duplication {dedup}; {tot.get('checks', 0)} re-sharder checks; "
+         f"per strategy; de-duplication {dedup}; cost model: {label}; "
+         f"{tot.get('checks', 0)} re-sharder checks; "
          f"FlexShard memory budget {_fmt_bytes(summary.get('budget_bytes'), 4)} per GPU."),
         skipped_txt,
         "</p>",
@@ -592,7 +725,7 @@ def _page(summary: dict[str, Any], captions: dict[str, str]) -> str:
         parts.append(f"<h2>{i}. {html.escape(titles[name])}</h2><figure><img src='{name}' "
                      f"alt='{html.escape(titles[name])}'><figcaption>{captions[name]}"
                      f"</figcaption></figure>")
-    parts += ["<h2>Windows</h2>", _windows_table(summary),
+    parts += ["<h2>Windows</h2>", _windows_table(summary), _apply_section(summary),
               ("<p class='meta'>Written by <code>flexshard-stream report</code> from "
                "<code>summary.json</code>, <code>cdf.json</code> and <code>traffic/</code> in "
                "this directory; docs/REPLAY.md describes them.</p></body></html>")]

@@ -218,6 +218,11 @@ def _table_sharding_of(tp: TablePlan, plan: Plan) -> TableSharding:
     if tp.cold.kind == "replicated":
         return TableSharding("data_parallel")
     gpus = [int(g) for g in tp.cold.gpus]
+    if tp.cold.kind == "columns":   # TorchRec's column_wise(ranks) cuts the dim evenly
+        if np.ptp(tp.cold.widths) > 0:
+            raise ConfigError(f"table {name!r}: column widths {tp.cold.widths.tolist()} are "
+                              f"unequal; TorchRec's column_wise(ranks) cuts the dim evenly")
+        return TableSharding(plan.sharding_kinds[name], tuple(gpus))
     if tp.cold.kind == "hash":
         raise ConfigError(f"table {name!r}: hashed rows have no TorchRec sharding (its row-wise "
                           f"blocks are contiguous); export the plan to remap the IDs")

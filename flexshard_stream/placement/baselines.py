@@ -3,6 +3,10 @@
 - ``row_wise``: every table's rows over all G GPUs, contiguous equal ranges (TorchRec RW) or hashed;
 - ``table_wise``: each table whole on one GPU, greedy balance (largest first onto the least loaded);
 - ``table_row_wise``: each table's rows over the M GPUs of one node, nodes balanced greedily;
+- ``column_wise``: each table cut into column shards as TorchRec's planner cuts them (the smallest
+  multiple of 4 dividing D that is at least 128 columns, else D: one shard), shards on distinct
+  GPUs, balanced greedily (largest first onto the least loaded GPU);
+- ``table_column_wise``: the same shards on the GPUs of one node, nodes balanced greedily;
 - ``data_parallel``: every row of every table on every GPU;
 - ``hugectr_hybrid``: HugeCTR's hybrid embedding rule: replicate every row whose profiled count
   reaches ``iterations * N * (a2a_bw / ar_bw) * efficiency * N / (N - 1)``, the number of frequent
@@ -22,8 +26,12 @@ from .plan import ColdSharding, Plan, TablePlan
 from .tables import EmbeddingTable, summaries_by_table
 from .topology import Topology
 
-__all__ = ["row_wise", "table_wise", "table_row_wise", "data_parallel", "hugectr_hybrid",
-           "hugectr_threshold", "build_baseline", "STRATEGIES"]
+__all__ = ["row_wise", "table_wise", "table_row_wise", "column_wise", "table_column_wise",
+           "column_widths", "data_parallel", "hugectr_hybrid", "hugectr_threshold",
+           "build_baseline", "STRATEGIES", "MIN_COLUMN_SHARD"]
+
+#: Narrowest column shard TorchRec 1.8's planner cuts (``planner/constants.py`` ``MIN_CW_DIM``).
+MIN_COLUMN_SHARD = 128
 
 
 def row_wise(tables: Sequence[EmbeddingTable], topo: Topology, *, mode: str = "range",
@@ -76,9 +84,71 @@ def table_row_wise(tables: Sequence[EmbeddingTable], topo: Topology, *,
                    lookups: Mapping[str, float] | None = None) -> Plan:
     """Table-row-wise: each table's rows in equal ranges over the GPUs of one node."""
     where = _greedy(_load_weights(tables, lookups), topo.nodes)
-    tps = [TablePlan(t, ColdSharding.ranges(topo.gpus_of_node(int(n)), t.num_rows))
+    tps = [TablePlan(t, ColdSharding.ranges(topo.gpus_of_node(int(n)), t.num_rows),
+                     sharding="table_row_wise")
            for t, n in zip(tables, where)]
     return Plan("twrw", topo, tps, {"node_of_table": {t.name: int(n) for t, n in zip(tables, where)}})
+
+
+def column_widths(dim: int, min_width: int = MIN_COLUMN_SHARD, max_shards: int | None = None
+                  ) -> np.ndarray:
+    """Widths (int64) of the column shards TorchRec's planner cuts a ``dim``-column table into:
+    shards of the smallest ``w >= min_width`` that is a multiple of 4 and divides ``dim`` (``dim``
+    itself when none does: one shard), ``sharding_plan.py`` ``_find_base_dim``; with
+    ``max_shards`` (GPUs available) the width grows to the next such divisor until the shards
+    fit."""
+    if min_width < 1:
+        raise ConfigError(f"min_width must be >= 1 column, got {min_width}")
+    w = next((c for c in range(min_width, dim) if dim % c == 0 and c % 4 == 0), dim)
+    while max_shards is not None and dim // w > max_shards:
+        w = next((c for c in range(w + 1, dim) if dim % c == 0 and c % 4 == 0), dim)
+    return np.full(dim // w, w, dtype=np.int64)
+
+
+def _column_plan(strategy: str, kind: str, tables: Sequence[EmbeddingTable], topo: Topology,
+                 groups: list[np.ndarray], lookups: Mapping[str, float] | None,
+                 min_width: int) -> Plan:
+    """Column shards of every table over the GPUs of one group each (``groups``: every GPU, or
+    the GPUs of each node), groups then GPUs balanced greedily by the shards' share of the
+    table's load."""
+    size = min(g.size for g in groups)
+    widths = [column_widths(t.dim, min_width, size) for t in tables]
+    weights = _load_weights(tables, lookups)
+    group_of = _greedy(weights, len(groups))
+    load = np.zeros(topo.num_gpus)
+    tps, where = [], {}
+    for i in np.argsort(-weights, kind="stable"):
+        t, w, gpus = tables[i], widths[i], groups[int(group_of[i])]
+        picked = []
+        for share in w / t.dim * weights[i]:
+            free = [g for g in gpus if g not in picked]
+            g = int(min(free, key=lambda x: (load[x], x)))
+            picked.append(g)
+            load[g] += share
+        where[t.name] = picked
+        tps.append((i, TablePlan(t, ColdSharding.columns(picked, w), sharding=kind)))
+    tps = [tp for _, tp in sorted(tps, key=lambda x: x[0])]
+    return Plan(strategy, topo, tps, {"gpus_of_table": where, "min_width": min_width})
+
+
+def column_wise(tables: Sequence[EmbeddingTable], topo: Topology, *,
+                lookups: Mapping[str, float] | None = None,
+                min_width: int = MIN_COLUMN_SHARD) -> Plan:
+    """Column-wise: each table in column shards of at least ``min_width`` columns
+    (:func:`column_widths`) on distinct GPUs anywhere, balanced greedily (by traffic with
+    ``lookups``, else by bytes). Tables narrower than twice ``min_width`` stay whole (one
+    shard: the table-wise placement)."""
+    return _column_plan("cw", "column_wise", tables, topo, [np.arange(topo.num_gpus)], lookups,
+                        min_width)
+
+
+def table_column_wise(tables: Sequence[EmbeddingTable], topo: Topology, *,
+                      lookups: Mapping[str, float] | None = None,
+                      min_width: int = MIN_COLUMN_SHARD) -> Plan:
+    """Table-column-wise: as :func:`column_wise`, each table's shards on the GPUs of one node
+    (nodes balanced greedily, then GPUs)."""
+    groups = [topo.gpus_of_node(n).astype(np.int64) for n in range(topo.nodes)]
+    return _column_plan("twcw", "table_column_wise", tables, topo, groups, lookups, min_width)
 
 
 def data_parallel(tables: Sequence[EmbeddingTable], topo: Topology) -> Plan:
@@ -133,15 +203,15 @@ def hugectr_hybrid(tables: Sequence[EmbeddingTable], topo: Topology,
 
 
 STRATEGIES: dict[str, Callable[..., Plan]] = {
-    "rw": row_wise, "tw": table_wise, "twrw": table_row_wise, "dp": data_parallel,
-    "hugectr": hugectr_hybrid}
+    "rw": row_wise, "tw": table_wise, "twrw": table_row_wise, "cw": column_wise,
+    "twcw": table_column_wise, "dp": data_parallel, "hugectr": hugectr_hybrid}
 
 
 def build_baseline(strategy: str, tables: Sequence[EmbeddingTable], topo: Topology, *,
                    summaries: Mapping[str, FrequencySummary] | None = None,
                    iterations: int | None = None, lookups: Mapping[str, float] | None = None
                    ) -> Plan:
-    """Dispatch by name ("rw", "rw-hash", "tw", "twrw", "dp", "hugectr")."""
+    """Dispatch by name ("rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "hugectr")."""
     if strategy in ("rw", "rw-range"):
         return row_wise(tables, topo)
     if strategy == "rw-hash":
@@ -150,11 +220,15 @@ def build_baseline(strategy: str, tables: Sequence[EmbeddingTable], topo: Topolo
         return table_wise(tables, topo, lookups=lookups)
     if strategy == "twrw":
         return table_row_wise(tables, topo, lookups=lookups)
+    if strategy == "cw":
+        return column_wise(tables, topo, lookups=lookups)
+    if strategy == "twcw":
+        return table_column_wise(tables, topo, lookups=lookups)
     if strategy == "dp":
         return data_parallel(tables, topo)
     if strategy == "hugectr":
         if summaries is None or iterations is None:
             raise ConfigError("the hugectr strategy needs profiled statistics and iterations")
         return hugectr_hybrid(tables, topo, summaries, iterations=iterations)
-    raise ConfigError(f"unknown strategy {strategy!r}; choose one of rw, rw-hash, tw, twrw, dp, "
-                      "hugectr")
+    raise ConfigError(f"unknown strategy {strategy!r}; choose one of rw, rw-hash, tw, twrw, cw, "
+                      "twcw, dp, hugectr")

@@ -1,5 +1,10 @@
 """The one cost evaluator: all-to-all bytes, replica sync, communication time and memory of a plan.
 
+Two execution profiles (``CostModel(profile=...)``, :mod:`~flexshard_stream.placement.profiles`):
+``"torchrec"`` (the default) prices what TorchRec 1.8 sends for the plan, ``"ideal"`` the project's
+own model of DESIGN.md section 3 (what a custom runtime could reach). Both go through the same
+:class:`Cost`, link classes and time formulas.
+
 Two modes share every formula after the traffic counts (:func:`_finish`):
 
 - trace mode, :func:`evaluate_trace`: replays batches as iterations of ``G * B`` samples (sample ``i``
@@ -31,11 +36,21 @@ from ..stats.config import TableConfig
 from ..stats.stream import validate_batch
 from ..stats.summary import FrequencySummary
 from .plan import Plan, TablePlan
+from .profiles import (
+    PROFILES,
+    TORCHREC_COMPONENTS,
+    ExecutionProfile,
+    Structured,
+    TorchRecTerms,
+    execution_profile,
+    torchrec_row_bytes,
+)
 from .tables import summaries_by_table
 from .topology import Topology
 
 __all__ = ["CostModel", "Cost", "TraceCost", "evaluate_trace", "evaluate_analytic",
-           "check_matrix_size", "COMPONENTS", "A2A_COMPONENTS", "MATRIX_MAX_GPUS"]
+           "check_matrix_size", "COMPONENTS", "A2A_COMPONENTS", "PROFILES", "TORCHREC_COMPONENTS",
+           "MATRIX_MAX_GPUS"]
 
 COMPONENTS = ("index", "forward", "backward", "sync")
 A2A_COMPONENTS = ("index", "forward", "backward")
@@ -62,19 +77,44 @@ class CostModel:
     """Options of the cost model.
 
     dedup : bool            in-batch de-duplication: a GPU requests each distinct (table, row) once
-                            per iteration (default); off: once per occurrence (TorchRec's assumption)
-    index_bytes : int       bytes per ID in the index exchange (8: int64)
+                            per iteration (default); off: once per occurrence. Under ``torchrec``
+                            it is TorchRec's index de-duplication of sequence tables
+                            (``EmbeddingCollectionSharder(use_index_dedup=True)``; TorchRec's own
+                            default is off); pooled tables are never de-duplicated there
+    index_bytes : int       bytes per ID (8: int64): the index exchange (``ideal``), the KJT's
+                            values (``torchrec``)
     allreduce : str         "hierarchical" (intra-node reduce-scatter, inter-node ring, intra-node
                             all-gather) or "ring" (one flat ring over all GPUs)
     reservation_bytes : float  per-GPU memory reserved for everything else (bytes)
+    profile : str           execution profile, "torchrec" (default) or "ideal"
+                            (:mod:`~flexshard_stream.placement.profiles`)
+    length_bytes : int      bytes per KJT length (``torchrec``; 8: int64, TorchRec keeps the
+                            input's dtype)
     """
 
     dedup: bool = True
     index_bytes: int = 8
     allreduce: str = "hierarchical"
     reservation_bytes: float = 0.0
+    profile: str = "torchrec"
+    length_bytes: int = 8
+
+    @property
+    def execution(self) -> ExecutionProfile:
+        """The execution profile: its label and what it can run
+        (:meth:`~flexshard_stream.placement.profiles.ExecutionProfile.can_run`)."""
+        return execution_profile(self.profile)
+
+    @property
+    def torchrec(self) -> bool:
+        """Whether figures are TorchRec 1.8's (``profile == "torchrec"``)."""
+        return self.profile == "torchrec"
 
     def __post_init__(self) -> None:
+        execution_profile(self.profile)
+        if self.length_bytes not in (4, 8):
+            raise ConfigError(f"length_bytes must be 4 (int32) or 8 (int64), got "
+                              f"{self.length_bytes}")
         if self.allreduce not in ("hierarchical", "ring"):
             raise ConfigError(f"allreduce must be 'hierarchical' or 'ring', got {self.allreduce!r}")
         if self.index_bytes <= 0:
@@ -98,6 +138,17 @@ class Cost:
                                 ``D e`` (forward read) + ``2 (D e + s)`` (backward read-modify-write
                                 of the row and its optimizer state)
     host_bytes : float64[G]     rows GPU g keeps in host memory (bytes, expected value)
+    profile : str               the execution profile of the figures ("torchrec" or "ideal")
+    collectives : {component: float}   ``torchrec`` only: bytes per iteration of each TorchRec
+                                collective (``profiles.TORCHREC_COMPONENTS``) as TorchRec's buffers
+                                hold them, summed over ranks, a rank's own chunk included (the
+                                forward direction; the backward moves as much again, the
+                                all-reduce: every rank's buffer); matrices of them, ``[sender,
+                                receiver]``, are in ``matrices`` under the component's name
+
+    Under ``torchrec`` the byte matrices hold a rank's own chunk on the diagonal (the ``local``
+    class): it is part of TorchRec's buffers (memory) but crosses no link, so ``a2a_bytes`` and
+    the times leave it out.
     """
 
     topology: Topology
@@ -114,6 +165,8 @@ class Cost:
     host_lookups: np.ndarray | None = None
     uvm_bytes: np.ndarray | None = None
     host_bytes: np.ndarray | None = None
+    profile: str = "ideal"
+    collectives: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         G = self.topology.num_gpus
@@ -151,8 +204,9 @@ class Cost:
 
     @property
     def a2a_bytes(self) -> float:
-        """All-to-all bytes per iteration: index exchange + forward + backward (whole cluster)."""
-        return float(sum(self.send[c].sum() for c in A2A_COMPONENTS))
+        """All-to-all bytes per iteration: index exchange + forward + backward (whole cluster),
+        over links (intra- and inter-node; a rank's own chunk is not sent)."""
+        return float(sum(_link_bytes(self.send[c]) for c in A2A_COMPONENTS))
 
     @property
     def intra_node_bytes(self) -> float:
@@ -165,7 +219,13 @@ class Cost:
 
     @property
     def sync_bytes(self) -> float:
-        return float(self.send["sync"].sum())
+        """Replica-sync (all-reduce) bytes per iteration over links, whole cluster."""
+        return float(_link_bytes(self.send["sync"]))
+
+    @property
+    def label(self) -> str:
+        """How to label figures under this cost's profile: "TorchRec 1.8" or "idealized"."""
+        return execution_profile(self.profile).label
 
     @property
     def peak_memory_per_gpu(self) -> np.ndarray:
@@ -178,7 +238,8 @@ class Cost:
 
     def to_json(self) -> dict[str, Any]:
         """The summary printed by ``flexshard-stream evaluate --json``."""
-        return {"iterations": self.iterations, "mode": self.mode, "dedup": self.dedup,
+        out = {"iterations": self.iterations, "mode": self.mode, "dedup": self.dedup,
+                "profile": self.profile,
                 "bytes_per_iter": {"total": self.a2a_bytes, "intra_node": self.intra_node_bytes,
                                    "inter_node": self.inter_node_bytes,
                                    "sync": self.sync_bytes,
@@ -193,6 +254,16 @@ class Cost:
                 "row_bytes_max": float(self.row_bytes.max()),
                 "buffer_bytes_max": float(self.buffer_bytes.max()),
                 "host_bytes_max": float(self.host_bytes.max()) if self.host_bytes.size else 0.0}
+        if self.collectives:
+            out["bytes_per_iter"]["torchrec_collectives"] = dict(self.collectives)
+        return out
+
+
+def _link_bytes(by_class: np.ndarray) -> float:
+    """Bytes of a float64[G, 3] (local, intra, inter) array that cross a link: all but the local
+    class (summed as the whole array less it, so that without local bytes the sum is the whole
+    array's, bit for bit)."""
+    return float(by_class.sum() - by_class[:, 0].sum())
 
 
 @dataclass
@@ -264,7 +335,13 @@ def _sync_traffic(topo: Topology, s_global: float, s_node: np.ndarray, model: Co
 def _finish(topo: Topology, a2a: Mapping[str, tuple[np.ndarray, np.ndarray]],
             sync: tuple[np.ndarray, np.ndarray, float], sync_buffer: np.ndarray,
             row_bytes: np.ndarray, model: CostModel, matrices, mode: str,
-            host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Cost:
+            host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+            buffer_excess: np.ndarray | float = 0.0,
+            collectives: dict[str, float] | None = None) -> Cost:
+    """The :class:`Cost` of one iteration's traffic: ``a2a`` (send, recv) per all-to-all
+    component, the replica sync (send, recv, time) and its buffer per GPU, the rows stored;
+    ``buffer_excess`` (bytes per GPU) is what the received bytes exceed the receive buffers by
+    (a reduce-scatter sums what it receives)."""
     send = {c: a2a[c][0] for c in A2A_COMPONENTS}
     recv = {c: a2a[c][1] for c in A2A_COMPONENTS}
     send["sync"], recv["sync"] = sync[0], sync[1]
@@ -273,10 +350,11 @@ def _finish(topo: Topology, a2a: Mapping[str, tuple[np.ndarray, np.ndarray]],
     # buffers materialized by an iteration: index and embedding exchange (sent + received; the
     # backward reuses the forward's buffers, transposed) plus the replica gradients
     buf = sum(send[c].sum(axis=1) + recv[c].sum(axis=1) for c in ("index", "forward"))
-    buf = buf + sync_buffer
+    buf = buf + sync_buffer - buffer_excess
     hl, ub, hb = host if host is not None else (None, None, None)
     return Cost(topo, send, recv, time_s, row_bytes, buf, model.reservation_bytes, matrices,
-                mode=mode, dedup=model.dedup, host_lookups=hl, uvm_bytes=ub, host_bytes=hb)
+                mode=mode, dedup=model.dedup, host_lookups=hl, uvm_bytes=ub, host_bytes=hb,
+                profile=model.profile, collectives=dict(collectives or {}))
 
 
 # ----------------------------------------------------------------------------- trace mode
@@ -334,7 +412,9 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
     Each iteration goes through three steps: the trace kernel counts, per table, what every
     component moves (:class:`_TraceKernel`); the counts become the iteration's traffic by component
     (:class:`_IterationTraffic`: index and embedding all-to-all, replica sync, host-memory
-    lookups) and its :class:`Cost`; the costs are summed (:class:`_TraceSums`).
+    lookups; under ``torchrec`` added to the collectives that do not depend on the IDs,
+    :class:`~flexshard_stream.placement.profiles.TorchRecTerms`) and its :class:`Cost`; the costs
+    are summed (:class:`_TraceSums`).
     """
     model = model or CostModel()
     if batch_size <= 0:
@@ -345,7 +425,8 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
     kernel = _TraceKernel(plan, batch_size, model)
     sums = _TraceSums(topo.num_gpus, keep_matrices)
     masks = _class_masks(topo)
-    row_bytes, host_bytes = plan.row_bytes_per_gpu, plan.host_bytes_per_gpu
+    row_bytes = torchrec_row_bytes(plan) if model.torchrec else plan.row_bytes_per_gpu
+    host_bytes = plan.host_bytes_per_gpu
     dropped = 0
     for it in rebatch(batches, spi):
         if it.batch_size < spi:  # not evaluated, but its IDs are checked like the others'
@@ -365,9 +446,10 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
 @dataclass
 class _TableCounts:
     """What the trace kernel counted for one table in one iteration: lookups requested (index
-    messages) and embeddings sent, as G x G counts ``[requester, owner]``; replica rows touched
-    (``global_touched`` rows of tier 0, ``touched_node[m]`` of tier 1 held by local GPU ``m``);
-    host-memory lookups per owner GPU (None without a host tier)."""
+    messages; ``torchrec``: IDs distributed, a GPU's own included) and embeddings sent, as G x G
+    counts ``[requester, owner]``; replica rows touched (``global_touched`` rows of tier 0,
+    ``touched_node[m]`` of tier 1 held by local GPU ``m``); host-memory lookups per owner GPU
+    (None without a host tier)."""
 
     index: np.ndarray
     embeddings: np.ndarray
@@ -376,9 +458,20 @@ class _TableCounts:
     host: np.ndarray | None
 
 
+def _width_bytes(tp: TablePlan, G: int) -> float | np.ndarray:
+    """Bytes of one looked-up row as its owner returns it: ``D e``, or for a column-wise table
+    the owner's shard, ``w e`` per GPU (float64[G], zero off the shards)."""
+    if not tp.column_wise:
+        return float(tp.table.embedding_bytes)
+    wb = np.zeros(G)
+    wb[tp.cold.gpus] = tp.cold.widths * float(tp.table.embedding_bytes) / tp.table.dim
+    return wb
+
+
 class _TraceKernel:
     """The plan-side state of the trace kernel, built once per :func:`evaluate_trace` call:
-    a router and a touch-mark array per feature, and reusable hash-set scratch."""
+    a router and a touch-mark array per feature, reusable hash-set scratch and, under
+    ``torchrec``, the collectives that do not depend on the IDs (as G x G matrices)."""
 
     def __init__(self, plan: Plan, batch_size: int, model: CostModel):
         topo = plan.topology
@@ -389,8 +482,10 @@ class _TraceKernel:
                         for f, tp in self.by_feature.items()}
         self.routers = {f: plan.router(tp.name) for f, tp in self.by_feature.items()}
         self.touch = {f: np.zeros(max(1, r.keys.size), np.int64) for f, r in self.routers.items()}
+        self.width = {f: _width_bytes(tp, self.G) for f, tp in self.by_feature.items()}
         self.scratch = _Scratch(self.G)
         self.host_cnt = np.zeros(self.G, np.int64)
+        self.dense = _TorchRecDense(plan, batch_size, model) if model.torchrec else None
 
     def iteration(self, it: Batch) -> _IterationTraffic:
         """The traffic of one iteration (``G * B`` samples, sample ``i`` on GPU ``i // B``)."""
@@ -399,11 +494,24 @@ class _TraceKernel:
                 raise BatchError(f"no table in plan {self.plan.strategy!r} for this feature; "
                                  f"plan features: {sorted(self.by_feature)}", feature=k,
                                  field="keys")
-        traffic = _IterationTraffic.zeros(self.G, self.M)
+        traffic = _IterationTraffic.zeros(self.G, self.M, self.dense)
         for feat, ids, lens, _ in _split_features(it):
             tp = self.by_feature[feat]
-            traffic.add_table(tp, self.table_counts(it, feat, ids, lens), self.model)
+            if self.dense is not None and not self.dense.counted[tp.name]:
+                self.check_ids(it, feat, ids)   # no input distribution: only validate the IDs
+                continue
+            traffic.add_table(tp, self.table_counts(it, feat, ids, lens), self.model,
+                              self.width[feat])
         return traffic
+
+    def check_ids(self, it: Batch, feat: str, ids: np.ndarray) -> None:
+        """BatchError naming the first ID of ``feat`` outside its table."""
+        h = self.by_feature[feat].table.num_rows
+        if ids.size and (ids.min() < 0 or ids.max() >= h):
+            validate_batch(it, self.configs)
+            bad = int(np.flatnonzero((ids < 0) | (ids >= h))[0])
+            raise BatchError(f"ID {int(ids[bad])} out of range", feature=feat, field="values",
+                             position=bad)
 
     def table_counts(self, it: Batch, feat: str, ids: np.ndarray, lens: np.ndarray
                      ) -> _TableCounts:
@@ -418,15 +526,20 @@ class _TraceKernel:
         cnt_idx = np.zeros((G, G), np.int64)
         cnt_emb = np.zeros((G, G), np.int64)
         touched_node = np.zeros(M, np.int64)
+        pooled = tp.table.kind == "pooled"
+        torchrec = self.model.torchrec
+        # TorchRec de-duplicates sequence tables only (index de-duplication of the EC sharder)
+        dedup = self.model.dedup and not (torchrec and pooled)
         args = (ids, lens, B, M, tp.table.num_rows, r.keys, r.vals, r.used, r.lg, r.cold_kind,
-                r.gpus, r.bounds, r.seed, self.model.dedup, tp.table.kind == "pooled",
-                sc.set_tab, stamp, self.touch[feat], sc.dp_tab, sc.marks, cnt_idx, cnt_emb,
-                touched_node)
+                r.gpus, r.bounds, r.seed, dedup, pooled, sc.set_tab, stamp, self.touch[feat],
+                sc.dp_tab, sc.marks, cnt_idx, cnt_emb, touched_node)
         host = None
         if tp.has_host_tier:  # the kernel counts host lookups (compiled apart)
             host = self.host_cnt
             host.fill(0)
-            tg = table_traffic(*args, tp.hbm_fraction, host)
+            tg = table_traffic(*args, tp.hbm_fraction, host, torchrec)
+        elif torchrec or r.col_gpus is not None:
+            tg = table_traffic(*args, None, None, torchrec, r.col_gpus)
         else:
             tg = table_traffic(*args)
         if tg < 0:  # an ID out of range: the kernel stopped; name it (nothing was counted)
@@ -436,13 +549,29 @@ class _TraceKernel:
         return _TableCounts(cnt_idx, cnt_emb, touched_node, tg, host)
 
 
+class _TorchRecDense:
+    """The ``torchrec`` profile's collectives that do not depend on the IDs, as G x G matrices
+    per TorchRec component (built once per :func:`evaluate_trace` call), and which tables'
+    IDs are distributed (``counted``, by table name)."""
+
+    def __init__(self, plan: Plan, batch_size: int, model: CostModel):
+        topo = plan.topology
+        self.terms = TorchRecTerms.of(plan, batch_size, model.length_bytes)
+        self.parts = {c: s.matrix(topo) for c, s in self.terms.parts.items()}
+        self.index = self.parts["input_splits"] + self.parts["input_lengths"]
+        self.forward = self.parts["pooled_all_to_all"] + self.parts["pooled_reduce_scatter"]
+        self.counted = dict(zip(plan.tables, self.terms.counted.tolist()))
+
+
 @dataclass
 class _IterationTraffic:
     """One iteration's traffic, one field per component: index messages and embeddings as G x G
     byte matrices ``[sender, receiver]`` (the backward all-to-all is the forward transposed),
     replica-sync bytes (``s_global`` over all GPUs, ``s_node[m]`` over the copies of local GPU
-    ``m``), host-memory lookups and UVM bytes per owner GPU. A new component is a field, a step
-    in :meth:`add_table` and its share of :meth:`cost`."""
+    ``m``), host-memory lookups and UVM bytes per owner GPU. Under ``torchrec`` (``dense`` set) the
+    ID-dependent TorchRec collectives are kept apart (``values``: the KJT values; ``rows``: the
+    sequence all-to-all) and added to ``dense``'s. A new component is a field, a step in
+    :meth:`add_table` and its share of :meth:`cost`."""
 
     index: np.ndarray
     forward: np.ndarray
@@ -450,38 +579,60 @@ class _IterationTraffic:
     s_node: np.ndarray
     host_lookups: np.ndarray
     uvm_bytes: np.ndarray
+    dense: _TorchRecDense | None = None
 
     @classmethod
-    def zeros(cls, G: int, M: int) -> "_IterationTraffic":
-        """No traffic, for ``G`` GPUs, ``M`` per node."""
-        return cls(np.zeros((G, G)), np.zeros((G, G)), 0.0, np.zeros(M), np.zeros(G),
-                   np.zeros(G))
+    def zeros(cls, G: int, M: int, dense: _TorchRecDense | None = None) -> "_IterationTraffic":
+        """No traffic (but ``dense``'s, when given), for ``G`` GPUs, ``M`` per node."""
+        s_global = dense.terms.allreduce_bytes if dense is not None else 0.0
+        return cls(np.zeros((G, G)), np.zeros((G, G)), s_global, np.zeros(M), np.zeros(G),
+                   np.zeros(G), dense)
 
-    def add_table(self, tp: TablePlan, c: _TableCounts, model: CostModel) -> None:
-        """Add one table's counts, in bytes."""
-        eb = float(tp.table.embedding_bytes)
-        self.index += c.index * float(model.index_bytes)
-        self.forward += c.embeddings.T * eb          # embeddings flow owner -> requester
-        self.s_global += c.global_touched * eb
-        self.s_node += c.touched_node * eb
+    def add_table(self, tp: TablePlan, c: _TableCounts, model: CostModel,
+                  width: float | np.ndarray) -> None:
+        """Add one table's counts, in bytes (``width``: bytes of one row from each owner,
+        :func:`_width_bytes`)."""
+        wb = width[:, None] if isinstance(width, np.ndarray) else width
         if c.host is not None:
             self.host_lookups += c.host
             self.uvm_bytes += c.host * float(tp.table.embedding_bytes + 2 * tp.table.row_bytes)
+        if self.dense is not None:     # index: the KJT values; forward: sequence rows
+            self.index += c.index * float(model.index_bytes)
+            if tp.table.kind == "sequence":
+                self.forward += c.index.T * wb
+            return
+        eb = float(tp.table.embedding_bytes)
+        self.index += c.index * float(model.index_bytes)
+        self.forward += c.embeddings.T * wb          # embeddings flow owner -> requester
+        self.s_global += c.global_touched * eb
+        self.s_node += c.touched_node * eb
 
     def matrices(self) -> dict[str, np.ndarray]:
-        """The all-to-all byte matrices by component (gradients flow requester -> owner)."""
-        return {"index": self.index, "forward": self.forward, "backward": self.forward.T}
+        """The all-to-all byte matrices by component (gradients flow requester -> owner); under
+        ``torchrec`` also one per TorchRec collective (forward direction)."""
+        if self.dense is None:
+            return {"index": self.index, "forward": self.forward, "backward": self.forward.T}
+        d = self.dense
+        fwd = d.forward + self.forward
+        return {"index": d.index + self.index, "forward": fwd, "backward": fwd.T,
+                **d.parts, "input_values": self.index, "sequence_all_to_all": self.forward}
 
     def cost(self, topo: Topology, model: CostModel, masks, row_bytes: np.ndarray,
              host_bytes: np.ndarray) -> tuple[Cost, np.ndarray]:
         """The iteration's :class:`Cost` and its replica-sync byte matrix."""
         G, M = topo.num_gpus, topo.gpus_per_node
-        a2a = {c: _by_class_from_matrix(m, masks) for c, m in self.matrices().items()}
+        mats = self.matrices()
+        a2a = {c: _by_class_from_matrix(mats[c], masks) for c in A2A_COMPONENTS}
         ss, sr, st, smat = _sync_traffic(topo, self.s_global, self.s_node, model,
                                           want_matrix=True)
         sync_buf = np.full(G, self.s_global) + self.s_node[np.arange(G) % M]
+        excess, coll = 0.0, None
+        if self.dense is not None:
+            excess = self.dense.terms.reduce_scatter_excess
+            coll = {c: float(mats[c].sum()) for c in TORCHREC_COMPONENTS[:-1]}
+            coll["data_parallel_all_reduce"] = G * self.s_global
         cost = _finish(topo, a2a, (ss, sr, st), sync_buf, row_bytes, model, None, "trace",
-                       (self.host_lookups, self.uvm_bytes, host_bytes))
+                       (self.host_lookups, self.uvm_bytes, host_bytes), excess, coll)
         return cost, smat
 
 
@@ -494,10 +645,12 @@ class _TraceSums:
 
     def __init__(self, G: int, keep_matrices: bool):
         self.n = 0
+        self.G = G
         self.send = {c: np.zeros((G, 3)) for c in COMPONENTS}
         self.recv = {c: np.zeros((G, 3)) for c in COMPONENTS}
         self.time = {c: 0.0 for c in COMPONENTS}
-        self.mat = {c: np.zeros((G, G)) for c in COMPONENTS}
+        self.mat: dict[str, np.ndarray] = {}
+        self.coll: dict[str, float] = {}
         self.peak_buf = np.zeros(G)
         self.host = np.zeros(G)
         self.uvm = np.zeros(G)
@@ -513,8 +666,12 @@ class _TraceSums:
             self.send[c] += cost.send[c]
             self.recv[c] += cost.recv[c]
             self.time[c] += cost.time_s[c]
+        for c, v in cost.collectives.items():
+            self.coll[c] = self.coll.get(c, 0.0) + v
         mats = {**traffic.matrices(), "sync": sync_matrix}
         for c, m in mats.items():
+            if c not in self.mat:
+                self.mat[c] = np.zeros((self.G, self.G))
             self.mat[c] += m
         if self.per_iteration is not None:
             self.per_iteration.append(mats)
@@ -531,13 +688,16 @@ class _TraceSums:
                host_bytes: np.ndarray, dropped: int) -> TraceCost:
         """The mean :class:`Cost` per iteration, the series and the matrices kept."""
         k = max(self.n, 1)
+        G = topo.num_gpus
+        mats = {c: self.mat.get(c, np.zeros((G, G))) / k for c in COMPONENTS}
+        mats.update({c: m / k for c, m in self.mat.items() if c not in mats})
         mean = Cost(topo, {c: self.send[c] / k for c in COMPONENTS},
                     {c: self.recv[c] / k for c in COMPONENTS},
                     {c: self.time[c] / k for c in COMPONENTS},
-                    row_bytes, self.peak_buf, model.reservation_bytes,
-                    {c: self.mat[c] / k for c in COMPONENTS}, iterations=self.n, mode="trace",
-                    dedup=model.dedup, host_lookups=self.host / k, uvm_bytes=self.uvm / k,
-                    host_bytes=host_bytes)
+                    row_bytes, self.peak_buf, model.reservation_bytes, mats, iterations=self.n,
+                    mode="trace", dedup=model.dedup, host_lookups=self.host / k,
+                    uvm_bytes=self.uvm / k, host_bytes=host_bytes, profile=model.profile,
+                    collectives={c: v / k for c, v in self.coll.items()})
         return TraceCost(mean, {k2: np.asarray(v) for k2, v in self.series.items()},
                          self.per_iteration, dropped)
 
@@ -584,6 +744,11 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     Host memory tier: a host row ``r`` owned by ``g`` adds ``G * (1 - exp(-lambda_r / G))`` host
     lookups at ``g`` with de-duplication (every GPU, ``g`` included, requests it), ``lambda_r``
     without; explicit top rows by their own hash test, tail rows with probability ``1 - f[g]``.
+
+    Under ``torchrec`` the same kernel gives the expected IDs each GPU sends each owner (every GPU
+    alike, its own share included) and the sequence rows returned, and
+    :class:`~flexshard_stream.placement.profiles.TorchRecTerms` the collectives that do not
+    depend on the IDs (:func:`_assemble_torchrec`).
     """
     model = model or CostModel()
     topo = plan.topology
@@ -612,7 +777,10 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
         f["layout"], f["num_rows"], f["emb_bytes"], f["pooled"], f["lay_kind"], f["lay_off"],
         f["lay_gpus"], f["lay_w"], f["lay_boff"], f["lay_bounds"], f["lay_seed"],
         *_sorted_tops(sums), tail_p, tail_rows, mean_len, idx_cold, idx_node, emb_cold, emb_node, s_node,
-        f["hf_off"], f["hf"], f["uvm_lookup_bytes"], host_lk, uvm_b)
+        f["hf_off"], f["hf"], f["uvm_lookup_bytes"], host_lk, uvm_b, model.torchrec)
+    host = (host_lk, uvm_b, plan.host_bytes_per_gpu)
+    if model.torchrec:
+        return _assemble_torchrec(plan, batch_size, model, idx_cold, emb_cold, host, want)
     ib = float(model.index_bytes)
     idx_node_g = idx_node[np.arange(G) % M]
     a2a = {"index": _structured(topo, idx_cold * ib, idx_node_g * ib),
@@ -629,6 +797,45 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     sync_buf = np.full(G, s_global) + s_node[np.arange(G) % M]
     return _finish(topo, a2a, (ss, sr, st), sync_buf, plan.row_bytes_per_gpu, model, matrices,
                    "analytic", (host_lk, uvm_b, plan.host_bytes_per_gpu))
+
+
+def _assemble_torchrec(plan: Plan, batch_size: int, model: CostModel, values: np.ndarray,
+                       rows: np.ndarray, host: tuple, want: bool) -> Cost:
+    """The analytic :class:`Cost` under ``torchrec``: ``values[g]`` IDs and ``rows[g]`` sequence
+    row bytes every GPU exchanges with owner ``g`` (``analytic_traffic``), plus the collectives
+    that do not depend on the IDs."""
+    topo = plan.topology
+    G, M = topo.num_gpus, topo.gpus_per_node
+    terms = TorchRecTerms.of(plan, batch_size, model.length_bytes)
+    z = np.zeros(G)
+    parts = {**terms.parts,
+             "input_values": Structured(values * float(model.index_bytes), z, z, z),
+             "sequence_all_to_all": Structured(z, rows, z, z)}
+    index = _sum_structured([parts[c] for c in ("input_splits", "input_lengths", "input_values")])
+    forward = _sum_structured([parts[c] for c in ("pooled_all_to_all", "pooled_reduce_scatter",
+                                                  "sequence_all_to_all")])
+    fs, fr = forward.by_class(topo)
+    a2a = {"index": index.by_class(topo), "forward": (fs, fr), "backward": (fr, fs)}
+    S = terms.allreduce_bytes
+    ss, sr, st, smat = _sync_traffic(topo, S, np.zeros(M), model, want_matrix=want)
+    matrices = None
+    if want:
+        matrices = {c: p.matrix(topo) for c, p in parts.items()}
+        matrices["index"] = index.matrix(topo)
+        matrices["forward"] = forward.matrix(topo)
+        matrices["backward"] = matrices["forward"].T.copy()
+        matrices["sync"] = smat
+    coll = {c: p.total(topo) for c, p in parts.items()}
+    coll["data_parallel_all_reduce"] = G * S
+    return _finish(topo, a2a, (ss, sr, st), np.full(G, S), torchrec_row_bytes(plan), model,
+                   matrices, "analytic", host, terms.reduce_scatter_excess,
+                   {c: coll[c] for c in TORCHREC_COMPONENTS})
+
+
+def _sum_structured(parts: list[Structured]) -> Structured:
+    """The sum of structured byte matrices (part by part)."""
+    return Structured(sum(p.to for p in parts), sum(p.from_ for p in parts),
+                      sum(p.node for p in parts), sum(p.peer for p in parts))
 
 
 def _structured(topo: Topology, c: np.ndarray, cn: np.ndarray, transpose: bool = False):

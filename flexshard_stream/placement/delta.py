@@ -12,7 +12,13 @@ explicit placement (the cold function decides).
 
 ``PlanDelta.between(a, b).apply(a) == b`` exactly; ``invert`` and ``compose`` are exact too.
 Migration accounting (bytes that must move between GPUs, by link class) is computed from the delta
-alone; see docs/RESHARDER.md, "PlanDelta".
+alone; see docs/RESHARDER.md, "PlanDelta". Column shards are part of the cold function
+(``ColdSharding.columns``): a change of column layout is a cold change, a table-level move in
+which every GPU receives, from the GPUs that held them, the column slices of the cold rows it holds
+afterwards and did not hold before (exact by column overlap); the sharding kind label
+(``TablePlan.sharding``) is an extra field that moves nothing. :func:`migration_cost` prices
+applying a delta as a training job pays for it: a fixed pause plus the transfer of the rows and
+their optimizer state.
 """
 
 from __future__ import annotations
@@ -34,20 +40,24 @@ import numpy as np
 from ..errors import ConfigError, FormatError, IncompatibleError
 from ..formats.container import pack, read_file, unpack, write_atomic
 from ..formats.files import jsonable
-from ..kernels.routing import COLD_HASH, COLD_RANGE, hash_owner_counts, route_ids
+from ..kernels.routing import COLD_COLUMNS, COLD_HASH, COLD_RANGE, hash_owner_counts, route_ids
 from .plan import ColdSharding, Plan, TablePlan
 from .tables import EmbeddingTable
 from .topology import Topology
 
 __all__ = [
     "COLD_CODE",
+    "DEFAULT_PAUSE_S",
     "DELTA_KIND",
     "DELTA_VERSION",
     "TIERS",
+    "MigrationCost",
     "PlanDelta",
     "TableDelta",
     "TierMoves",
+    "check_pause",
     "compose",
+    "migration_cost",
     "plan_fingerprint",
 ]
 
@@ -107,6 +117,8 @@ def _cold_brief(c: ColdSharding) -> dict[str, Any]:
     d: dict[str, Any] = {"kind": c.kind, "gpus": int(c.gpus.size)}
     if c.kind == "hash":
         d["seed"] = int(c.seed)
+    if c.kind == "columns":
+        d["widths"] = c.widths.tolist()
     return d
 
 
@@ -174,6 +186,8 @@ def plan_fingerprint(plan: Plan) -> str:
         put("cold", json.dumps([c.kind, int(c.seed)]).encode())
         for a in ("gpus", "bounds", "weights"):
             put_array("cold." + a, getattr(c, a))
+        if c.widths.size:   # column shards only: other plans keep their fingerprints
+            put_array("cold.widths", c.widths)
         for f in dataclasses.fields(tp):
             if f.name in ("table", "cold"):
                 continue
@@ -360,9 +374,10 @@ def _canonical(h: np.ndarray, topo: Topology) -> np.ndarray:
 
 
 def _cold_owner(ids: np.ndarray, cold: ColdSharding, topo: Topology) -> np.ndarray:
-    """Owner GPU of cold rows under a hash or range cold function (the routing kernel itself)."""
+    """Owner GPU of cold rows under a hash or range cold function (the routing kernel itself;
+    column shards: the first shard's GPU)."""
     ids = np.ascontiguousarray(ids, np.int64)
-    kind = COLD_HASH if cold.kind == "hash" else COLD_RANGE
+    kind = {"hash": COLD_HASH, "columns": COLD_COLUMNS}.get(cold.kind, COLD_RANGE)
     bounds = cold.bounds if cold.bounds.size else np.zeros(1, np.int64)
     return route_ids(ids, np.zeros(ids.size, np.int64), np.zeros(0, np.int64),
                      np.zeros(0, np.int32), np.zeros(0, np.bool_), 0, kind, cold.gpus, bounds,
@@ -372,6 +387,8 @@ def _cold_owner(ids: np.ndarray, cold: ColdSharding, topo: Topology) -> np.ndarr
 
 def _holder_codes(ids: np.ndarray, codes: np.ndarray, cold: ColdSharding,
                   topo: Topology) -> np.ndarray:
+    """Holder code of each row (cold rows of column shards: the first shard's GPU; see
+    :func:`_row_moves` for their slices)."""
     if cold.kind == "replicated":
         return _canonical(np.full(ids.size, -1, np.int64), topo)
     h = codes.astype(np.int64)
@@ -388,8 +405,11 @@ def _between_count(S: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def _cold_mass(c: ColdSharding, S: np.ndarray, H: int, G: int) -> tuple[np.ndarray, bool]:
     """Rows per GPU (float64[G]) of ``[0, H)`` minus the sorted rows ``S`` under the cold function
-    ``c`` (hash or range); exact for ranges and for hashes up to 2**24 rows, else expected."""
+    ``c`` (hash, range or column shards: a shard of ``w`` of ``D`` columns holds ``w / D`` of each
+    row); exact for ranges, columns and hashes up to 2**24 rows, else expected."""
     n = c.gpus.size
+    if c.kind == "columns":
+        return np.bincount(c.gpus, (H - S.size) * (c.widths / c.widths.sum()), G), True
     if c.kind == "range":
         lo = np.minimum(c.bounds[:-1], H)
         hi = np.minimum(c.bounds[1:], H)
@@ -415,6 +435,9 @@ def _cold_moves(td: TableDelta, topo: Topology, acc: _Acc, rb: float) -> None:
         mass, exact = _cold_mass(c0, S, H, G)
         acc.one_to_all(mass, rb)
         acc.exact &= exact
+        return
+    if c0.kind == "columns" or c1.kind == "columns":
+        _column_moves(c0, c1, S, H, G, acc, rb)
         return
     if c0.kind == "range" and c1.kind == "range":
         # interval arithmetic on the merged bounds: never enumerates rows
@@ -454,6 +477,57 @@ def _cold_moves(td: TableDelta, topo: Topology, acc: _Acc, rb: float) -> None:
         u = np.bincount(c0.gpus, minlength=G) / n0
         v, _ = _cold_mass(c1, S, H, G)
     acc.product(u.astype(np.float64), v.astype(np.float64), rb)
+
+
+def _column_moves(c0: ColdSharding, c1: ColdSharding, S: np.ndarray, H: int, G: int, acc: _Acc,
+                  rb: float) -> None:
+    """Cold rows (all but ``S``) when column shards come or go: a table-level move. Every GPU
+    receives the column slices of the cold rows it holds afterwards from the GPUs that held them
+    (a slice a GPU already holds stays). Rows are fractions: ``w / D`` of a row per shard of
+    ``w`` columns."""
+    Z = H - S.size
+    if c0.kind == "columns" and c1.kind == "columns":
+        o0, o1 = c0.column_offsets, c1.column_offsets
+        lo = np.maximum(o0[:-1, None], o1[None, :-1])
+        hi = np.minimum(o0[1:, None], o1[None, 1:])
+        overlap = np.maximum(hi - lo, 0) / float(o0[-1])       # [old shard, new shard]
+        src = np.repeat(c0.gpus, c1.gpus.size)
+        acc.pairs(src, np.tile(c1.gpus, c0.gpus.size), (Z * overlap).ravel(), rb)
+        return
+    # rows to or from one owner each: that owner sends or receives every shard's slice
+    cols, rows = (c0, c1) if c0.kind == "columns" else (c1, c0)
+    mass, exact = _cold_mass(rows, S, H, G)                     # rows per owner GPU
+    share = cols.widths / cols.widths.sum()
+    owners = np.flatnonzero(mass)
+    shard = np.repeat(cols.gpus, owners.size)
+    owner = np.tile(owners, cols.gpus.size)
+    w = (share[:, None] * mass[None, owners]).ravel()
+    if c0.kind == "columns":
+        acc.pairs(shard, owner, w, rb)
+    else:
+        acc.pairs(owner, shard, w, rb)
+    acc.exact &= exact
+
+
+def _row_moves(td: "TableDelta", topo: Topology, acc: _Acc, rb: float) -> None:
+    """Rows whose placement code changes (``td.ids``): from their old holders to their new ones.
+    A cold row of column shards is held in slices: one move per shard, ``w / D`` of the row."""
+    c0, c1 = td.cold_old, td.cold_new
+    oh = _holder_codes(td.ids, td.old_codes, c0, topo)
+    nh = _holder_codes(td.ids, td.new_codes, c1, topo)
+    old_col = (td.old_codes == COLD_CODE) & (c0.kind == "columns")
+    new_col = (td.new_codes == COLD_CODE) & (c1.kind == "columns")
+    plain = ~(old_col | new_col)
+    parts = [(oh[plain], nh[plain], np.ones(int(plain.sum())))]
+    for mask, cold, old_side in ((old_col, c0, True), (new_col, c1, False)):
+        k = np.flatnonzero(mask)
+        if not k.size:
+            continue
+        slices = np.tile(cold.gpus.astype(np.int64), k.size)
+        share = np.tile(cold.widths / cold.widths.sum(), k.size)
+        other = np.repeat((nh if old_side else oh)[k], cold.gpus.size)
+        parts.append((slices, other, share) if old_side else (other, slices, share))
+    acc.holders(*(np.concatenate(x) for x in zip(*parts)), rb)
 
 
 # ============================================================================ TableDelta
@@ -680,9 +754,7 @@ class TableDelta:
         rb = float(self.table.row_bytes)
         c0, c1 = self.cold_old, self.cold_new
         if self.ids.size:
-            acc.holders(_holder_codes(self.ids, self.old_codes, c0, topo),
-                        _holder_codes(self.ids, self.new_codes, c1, topo),
-                        np.ones(self.ids.size), rb)
+            _row_moves(self, topo, acc, rb)
         if self.cold_changed:
             if self.kept_ids.size and (c0.kind == "replicated") != (c1.kind == "replicated"):
                 acc.holders(_holder_codes(self.kept_ids, self.kept_codes, c0, topo),
@@ -1102,6 +1174,75 @@ def compose(*deltas: PlanDelta) -> PlanDelta:
     for d in deltas[1:]:
         out = out.then(d)
     return out
+
+
+# ============================================================================ migration cost
+#: Seconds a training job stalls per applied delta, whatever the delta moves: the steps stop at a
+#: barrier, the sharded modules are rebuilt and the pipeline refills (docs/RESHARDER.md, "The
+#: pause", gives the reasoning and the TorchRec measurement).
+DEFAULT_PAUSE_S = 0.25
+
+
+@dataclass(frozen=True)
+class MigrationCost:
+    """What applying plan deltas costs a training job (seconds, bytes).
+
+    bytes : float         rows and their optimizer state moved between GPUs (counted at their
+                          destinations, :attr:`PlanDelta.migration_bytes`)
+    transfer_s : float    seconds the moves take: per delta, the slowest GPU's send and receive
+                          over its links at the topology's bandwidths
+                          (:meth:`PlanDelta.migration_time_s`, the cost model's all-to-all rule)
+    pause_s : float       the fixed stall of applying a new sharding, once per non-empty delta
+    deltas : int          non-empty deltas priced
+    """
+
+    bytes: float = 0.0
+    transfer_s: float = 0.0
+    pause_s: float = 0.0
+    deltas: int = 0
+
+    @property
+    def total_s(self) -> float:
+        """Transfer plus pauses (seconds)."""
+        return self.transfer_s + self.pause_s
+
+    def __add__(self, other: MigrationCost) -> MigrationCost:
+        if not isinstance(other, MigrationCost):
+            return NotImplemented
+        return MigrationCost(self.bytes + other.bytes, self.transfer_s + other.transfer_s,
+                             self.pause_s + other.pause_s, self.deltas + other.deltas)
+
+    def to_json(self) -> dict[str, float]:
+        """``{"bytes", "transfer_s", "pause_s", "total_s", "deltas"}``."""
+        return {"bytes": self.bytes, "transfer_s": self.transfer_s, "pause_s": self.pause_s,
+                "total_s": self.total_s, "deltas": self.deltas}
+
+
+def check_pause(pause_s: Any, where: str = "pause_s") -> float:
+    """``pause_s`` as a float of seconds; ConfigError naming ``where`` unless finite and >= 0."""
+    try:
+        value = float(pause_s)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where} must be a number of seconds >= 0, got {pause_s!r}") from None
+    if isinstance(pause_s, bool) or not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{where} must be a number of seconds >= 0, got {pause_s!r}")
+    return value
+
+
+def migration_cost(delta: PlanDelta | None, pause_s: float = DEFAULT_PAUSE_S,
+                   topology: Topology | None = None) -> MigrationCost:
+    """What a training job pays to apply ``delta``: its bytes at the ``topology``'s bandwidths
+    (default the delta's; :meth:`PlanDelta.migration_time_s`) plus ``pause_s`` seconds. An empty
+    delta (or None) costs nothing, not even the pause: nothing is applied.
+
+    Raises ConfigError for a negative or non-finite ``pause_s``, IncompatibleError for a
+    topology with another number of GPUs than the delta's.
+    """
+    pause = check_pause(pause_s)
+    if delta is None or not delta:
+        return MigrationCost()
+    return MigrationCost(float(delta.migration_bytes), float(delta.migration_time_s(topology)),
+                         pause, 1)
 
 
 def _meta_json(x: Any) -> Any:

@@ -347,6 +347,7 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
     out_dir = Path(out_dir)
     _check_export_dir(out_dir)
     _check_features(plan)
+    _check_columns(plan)
     with staging_directory(out_dir, kind=EXPORT_KIND, legacy=(MANIFEST_FILE,)) as tmp:
         parts = [_export_table(tmp, i, name, tp, plan.topology, cold_sharding, node_replicas,
                                summaries or {}, mean_lengths or {})
@@ -382,6 +383,16 @@ def _check_export(plan: Plan, cold_sharding: str, node_replicas: str) -> None:
 def _check_export_dir(out_dir: Path) -> None:
     """Refuse to replace anything but an export (or an empty directory): it would be deleted."""
     check_output_directory(out_dir, EXPORT_KIND, legacy=(MANIFEST_FILE,))
+
+
+def _check_columns(plan: Plan) -> None:
+    """Column shards have no export yet (the cold table would need TorchRec's column_wise with
+    the plan's widths and ranks): refuse rather than export them as one table."""
+    cw = [n for n, tp in plan.tables.items() if tp.column_wise]
+    if cw:
+        raise ConfigError(f"tables {cw} are column-wise: the export writes row-wise, "
+                          f"table-row-wise, table-wise and data-parallel tables only; run "
+                          f"column-wise plans with online.torchrec_runtime.sharding_plan")
 
 
 def _check_features(plan: Plan) -> None:

@@ -7,7 +7,16 @@ Tiers (DESIGN.md section 3), as explicit sorted ID arrays where rows are chosen 
   ``node_local[i]`` of every node (lookups never leave the node);
 - ``placed_ids`` with ``placed_gpus``: cold rows placed explicitly (by load, not by hash);
 - every other ID: the cold function :class:`ColdSharding` (hash, range or weighted range over a set
-  of GPUs, or ``replicated`` for data-parallel tables).
+  of GPUs, ``columns`` (column shards: every row split by columns over a set of GPUs), or
+  ``replicated`` for data-parallel tables).
+
+Sharding kind (``TablePlan.sharding``, one of :data:`SHARDING_KINDS`, TorchRec's names): how the
+table is sharded, with hot-row replication on top. Given explicitly or inferred from the cold
+function and the topology (:meth:`TablePlan.sharding_kind`): ``replicated`` -> ``data_parallel``;
+``columns`` -> ``column_wise``; one GPU -> ``table_wise``; several GPUs of one node (not every GPU)
+-> ``table_row_wise``; otherwise ``row_wise`` (over ranges or hashed). ``table_column_wise`` (column
+shards on one node) is only ever explicit. Column-wise tables take global replicas (tier 0) only: no
+node replicas, placed rows or host memory tier.
 
 Host memory tier (RecShard, ``hbm_fraction``, float64[G] or empty): replicas and placed rows always sit
 in HBM; with a non-empty ``hbm_fraction`` every other cold row ``r`` owned by GPU ``g`` sits in HBM iff
@@ -46,6 +55,7 @@ from ..formats.files import (
 )
 from ..kernels.hashing import host_u_np
 from ..kernels.routing import (
+    COLD_COLUMNS,
     COLD_HASH,
     COLD_RANGE,
     COLD_REPLICATED,
@@ -58,12 +68,25 @@ from ..kernels.routing import (
 from .tables import EmbeddingTable
 from .topology import Topology
 
-__all__ = ["ColdSharding", "TablePlan", "Plan", "Router", "PLAN_SCHEMA_VERSION"]
+__all__ = ["ColdSharding", "TablePlan", "Plan", "Router", "PLAN_SCHEMA_VERSION",
+           "SHARDING_KINDS", "SHARDING_CODES"]
 
-PLAN_SCHEMA_VERSION = 1
+#: Version 2 adds the sharding kind and column shards; version 1 plans still load.
+PLAN_SCHEMA_VERSION = 2
+_READABLE_SCHEMA_VERSIONS = (1, 2)
 #: The plan directory's kind marker (:func:`~flexshard_stream.formats.files.staging_directory`).
 PLAN_KIND = "plan"
-_COLD_KINDS = {"hash": COLD_HASH, "range": COLD_RANGE, "replicated": COLD_REPLICATED}
+_COLD_KINDS = {"hash": COLD_HASH, "range": COLD_RANGE, "replicated": COLD_REPLICATED,
+               "columns": COLD_COLUMNS}
+#: How a table is sharded (TorchRec's ``ShardingType`` values), hot-row replication on top.
+SHARDING_KINDS: tuple[str, ...] = ("table_wise", "column_wise", "table_column_wise", "row_wise",
+                                   "table_row_wise", "data_parallel")
+#: Integer code of each sharding kind, as the kernels see it (``Plan.flat["sharding"]``).
+SHARDING_CODES: dict[str, int] = {k: i for i, k in enumerate(SHARDING_KINDS)}
+# the cold function kinds each sharding kind may use
+_SHARDING_COLD = {"table_wise": ("hash", "range"), "row_wise": ("hash", "range"),
+                  "table_row_wise": ("hash", "range"), "column_wise": ("columns",),
+                  "table_column_wise": ("columns",), "data_parallel": ("replicated",)}
 _EXACT_HASH_COUNT_ROWS = 1 << 24
 
 
@@ -82,11 +105,16 @@ def _sorted_unique_ids(a: Any, what: str, table: str, num_rows: int) -> np.ndarr
 class ColdSharding:
     """How the rows without an explicit placement are spread.
 
-    kind : "hash" | "range" | "replicated"
-    gpus : int32[n]   GPUs holding the cold rows, in order
+    kind : "hash" | "range" | "columns" | "replicated"
+    gpus : int32[n]   GPUs holding the cold rows, in order (columns: the GPU of each column shard)
     bounds : int64[n + 1]   for "range": GPU ``gpus[j]`` holds rows ``[bounds[j], bounds[j + 1])``
         (unequal widths make a weighted range); empty otherwise
     seed : int   for "hash": ``gpus[mix64(id, seed) % n]``
+    weights : float64[n]   for weighted ranges: the weights the bounds come from
+    widths : int64[n]   for "columns": column shard ``j`` (columns ``[offset_j, offset_j +
+        widths[j])``, in order) lives on GPU ``gpus[j]``; every cold row is on all of them, so a
+        lookup goes to every shard's GPU. One shard per GPU; the widths sum to the table's dim
+        (checked by :class:`TablePlan`).
     """
 
     kind: str
@@ -94,6 +122,7 @@ class ColdSharding:
     bounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     seed: int = 0
     weights: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    widths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in _COLD_KINDS:
@@ -107,6 +136,9 @@ class ColdSharding:
         object.__setattr__(self, "bounds", np.ascontiguousarray(self.bounds, dtype=np.int64).ravel())
         object.__setattr__(self, "weights",
                            np.ascontiguousarray(self.weights, dtype=np.float64).ravel())
+        object.__setattr__(self, "widths",
+                           np.ascontiguousarray(self.widths, dtype=np.int64).ravel())
+        self._check_columns()
         w = self.weights
         if w.size and (not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0
                        or not self.bounds.size):
@@ -125,6 +157,25 @@ class ColdSharding:
                 raise ConfigError(f"range sharding needs {self.gpus.size + 1} bounds, got {b.size}")
             if b[0] != 0 or np.any(b[1:] < b[:-1]):
                 raise ConfigError("range bounds must start at 0 and not decrease")
+
+    def _check_columns(self) -> None:
+        """Column shards: one positive width per GPU, each GPU once, nothing else set."""
+        if self.kind != "columns":
+            if self.widths.size:
+                raise ConfigError(f"column widths belong to 'columns' cold shardings, not "
+                                  f"{self.kind!r}")
+            return
+        if self.bounds.size or self.weights.size or self.seed:
+            raise ConfigError("column shards take GPUs and widths only (no bounds, weights or "
+                              "seed)")
+        if self.widths.size != self.gpus.size:
+            raise ConfigError(f"column shards need one width per GPU: {self.gpus.size} GPUs, "
+                              f"{self.widths.size} widths")
+        if np.any(self.widths <= 0):
+            raise ConfigError(f"column widths must be > 0 columns, got {self.widths.tolist()}")
+        if np.unique(self.gpus).size != self.gpus.size:
+            raise ConfigError(f"column shards must sit on distinct GPUs, got "
+                              f"{self.gpus.tolist()}")
 
     @classmethod
     def hashed(cls, gpus: Iterable[int], seed: int = 0) -> "ColdSharding":
@@ -148,6 +199,43 @@ class ColdSharding:
     def replicated(cls) -> "ColdSharding":
         return cls("replicated", np.zeros(0, np.int32))
 
+    @classmethod
+    def columns(cls, gpus: Iterable[int], widths: Iterable[int]) -> "ColdSharding":
+        """Column shards: shard ``j``, ``widths[j]`` columns (in order), on GPU ``gpus[j]``."""
+        g = np.asarray(gpus if isinstance(gpus, np.ndarray) else list(gpus), dtype=np.int32)
+        w = np.asarray(widths if isinstance(widths, np.ndarray) else list(widths), dtype=np.int64)
+        return cls("columns", g, widths=w)
+
+    def inferred_sharding(self, num_gpus: int, gpus_per_node: int) -> str:
+        """The sharding kind this cold function implies on a topology of ``num_gpus`` GPUs,
+        ``gpus_per_node`` per node (``TablePlan.sharding_kind`` without an explicit kind); kept
+        per topology shape (tables on thousands of GPUs share these objects)."""
+        cache = self.__dict__.setdefault("_inferred", {})
+        key = (int(num_gpus), int(gpus_per_node))
+        kind = cache.get(key)
+        if kind is None:
+            kind = cache[key] = self._infer_sharding(*key)
+        return kind
+
+    def _infer_sharding(self, num_gpus: int, gpus_per_node: int) -> str:
+        if self.kind == "replicated":
+            return "data_parallel"
+        if self.kind == "columns":
+            return "column_wise"
+        if self.gpus.size == 1:
+            return "table_wise"
+        distinct = np.unique(self.gpus)
+        if distinct.size < num_gpus and np.unique(distinct // gpus_per_node).size == 1:
+            return "table_row_wise"
+        return "row_wise"
+
+    @property
+    def column_offsets(self) -> np.ndarray:
+        """First column of each column shard and the dim (int64[n + 1]); empty otherwise."""
+        if self.kind != "columns":
+            return np.zeros(0, np.int64)
+        return np.concatenate([[0], np.cumsum(self.widths)]).astype(np.int64)
+
     @cached_property
     def layout_key(self) -> tuple:
         """Content key under which cold functions share one layout in ``Plan.flat``: weighted
@@ -158,11 +246,16 @@ class ColdSharding:
             return (3, self.gpus.tobytes(), self.weights.tobytes())
         if self.kind == "range":
             return (1, self.gpus.tobytes(), self.bounds.tobytes())
+        if self.kind == "columns":
+            return (4, self.gpus.tobytes(), self.widths.tobytes())
         return (_COLD_KINDS[self.kind], self.gpus.tobytes(), self.seed)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "gpus": self.gpus.tolist(), "bounds": self.bounds.tolist(),
-                "seed": int(self.seed), "weights": self.weights.tolist()}
+        d = {"kind": self.kind, "gpus": self.gpus.tolist(), "bounds": self.bounds.tolist(),
+             "seed": int(self.seed), "weights": self.weights.tolist()}
+        if self.widths.size:
+            d["widths"] = self.widths.tolist()
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ColdSharding":
@@ -171,19 +264,29 @@ class ColdSharding:
         try:
             return cls(d["kind"], np.asarray(d["gpus"], dtype=np.int32),
                        np.asarray(d.get("bounds", []), dtype=np.int64), d.get("seed", 0),
-                       np.asarray(d.get("weights", []), dtype=np.float64))
+                       np.asarray(d.get("weights", []), dtype=np.float64),
+                       np.asarray(d.get("widths", []), dtype=np.int64))
         except (KeyError, TypeError, OverflowError, AttributeError) as e:
             raise ConfigError(f"cold sharding {str(d)[:80]}: {type(e).__name__}: {e}") from None
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, ColdSharding) and self.kind == other.kind
                 and np.array_equal(self.gpus, other.gpus)
-                and np.array_equal(self.bounds, other.bounds) and self.seed == other.seed)
+                and np.array_equal(self.bounds, other.bounds) and self.seed == other.seed
+                and np.array_equal(self.widths, other.widths))
 
 
 @dataclass(frozen=True, eq=False)
 class TablePlan:
-    """The placement of one embedding table (see the module docstring for the tiers)."""
+    """The placement of one embedding table (see the module docstring for the tiers).
+
+    ``sharding`` is the table's sharding kind (:data:`SHARDING_KINDS`), ``""`` to infer it from the
+    cold function and the topology (:meth:`sharding_kind`). An explicit kind must agree with the
+    cold function: ``data_parallel`` with ``replicated``; ``column_wise`` and
+    ``table_column_wise`` with ``columns``; ``table_wise`` with one GPU; ``row_wise`` and
+    ``table_row_wise`` with a hash or range (``table_row_wise`` and ``table_column_wise``: GPUs of
+    one node, checked against the topology).
+    """
 
     table: EmbeddingTable
     cold: ColdSharding
@@ -193,6 +296,7 @@ class TablePlan:
     placed_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     placed_gpus: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     hbm_fraction: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    sharding: str = ""
 
     def __post_init__(self) -> None:
         t = self.table
@@ -231,6 +335,29 @@ class TablePlan:
         if self.cold.kind == "range" and self.cold.bounds[-1] < t.num_rows:
             raise ConfigError(f"table {t.name!r}: range bounds end at {int(self.cold.bounds[-1])} "
                               f"but the table has {t.num_rows} rows")
+        self._check_sharding()
+
+    def _check_sharding(self) -> None:
+        """The explicit sharding kind agrees with the cold function; column shards cover the dim
+        and take global replicas only."""
+        t, c, kind = self.table, self.cold, self.sharding
+        if not isinstance(kind, str) or (kind and kind not in SHARDING_KINDS):
+            raise ConfigError(f"table {t.name!r}: sharding {kind!r} unknown; expected one of "
+                              f"{list(SHARDING_KINDS)} (or '' to infer it)")
+        if kind and c.kind not in _SHARDING_COLD[kind]:
+            raise ConfigError(f"table {t.name!r}: sharding {kind!r} needs a "
+                              f"{' or '.join(_SHARDING_COLD[kind])} cold function, got {c.kind!r}")
+        if kind == "table_wise" and c.gpus.size != 1:
+            raise ConfigError(f"table {t.name!r}: table_wise puts the table on one GPU, the cold "
+                              f"function has {c.gpus.size}")
+        if c.kind != "columns":
+            return
+        if int(c.widths.sum()) != t.dim:
+            raise ConfigError(f"table {t.name!r}: column widths {c.widths.tolist()} sum to "
+                              f"{int(c.widths.sum())}, the table's dim is {t.dim}")
+        if self.node_ids.size or self.placed_ids.size or self.hbm_fraction.size:
+            raise ConfigError(f"table {t.name!r}: a column-wise table takes global replicas only "
+                              f"(no node replicas, placed rows or host memory tier)")
 
     @property
     def name(self) -> str:
@@ -255,6 +382,21 @@ class TablePlan:
     def replicated(self) -> bool:
         """Data parallel: every row on every GPU."""
         return self.cold.kind == "replicated"
+
+    @property
+    def column_wise(self) -> bool:
+        """Column shards (``column_wise`` or ``table_column_wise``): every cold lookup goes to
+        every shard's GPU."""
+        return self.cold.kind == "columns"
+
+    def sharding_kind(self, topo: Topology) -> str:
+        """The sharding kind (:data:`SHARDING_KINDS`): :attr:`sharding` when given, else
+        inferred: ``data_parallel`` (replicated), ``column_wise`` (column shards),
+        ``table_wise`` (one GPU), ``table_row_wise`` (several GPUs, all on one node, not every
+        GPU of the topology), else ``row_wise``."""
+        if self.sharding:
+            return self.sharding
+        return self.cold.inferred_sharding(topo.num_gpus, topo.gpus_per_node)
 
     @property
     def has_host_tier(self) -> bool:
@@ -290,6 +432,10 @@ class TablePlan:
         if self.hbm_fraction.size and self.hbm_fraction.size != G:
             raise ConfigError(f"table {t!r}: hbm_fraction has {self.hbm_fraction.size} values; "
                               f"one per GPU expected ({G}), or none (no host memory tier)")
+        if self.sharding in ("table_row_wise", "table_column_wise") and \
+                np.unique(self.cold.gpus // M).size > 1:
+            raise ConfigError(f"table {t!r}: {self.sharding} keeps the table on one node; its "
+                              f"GPUs {self.cold.gpus.tolist()} span nodes")
 
     def rows_per_gpu(self, topo: Topology) -> np.ndarray:
         """Rows stored by each GPU (int64[G]), in HBM or (host memory tier) in its host memory."""
@@ -305,7 +451,9 @@ class TablePlan:
         special.sort()
         c = self.cold
         n = c.gpus.size
-        if c.kind == "range":
+        if c.kind == "columns":  # every shard GPU holds every cold row (its columns of it)
+            counts = np.full(n, H - special.size, dtype=np.int64)
+        elif c.kind == "range":
             counts = np.diff(c.bounds).astype(np.int64)
             counts[-1] += max(0, H - int(c.bounds[-1]))
             inside = np.searchsorted(c.bounds, special, side="right") - 1
@@ -318,6 +466,18 @@ class TablePlan:
             counts[: (H - special.size) % n] += 1
         rows += np.bincount(c.gpus, weights=counts, minlength=G).astype(np.int64)
         return rows
+
+    def row_bytes_per_gpu(self, topo: Topology) -> np.ndarray:
+        """Bytes of rows (embeddings plus optimizer state) each GPU stores (float64[G]), HBM and
+        host memory together: ``rows_per_gpu * (D e + s)``, except that a column shard of ``w``
+        columns stores ``w / D`` of each cold row's bytes (optimizer state split alike)."""
+        rb = float(self.table.row_bytes)
+        if not self.column_wise:
+            return self.rows_per_gpu(topo) * rb
+        c = self.cold
+        out = np.full(topo.num_gpus, self.global_ids.size * rb)
+        out[c.gpus] += (self.table.num_rows - self.global_ids.size) * rb * (c.widths / c.widths.sum())
+        return out
 
     def host_rows_per_gpu(self, topo: Topology) -> np.ndarray:
         """Expected rows each GPU keeps in host memory (float64[G]): ``(1 - f[g])`` times its cold
@@ -333,12 +493,15 @@ class TablePlan:
         d = {"table": self.table.name, "cold": self.cold.to_dict(), "tiers": self.tier_sizes()}
         if self.has_host_tier:
             d["hbm_fraction"] = self.hbm_fraction.tolist()
+        if self.sharding:
+            d["sharding"] = self.sharding
         return d
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TablePlan):
             return NotImplemented
         return (self.table == other.table and self.cold == other.cold
+                and self.sharding == other.sharding
                 and all(np.array_equal(getattr(self, a), getattr(other, a))
                         for a in ("global_ids", "node_ids", "node_local", "placed_ids",
                                   "placed_gpus", "hbm_fraction")))
@@ -358,6 +521,8 @@ class Router:
             self.vals = np.zeros(0, np.int32)
             self.used = np.zeros(0, np.bool_)
         self.cold_kind = _COLD_KINDS[tp.cold.kind]
+        # column shards: every cold lookup goes to each of these GPUs (None: one owner)
+        self.col_gpus = tp.cold.gpus.astype(np.int64) if tp.column_wise else None
         self.gpus = tp.cold.gpus if tp.cold.gpus.size else np.zeros(1, np.int32)
         self.bounds = tp.cold.bounds if tp.cold.bounds.size else np.zeros(1, np.int64)
         self.seed = np.uint64(tp.cold.seed)
@@ -414,6 +579,24 @@ class Plan:
             raise ConfigError(f"src_gpu must lie in [0, {self.topology.num_gpus})")
         return self.router(table).route(ids, src)
 
+    def owners(self, table: str, ids: Any, src_gpu: Any) -> np.ndarray:
+        """Every GPU serving each of ``ids`` (int32[n, k]): ``k = 1`` (the :meth:`route` owner)
+        except for a column-wise table, whose cold rows are served by all ``k`` column shards'
+        GPUs (replicated rows: the requester, repeated)."""
+        out = self.route(table, ids, src_gpu)
+        tp = self[table]
+        if not tp.column_wise:
+            return out[:, None]
+        cold = ~np.isin(np.asarray(ids, dtype=np.int64), tp.global_ids)
+        many = np.repeat(out[:, None], tp.cold.gpus.size, axis=1)
+        many[cold] = tp.cold.gpus[None, :]
+        return many
+
+    @cached_property
+    def sharding_kinds(self) -> dict[str, str]:
+        """Per table, its sharding kind (:meth:`TablePlan.sharding_kind` on this topology)."""
+        return {n: tp.sharding_kind(self.topology) for n, tp in self.tables.items()}
+
     def __getitem__(self, table: str) -> TablePlan:
         try:
             return self.tables[table]
@@ -447,8 +630,14 @@ class Plan:
         The GPUs of a node share its ``topology.host_memory_bytes``."""
         return self._memory[1]
 
+    @property
+    def node_replica_bytes_per_gpu(self) -> np.ndarray:
+        """Bytes of node replicas (tier 1) each GPU stores (float64[G]), part of
+        :attr:`row_bytes_per_gpu`."""
+        return self._memory[2]
+
     @cached_property
-    def _memory(self) -> tuple[np.ndarray, np.ndarray]:
+    def _memory(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         from ..kernels.analytic import cold_row_counts
         topo = self.topology
         G, M = topo.num_gpus, topo.gpus_per_node
@@ -476,11 +665,12 @@ class Plan:
                     out += cold
         f = self.flat
         cold_row_counts(G, f["layout"], f["num_rows"], rbs, f["lay_kind"], f["lay_off"],
-                        f["lay_gpus"], f["lay_boff"], f["lay_bounds"], f["sp_off"], f["sp_ids"],
-                        out, f["hf_off"], f["hf"], host)
+                        f["lay_gpus"], f["lay_w"], f["lay_boff"], f["lay_bounds"], f["sp_off"],
+                        f["sp_ids"], out, f["hf_off"], f["hf"], host)
         out += everywhere
-        out += np.tile(node_acc, topo.nodes)
-        return out, host
+        node = np.tile(node_acc, topo.nodes)
+        out += node
+        return out, host, node
 
     @staticmethod
     def non_cold_rows_per_gpu(tp: TablePlan, topo: Topology) -> np.ndarray:
@@ -502,10 +692,14 @@ class Plan:
         functions shared as layouts (one per distinct ColdSharding object), for kernels that process
         many tables in one call (``kernels/analytic.py``). Host memory tier: ``hf[hf_off[t]:
         hf_off[t + 1]]`` is table t's ``hbm_fraction`` (G values, or none without a tier);
-        ``uvm_lookup_bytes[t] = D e + 2 (D e + s)`` bytes moved over UVM per host lookup."""
+        ``uvm_lookup_bytes[t] = D e + 2 (D e + s)`` bytes moved over UVM per host lookup;
+        ``sharding[t]`` the code (:data:`SHARDING_CODES`) of table t's sharding kind. Layout kinds:
+        0 hash, 1 explicit range bounds, 2 replicated, 3 weighted ranges (``lay_bounds``: the
+        cumulative weights), 4 column shards (``lay_w``: the widths)."""
         sp_ids, sp_codes, sp_off = [], [], [0]
         layout, rows, eb, pooled = [], [], [], []
         hf, hf_off, ulb = [], [0], []
+        kinds = self.sharding_kinds
         lay_of: dict[tuple, int] = {}
         lk, lg, lw, lb, ls, loff, lboff = [], [], [], [], [], [0], [0]
         for tp in self.tables.values():
@@ -526,6 +720,9 @@ class Plan:
                 elif key[0] == 1:
                     lw.append(np.diff(c.bounds).astype(np.float64))
                     lb.append(c.bounds.astype(np.float64))
+                elif key[0] == 4:
+                    lw.append(c.widths.astype(np.float64))
+                    lb.append(np.zeros(0))
                 else:
                     lw.append(np.ones(c.gpus.size))
                     lb.append(np.zeros(0))
@@ -550,7 +747,8 @@ class Plan:
                 "lay_w": cat(lw, np.float64), "lay_boff": np.asarray(lboff, np.int64),
                 "lay_bounds": cat(lb, np.float64), "lay_seed": np.asarray(ls, np.uint64),
                 "hf_off": np.asarray(hf_off, np.int64), "hf": cat(hf, np.float64),
-                "uvm_lookup_bytes": np.asarray(ulb, np.float64)}
+                "uvm_lookup_bytes": np.asarray(ulb, np.float64),
+                "sharding": np.asarray([SHARDING_CODES[kinds[n]] for n in self.tables], np.int64)}
 
     # -------------------------------------------------------------- equality
     def __eq__(self, other: object) -> bool:
@@ -572,7 +770,8 @@ class Plan:
         directory = Path(directory)
         with staging_directory(directory, kind=PLAN_KIND, legacy=("plan.json",)) as tmp:
             tables = [{"table": dataclasses.asdict(tp.table), "cold": tp.cold.to_dict(),
-                       "tiers": tp.tier_sizes(), "arrays": _save_arrays(tmp, i, tp)}
+                       "sharding": tp.sharding, "tiers": tp.tier_sizes(),
+                       "arrays": _save_arrays(tmp, i, tp)}
                       for i, tp in enumerate(self.tables.values())]
             doc = {"schema_version": PLAN_SCHEMA_VERSION, "strategy": self.strategy,
                    "topology": self.topology.to_dict(), "tables": tables,
@@ -585,7 +784,8 @@ class Plan:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Plan":
-        """Read a plan directory, verifying version, shapes, dtypes and checksums."""
+        """Read a plan directory (schema version 1 or 2), verifying version, shapes, dtypes and
+        checksums. Version 1 plans have no sharding kinds (inferred) and no column shards."""
         directory = Path(directory)
         pj = directory / "plan.json"
         doc = _verified_plan_json(directory)
@@ -593,7 +793,8 @@ class Plan:
             topo = Topology.from_dict(doc["topology"])
             tps = [TablePlan(EmbeddingTable(**entry["table"]),
                              ColdSharding.from_dict(entry["cold"]),
-                             **_load_arrays(directory, entry["arrays"]))
+                             **_load_arrays(directory, entry["arrays"]),
+                             sharding=entry.get("sharding", ""))
                    for entry in doc["tables"]]
             plan = cls(doc["strategy"], topo, tps, doc.get("meta", {}))
         except FormatError:
@@ -624,9 +825,11 @@ def _verified_plan_json(directory: Path) -> dict[str, Any]:
     doc = read_json(pj, "plan.json", allow_nonfinite=True)
     if not isinstance(doc, dict) or "schema_version" not in doc:
         raise FormatError(f"{pj}: not a flexshard_stream plan (no schema_version)")
-    if doc["schema_version"] != PLAN_SCHEMA_VERSION:
+    version = doc["schema_version"]
+    if isinstance(version, bool) or version not in _READABLE_SCHEMA_VERSIONS:
         raise FormatError(f"{pj}: plan schema version {doc['schema_version']!r} is not supported "
-                          f"(this flexshard_stream reads version {PLAN_SCHEMA_VERSION})")
+                          f"(this flexshard_stream reads versions "
+                          f"{', '.join(map(str, _READABLE_SCHEMA_VERSIONS))})")
     check_json_digest(doc, pj, "plan", required=False)
     field_mapping(doc, "topology", str(pj))
     field_str(doc, "strategy", str(pj))

@@ -49,7 +49,7 @@ def _strip(plan: Plan) -> Plan:
         return plan
     tps = [tp if not tp.has_host_tier else TablePlan(
         tp.table, tp.cold, tp.global_ids, tp.node_ids, tp.node_local, tp.placed_ids,
-        tp.placed_gpus) for tp in plan.tables.values()]
+        tp.placed_gpus, sharding=tp.sharding) for tp in plan.tables.values()]
     return Plan(plan.strategy, plan.topology, tps, plan.meta)
 
 
@@ -187,8 +187,9 @@ class HbmRoom:
         rb = np.array([float(tp.table.row_bytes) for tp in tps]) if T else np.zeros(0)
         cold = cold_rows_per_gpu(plan)                                   # [G, T] rows
         cold_bytes = cold @ rb if T else np.zeros(G)
-        # the plan's HBM with every row in HBM, less what the split can move
-        peak = plan.row_bytes_per_gpu + cost.buffer_bytes + cost.reservation_bytes
+        # the plan's HBM with every row in HBM, less what the split can move (the rows as the
+        # cost's profile stores them: TorchRec keeps node replicas on every GPU)
+        peak = cost.peak_memory_per_gpu
         fixed = peak - cold_bytes
         cap = budget - fixed
         tol = 1e-9 * np.maximum(budget, 1.0)
@@ -352,7 +353,7 @@ def _with_host_tier(base: Plan, split: _Split) -> list[TablePlan]:
         else:
             pid, pg = tp.placed_ids, tp.placed_gpus
         out.append(TablePlan(tp.table, tp.cold, tp.global_ids, tp.node_ids, tp.node_local, pid,
-                             pg, hf))
+                             pg, hf, sharding=tp.sharding))
     return out
 
 

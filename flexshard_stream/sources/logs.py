@@ -65,9 +65,10 @@ import pyarrow.parquet as pq
 from ..compat import renamed_keywords, renamed_property
 from ..errors import LogError
 from ..stats.batch import Batch
+from .ids import ID_MODES, OUT_OF_RANGE, RANGE_FIXES, IdMode, RowMap
 
 __all__ = ["LogSchema", "LogFileInfo", "LogReader", "inspect_log", "read_log", "log_max_ids",
-           "REASONS", "TS_COLUMN"]
+           "REASONS", "TS_COLUMN", "ID_MODES", "OUT_OF_RANGE", "IdMode", "RowMap"]
 
 Kind = Literal["single", "sequence"]
 PathLike = Union[str, "os.PathLike[str]"]
@@ -793,6 +794,10 @@ class LogReader:
     row_groups : sequence of int, optional
         Read only these row groups (ascending) of a single parquet file, e.g. one task's share of
         a large file; bad-row messages keep the row numbers of the whole file.
+    rows : RowMap, optional
+        Map IDs to table rows (``raw``: checked against the tables' ``num_rows``; ``hash``: ID
+        mod rows). A row with an ID out of range is a bad row (``"out_of_range"``, counted only
+        when ``rows`` is given).
 
     Attributes
     ----------
@@ -816,7 +821,7 @@ class LogReader:
     def __init__(self, paths: Paths, features: FeatureSpec = None, read_batch_size: int = 65536,
                  *, skip_bad_rows: bool = False, null_as_empty: bool = False,
                  ts: bool | None = None, ignore: Iterable[str] = (),
-                 row_groups: Sequence[int] | None = None):
+                 row_groups: Sequence[int] | None = None, rows: "RowMap | None" = None):
         if isinstance(read_batch_size, bool) or not isinstance(read_batch_size, (int, np.integer)) \
                 or read_batch_size < 1:
             raise LogError(f"read_batch_size must be a positive integer (samples per batch read), "
@@ -846,11 +851,13 @@ class LogReader:
         self.read_batch_size = int(read_batch_size)
         self.skip_bad_rows = bool(skip_bad_rows)
         self.null_as_empty = bool(null_as_empty)
+        self.rows = rows
         self._reset()
 
     def _reset(self) -> None:
         self.skipped_by_file: dict[str, dict[str, int]] = {
-            str(p): dict.fromkeys(REASONS, 0) for p in self.files}
+            str(p): dict.fromkeys(REASONS + ((OUT_OF_RANGE,) if self.rows else ()), 0)
+            for p in self.files}
         self.rows_read = 0
         self.samples = 0
 
@@ -870,7 +877,7 @@ class LogReader:
         out = dict.fromkeys(REASONS, 0)
         for counts in self.skipped_by_file.values():
             for r, c in counts.items():
-                out[r] += c
+                out[r] = out.get(r, 0) + c
         return out
 
     def __repr__(self) -> str:
@@ -881,7 +888,12 @@ class LogReader:
         self._reset()
         reb = _Rebatcher(self.schema.keys, self.read_batch_size)
         for info in self._infos:
+            start = self.rows_read - _first_row_read(info, self.row_groups)
             for part in self._file_parts(info):
+                if self.rows is not None:
+                    part = _map_part(self.rows, part, self.schema.keys, info.path,
+                                     self.rows_read - part.n - start, self.skip_bad_rows,
+                                     self.skipped_by_file[str(info.path)])
                 for b in reb.add(part):
                     self.samples += b.batch_size
                     yield b
@@ -1149,7 +1161,7 @@ class LogReader:
 @renamed_keywords(batch_size="read_batch_size")
 def read_log(paths: Paths, features: FeatureSpec = None, read_batch_size: int = 65536, *,
              skip_bad_rows: bool = False, null_as_empty: bool = False, ts: bool | None = None,
-             ignore: Iterable[str] = ()) -> Iterator[Batch]:
+             ignore: Iterable[str] = (), rows: "RowMap | None" = None) -> Iterator[Batch]:
     """Stream a log as batches; a thin wrapper over :class:`LogReader` (use it for the counts).
 
     Parameters
@@ -1163,7 +1175,7 @@ def read_log(paths: Paths, features: FeatureSpec = None, read_batch_size: int = 
         per-sample timestamps (float64 seconds) if the log has ``ts``.
     """
     return iter(LogReader(paths, features, read_batch_size, skip_bad_rows=skip_bad_rows,
-                          null_as_empty=null_as_empty, ts=ts, ignore=ignore))
+                          null_as_empty=null_as_empty, ts=ts, ignore=ignore, rows=rows))
 
 
 # ----------------------------------------------------------------------------- max IDs
@@ -1220,3 +1232,47 @@ def log_max_ids(paths: Paths, features: FeatureSpec = None, *,
         vals = [r[name][0] for r in results if r[name][0] is not None]
         out[name] = int(max(vals)) if vals else -1
     return out
+
+
+# ----------------------------------------------------------------------------- ID modes
+def _map_part(rows: RowMap, part: _Part, keys: Sequence[str], path: Path, first_row: int,
+              skip: bool, counts: dict[str, int]) -> _Part:
+    """One chunk of a file with its IDs mapped by ``rows``. Out-of-range samples raise
+    :class:`LogError` naming the file, the row (``first_row`` + index: without skipping, a
+    chunk's rows are consecutive) and the column, or are dropped and counted in ``counts``."""
+    values, bad_rows = [], None
+    for name, v, lens in zip(keys, part.values, part.lengths):
+        mapped, bad = rows.map_values(name, v)
+        if bad is not None:
+            hit = _row_mask(part.n, _rows_of(np.concatenate([[0], np.cumsum(lens)]),
+                                             np.flatnonzero(bad)))
+            if not skip:
+                i = int(np.argmax(hit))
+                first = int(np.flatnonzero(bad)[0])
+                raise _fail(path, f"row {first_row + i} (0-based within this file), column "
+                                  f"{name!r}: ID {int(v[first])} out of range: the table has "
+                                  f"num_rows {rows.num_rows[name]:,} (IDs 0.."
+                                  f"{rows.num_rows[name] - 1:,}); {RANGE_FIXES}")
+            bad_rows = hit if bad_rows is None else (bad_rows | hit)
+        values.append(mapped)
+    mapped_part = _Part(values, part.lengths, part.ts, part.n)
+    if bad_rows is None:
+        return mapped_part
+    keep = ~bad_rows
+    counts[OUT_OF_RANGE] = counts.get(OUT_OF_RANGE, 0) + int(bad_rows.sum())
+    return _Part([v[np.repeat(keep, l)] for v, l in zip(values, part.lengths)],
+                 [l[keep] for l in part.lengths], None if part.ts is None else part.ts[keep],
+                 int(keep.sum()))
+
+
+def _first_row_read(info: _FileInfo, row_groups: Sequence[int] | None) -> int:
+    """The file row (0-based) where reading starts: 0, or the first row of the first row group
+    read (``LogReader(row_groups=...)``)."""
+    if not row_groups:
+        return 0
+    pf = open_parquet(info.path)
+    try:
+        md = pf.metadata
+        return sum(md.row_group(i).num_rows for i in range(min(row_groups[0], md.num_row_groups)))
+    finally:
+        pf.close()

@@ -6,8 +6,9 @@ Numba pass for per-feature min/max) and only then updates; a rejected batch chan
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -117,6 +118,7 @@ class StreamStats:
         Add unknown features on first sight (row count unknown: sketched), as ``stats`` does.
     threads : int
         Update up to this many tables of a batch in parallel (the kernels release the GIL).
+        :meth:`set_executor` runs them on the caller's threads instead.
 
     Attributes (read-only)
     ----------------------
@@ -133,6 +135,7 @@ class StreamStats:
             f: TableStats(t.name, t.num_rows, self.config) for f, t in self._configs.items()}
         self.threads = max(1, int(threads))
         self._pool: ThreadPoolExecutor | None = None
+        self._executor: Executor | None = None
         self.batches = 0
         self.samples = 0
         self.ids = 0
@@ -178,10 +181,15 @@ class StreamStats:
                 self._configs[k] = TableConfig(k, None)
                 self._tables[k] = TableStats(k, None, self.config)
         work = [(self._tables[k], ids, lens, mx) for k, ids, lens, mx in parts]
-        if self.threads > 1 and len(work) > 1:
+        pool = self._executor
+        if pool is None and self.threads > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fss-update")
-            list(self._pool.map(lambda w: w[0].update_validated(w[1], w[2], w[3]), work))
+            pool = self._pool
+        if pool is not None and len(work) > 1:
+            # one thread per table and batch: each table sees its IDs in stream order, so the
+            # statistics are those of one thread
+            list(pool.map(lambda w: w[0].update_validated(w[1], w[2], w[3]), work))
         else:
             for t, ids, lens, mx in work:
                 t.update_validated(ids, lens, mx)
@@ -197,6 +205,21 @@ class StreamStats:
     def update_many(self, batches: Iterable[Batch]) -> "StreamStats":
         for b in batches:
             self.update(b)
+        return self
+
+    def set_executor(self, executor: Executor | None) -> None:
+        """Update the tables of a batch in parallel on ``executor`` (its ``map``; the caller owns
+        it and shuts it down) instead of this object's own ``threads``; None: back to them."""
+        self._executor = executor
+
+    def resample(self, k: int) -> "StreamStats":
+        """Go on sampling one ID occurrence in ``k`` in every table (:meth:`TableStats.resample`:
+        what was counted is rescaled, every estimate and bound kept). Between two batches only;
+        ConfigError for a ``k`` out of range, before anything changes."""
+        config = dataclasses.replace(self.config, sample_k=k)
+        for t in self._tables.values():
+            t.resample(config.sample_k)
+        self.config = config
         return self
 
     def close(self) -> None:
@@ -238,7 +261,10 @@ class StreamStats:
         if not isinstance(other, StreamStats):
             raise IncompatibleError(f"cannot merge StreamStats with {type(other).__name__}")
         if other.config != self.config:
-            raise IncompatibleError("sketch configs differ: "
+            rates = (f" (sampled 1 in {self.config.sample_k} vs 1 in {other.config.sample_k}: "
+                     "resample one side first)"
+                     if other.config.sample_k != self.config.sample_k else "")
+            raise IncompatibleError(f"sketch configs differ{rates}: "
                                     f"{self.config.to_dict()} vs {other.config.to_dict()}")
         for f, t in other._tables.items():
             if f in self._tables:
@@ -281,15 +307,18 @@ class StreamStats:
         ``load_state_dict``), in place: the update threads and the object's identity stay.
 
         The state must hold the same sketch config and the same tables (with ``auto_tables``, the
-        tables both know must agree; the state's others are taken). Raises FormatError (malformed
-        state, damaged blob) or ConfigError (other tables or sketch sizes) and then changes
-        nothing. Returns the notes of the protocol: always empty here (nothing may differ).
+        tables both know must agree; the state's others are taken). The sampling rate
+        (``sample_k``) is part of what was counted: the state's is taken (:meth:`resample`
+        changes it afterwards). Raises FormatError (malformed state, damaged blob) or ConfigError
+        (other tables or sketch sizes) and then changes nothing. Returns the notes of the
+        protocol: always empty here (nothing may differ).
         """
         check_state(state, _STATE_KIND, _STATE_VERSION, {})
         loaded = StreamStats.from_bytes(state_blob(state, _STATE_KIND, _STATE_BLOB),
                                         f"state blob {_STATE_BLOB!r}")
         self._check_restorable(loaded)
         self._configs, self._tables = dict(loaded._configs), dict(loaded._tables)
+        self.config = loaded.config
         self.batches, self.samples, self.ids = loaded.batches, loaded.samples, loaded.ids
         self.first_ts, self.last_ts = loaded.first_ts, loaded.last_ts
         return []
@@ -298,7 +327,8 @@ class StreamStats:
         mine, theirs = self._configs, loaded._configs
         same_tables = (all(mine[f] == theirs[f] for f in mine.keys() & theirs.keys())
                        if self.auto_tables else mine == theirs)
-        if not same_tables or loaded.config != self.config:
+        at_my_rate = dataclasses.replace(loaded.config, sample_k=self.config.sample_k)
+        if not same_tables or at_my_rate != self.config:
             raise ConfigError(
                 f"the state holds statistics of tables {sorted(theirs)} with sketch config "
                 f"{loaded.config.to_dict()}; this object has tables {sorted(mine)} with "

@@ -3,14 +3,17 @@
 A :class:`TableStats` holds either exact counts (row count known and small enough) or sketches
 (count-min, heavy hitters admitted through the count-min estimate, HyperLogLog), plus the
 sequence-length distribution (a DataSketches KLL sketch) and exact totals. With sampled ingestion
-(``SketchConfig.sample_k > 1``) the count-min sketch and the heavy hitters see one ID in ``k`` and
-every reported count is scaled back, its bounds widened by the sampling error. It speaks the DataSketches verbs: ``update``, ``merge``,
+(``SketchConfig.sample_k > 1``) the count-min sketch and the heavy hitters see one ID in ``k``, the
+length sketch one sample in ``k``, and every reported count is scaled back, its bounds widened by
+the sampling error; :meth:`TableStats.resample` changes ``k`` mid-stream. It speaks the DataSketches
+verbs: ``update``, ``merge``,
 ``estimate`` / ``bounds``, ``to_bytes`` / ``from_bytes``. Callers normally go through
 :class:`flexshard_stream.stats.stream.StreamStats`, which validates whole batches first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -33,8 +36,12 @@ __all__ = ["SAMPLE_Z", "TableStats", "checked_table_meta", "hll_estimate",
 _U32_MAX = np.uint64(0xFFFFFFFF)
 _EMPTY_U32 = np.zeros(0, dtype=np.uint32)
 #: Layout of a table inside a saved container: 1 = Misra-Gries with one global offset (read and
-#: converted), 2 = heavy hitters with a per-row error and a threshold, plus the sampler's state.
+#: converted), 2 = heavy hitters with a per-row error and a threshold, plus the sampler's state,
+#: 3 = version 2 plus ``sample_variance`` in the header. Version 3 is written only when that
+#: variance says more than ``sample_k - 1`` (after a lower rate replaced a higher one,
+#: :meth:`TableStats.resample`), so every file a version-2 reader would read right stays version 2.
 STATS_VERSION = 2
+STATS_VERSION_VARIANCE = 3
 #: Normal quantile of the sampling bounds: 3 standard deviations, about 99.7% per row (two-sided).
 SAMPLE_Z = 3.0
 #: Largest heavy-hitter count or error a loaded table may hold (far beyond any real stream, and
@@ -42,23 +49,26 @@ SAMPLE_Z = 3.0
 _HH_VALUE_LIMIT = 1 << 60
 
 
-def sampled_count_bounds(lower: np.ndarray, upper: np.ndarray, k: int, z: float = SAMPLE_Z
-                         ) -> tuple[np.ndarray, np.ndarray]:
+def sampled_count_bounds(lower: np.ndarray, upper: np.ndarray, k: int, z: float = SAMPLE_Z,
+                         variance: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Bounds on true counts from bounds ``[lower, upper]`` on the counts of a 1-in-``k`` sample.
 
     A row with true count ``f`` has ``Binomial(f, 1/k)`` sampled occurrences, so ``k * s`` has mean
-    ``f`` and variance ``(k - 1) f``. The bounds solve ``f -/+ z sqrt((k - 1) f) = k * s`` for ``f``::
+    ``f`` and variance ``(k - 1) f``. The bounds solve ``f -/+ z sqrt(V f) = k * s`` for ``f``::
 
         L(s) = ((-z a + sqrt(z^2 a^2 + 4 k s)) / 2)^2,   U(s) = ((z a + sqrt(z^2 a^2 + 4 k s)) / 2)^2
 
-    with ``a = sqrt(k - 1)``: ``L(lower) <= f <= U(upper)`` with probability about that of a normal
-    variable within ``z`` standard deviations (``z = 3``: 99.7%). ``k = 1`` returns the inputs.
+    with ``a = sqrt(V)``, ``V = variance`` (default ``k - 1``; larger when part of the counts was
+    sampled at a lower rate, :meth:`TableStats.resample`): ``L(lower) <= f <= U(upper)`` with
+    probability about that of a normal variable within ``z`` standard deviations (``z = 3``:
+    99.7%). ``k = 1`` with no variance returns the inputs.
     """
     lower = np.asarray(lower, dtype=np.float64)
     upper = np.asarray(upper, dtype=np.float64)
-    if k == 1:
-        return lower, upper
-    za = z * math.sqrt(k - 1)
+    v = float(k - 1) if variance is None else float(variance)
+    if v == 0.0:
+        return lower * k, upper * k
+    za = z * math.sqrt(v)
     with np.errstate(invalid="ignore"):  # an infinite upper bound stays infinite
         lo = ((np.sqrt(za * za + 4.0 * k * lower) - za) / 2.0) ** 2
         hi = ((np.sqrt(za * za + 4.0 * k * upper) + za) / 2.0) ** 2
@@ -127,9 +137,9 @@ def checked_table_meta(meta: Any, arrays: dict[str, np.ndarray], source: str
         field_int(meta, key, where)
     field_int(meta, "max_id", where, lo=-1)
     version = field_int(meta, "stats_version", where, default=1)
-    if version not in (1, STATS_VERSION):
+    if version not in (1, STATS_VERSION, STATS_VERSION_VARIANCE):
         raise FormatError(f"{where}: statistics version {version}; this flexshard_stream reads "
-                          f"versions 1 and {STATS_VERSION}")
+                          f"versions 1 to {STATS_VERSION_VARIANCE}")
     need = _saved_bytes(config, num_rows, version)
     have = sum(a.nbytes for a in arrays.values())
     if need > have:
@@ -235,6 +245,9 @@ class TableStats:
             self._hll = np.zeros(1 << c.hll_p, dtype=np.uint8)
         self._mg_meta = np.zeros(3, dtype=np.int64)  # live rows, threshold, occurrences counted
         self._sample_state = np.array([-1, 0], dtype=np.int64)  # IDs to skip, uniforms drawn
+        #: V: the variance of a scaled estimate is at most ``V`` times the true count (``k - 1``
+        #: unless a lower rate replaced a higher one, :meth:`resample`; it decays with the counts)
+        self.sample_variance = self._rate_variance
         self._lengths = ds.kll_ints_sketch(c.length_k)
         self.total = 0          # lookups
         self.samples = 0        # samples (bags)
@@ -286,11 +299,23 @@ class TableStats:
             if max_id > self.max_id:
                 self.max_id = max_id
         if lengths is not None and lengths.size:
-            if not lengths.flags.writeable:  # DataSketches' KLL binding rejects read-only arrays
-                lengths = lengths.copy()
-            self._lengths.update(lengths)
-            self.samples += int(lengths.size)
+            self._update_lengths(lengths)
 
+    def _update_lengths(self, lengths: np.ndarray) -> None:
+        """Feed the length sketch: every sample, or with ``sample_k > 1`` one sample in ``k`` (each
+        whose position in the whole stream, offset by ``sample_seed``, is a multiple of ``k``: the
+        same samples however the stream is cut into batches). A KLL update costs tens of ns per
+        sample, more than the IDs of a one-hot feature cost; the quantiles of a sample of samples
+        estimate those of all of them, and ``samples`` (so the mean length) stays exact."""
+        k = self.config.sample_k
+        if k > 1:
+            first = -(self.samples + self.config.sample_seed) % k
+            kept = np.ascontiguousarray(lengths[first::k])
+        else:
+            kept = lengths if lengths.flags.writeable else lengths.copy()
+        if kept.size:   # (DataSketches' KLL binding rejects read-only arrays)
+            self._lengths.update(kept)
+        self.samples += int(lengths.size)
 
     # ------------------------------------------------------------- queries
     def bounds(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -326,8 +351,8 @@ class TableStats:
         else:
             est = np.where(tracked, upper, 0.0)
         k = self.config.sample_k
-        if k > 1:
-            lower, upper = sampled_count_bounds(lower, upper, k)
+        if k > 1 or self.sample_variance > 0:
+            lower, upper = sampled_count_bounds(lower, upper, k, variance=self.sample_variance)
             est *= k
         return est, lower, upper
 
@@ -356,13 +381,13 @@ class TableStats:
         live = self._mg_vals > 0
         keys, counts, errs = self._mg_keys[live], self._mg_vals[live], self._mg_errs[live]
         threshold = int(self._mg_meta[1])
-        k = self.config.sample_k
-        if k == 1:
+        k, v = self.config.sample_k, self.sample_variance
+        if k == 1 and v == 0:
             offset = max(threshold, int(errs.max()) if errs.size else 0)
             return keys, counts, counts + errs, offset
-        lower = np.floor(sampled_count_bounds(counts, counts, k)[0]).astype(np.int64)
-        upper = sampled_count_bounds(counts + errs, counts + errs, k)[1]
-        untracked = sampled_count_bounds(threshold, threshold, k)[1]
+        lower = np.floor(sampled_count_bounds(counts, counts, k, variance=v)[0]).astype(np.int64)
+        upper = sampled_count_bounds(counts + errs, counts + errs, k, variance=v)[1]
+        untracked = sampled_count_bounds(threshold, threshold, k, variance=v)[1]
         gap = float((upper - lower).max()) if counts.size else 0.0
         return keys, lower, upper, int(math.ceil(max(gap, float(untracked))))
 
@@ -474,6 +499,7 @@ class TableStats:
                        thr + othr, seed)
             self._mg_meta[2] += other._mg_meta[2]
             np.maximum(self._hll, other._hll, out=self._hll)
+            self.sample_variance = max(self.sample_variance, other.sample_variance)
         self._lengths.merge(other._lengths)
         self.total += other.total
         self.samples += other.samples
@@ -488,7 +514,8 @@ class TableStats:
         heavy-hitter counts and exact counts rounded down, and a row whose count rounds to zero
         leaves the table with the threshold raised to cover it; the sample count is scaled too, so
         the mean IDs per sample stays what it was. Distinct counts and length sketches are not
-        decayed (they cannot be).
+        decayed (they cannot be). The sampling variance decays with the counts, down to
+        ``sample_k - 1``: counts sampled at an earlier, sparser rate weigh less and less.
         """
         if not (0.0 < factor <= 1.0):
             raise ValueError(f"decay factor must be in (0, 1], got {factor}")
@@ -497,13 +524,53 @@ class TableStats:
         if self.exact:
             self._counts = np.floor(self._counts * factor).astype(np.uint32)
         else:
-            if self._cms.size:  # round up: the sketch stays an upper bound of the decayed counts
-                self._cms = np.ceil(self._cms * factor).astype(np.uint32)
-            self._scale_heavy_hitters(factor)
+            self._scale_sketched_counts(factor)
         self.total = int(self.total * factor)
+        self._decay_sample_variance(factor)
         # samples decay with the lookups: the mean IDs per sample (total / samples) must not drift
         self.samples = int(round(self.samples * factor))
         return self
+
+    def _decay_sample_variance(self, factor: float) -> None:
+        """The variance of counts scaled by ``factor`` is ``factor**2`` times theirs, for
+        ``factor`` times the count: the excess of :attr:`sample_variance` over the rate's own
+        shrinks by ``factor``. Once it would widen no bound by a whole lookup (a row holding all
+        ``total`` lookups: ``z**2 * excess * total < 1``) it is dropped."""
+        excess = (self.sample_variance - self._rate_variance) * factor
+        if excess * self.total * SAMPLE_Z ** 2 < 1:
+            excess = 0.0
+        self.sample_variance = self._rate_variance + excess
+
+    def resample(self, k: int) -> "TableStats":
+        """Go on counting one ID occurrence in ``k`` (1: every one), keeping what was counted.
+
+        The counts sampled so far are rescaled to the new rate, by ``sample_k / k``: count-min
+        counters rounded up, heavy-hitter counts down and count + error up, the threshold up (as
+        :meth:`scale` does), so every bound holds for the rescaled counts and every estimate
+        (``k`` times a count) stays what it was. The variance of the estimates is that of the rate
+        each part was sampled at: :attr:`sample_variance` becomes the larger of its value and
+        ``k - 1``, so a lower rate after a higher one keeps the higher rate's wider bounds (they
+        narrow as :meth:`scale` decays the old counts). The sampler's next gap is drawn at the new
+        rate. Exact tables count every ID whatever ``k`` (only their length sketch samples).
+        Statistics merge only at equal rates: resample one side first.
+        """
+        config = dataclasses.replace(self.config, sample_k=k)   # checks k (ConfigError)
+        old = self.config.sample_k
+        if config.sample_k == old:
+            return self
+        if not self.exact:
+            self._scale_sketched_counts(old / config.sample_k)
+        self.config = config
+        self.sample_variance = max(self.sample_variance, self._rate_variance)
+        self._sample_state[0] = -1
+        return self
+
+    def _scale_sketched_counts(self, factor: float) -> None:
+        """Multiply the count-min counters and the heavy hitters by ``factor`` > 0, rounding so
+        that every bound holds for the scaled counts (counters saturate at 2**32 - 1)."""
+        if self._cms.size:  # round up: the sketch stays an upper bound of the scaled counts
+            self._cms = np.minimum(np.ceil(self._cms * factor), float(_U32_MAX)).astype(np.uint32)
+        self._scale_heavy_hitters(factor)
 
     def _scale_heavy_hitters(self, factor: float) -> None:
         live = self._mg_vals > 0
@@ -525,10 +592,19 @@ class TableStats:
 
     # ------------------------------------------------------- serialization
     def _meta(self) -> dict[str, Any]:
-        return {"name": self.name, "num_rows": self.num_rows, "config": self.config.to_dict(),
+        meta = {"name": self.name, "num_rows": self.num_rows, "config": self.config.to_dict(),
                 "exact": self.exact, "total": self.total, "samples": self.samples,
                 "saturated": self.saturated, "max_id": self.max_id,
                 "stats_version": STATS_VERSION}
+        if self.sample_variance > self._rate_variance:
+            meta.update(stats_version=STATS_VERSION_VARIANCE,
+                        sample_variance=self.sample_variance)
+        return meta
+
+    @property
+    def _rate_variance(self) -> float:
+        """The sampling variance of the rate in force alone: ``sample_k - 1`` (0 when exact)."""
+        return 0.0 if self.exact else float(self.config.sample_k - 1)
 
     def _arrays(self) -> dict[str, np.ndarray]:
         return {"counts": self._counts, "cms": self._cms, "mg_keys": self._mg_keys,
@@ -543,6 +619,8 @@ class TableStats:
             name, num_rows, config, version = checked_table_meta(meta, arrays, source)
             t = cls(name, num_rows, config)
             t._load_arrays(arrays, version, source)
+            if version == STATS_VERSION_VARIANCE:
+                t._load_sample_variance(meta.get("sample_variance"), source)
             t._lengths = _lengths_sketch(arrays["lengths"], t.config,
                                          f"{source}: table {t.name!r} array 'lengths'")
             t.total = int(meta["total"])
@@ -585,6 +663,14 @@ class TableStats:
         else:
             self._mg_vals, self._mg_errs = (np.ascontiguousarray(r) for r in got["mg_vals"])
             self._sample_state = got["sample_state"]
+
+    def _load_sample_variance(self, value: Any, source: str) -> None:
+        """Take a saved :attr:`sample_variance`: a finite number, at least ``sample_k - 1``."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < self._rate_variance:
+            raise FormatError(f"{source}: table {self.name!r}: sample_variance is {value!r}, "
+                              f"expected a finite number >= sample_k - 1 = {self._rate_variance:g}")
+        self.sample_variance = float(value)
 
     def _check_heavy_hitters(self, source: str) -> None:
         """Validate loaded heavy-hitter state before any kernel sees it; FormatError names the

@@ -10,9 +10,11 @@ batch carries none).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -86,9 +88,28 @@ class WindowedStats:
         self.auto_tables = auto_tables
         self._ring: deque[tuple[float, StreamStats]] = deque()
         self._seen = 0
+        self._executor: Executor | None = None
 
     def _new(self) -> StreamStats:
-        return StreamStats(self._tables, self.config, auto_tables=self.auto_tables)
+        s = StreamStats(self._tables, self.config, auto_tables=self.auto_tables)
+        s.set_executor(self._executor)
+        return s
+
+    def set_executor(self, executor: Executor | None) -> None:
+        """Update the tables of a batch in parallel on ``executor`` (every sub-window, present
+        and future; :meth:`StreamStats.set_executor`)."""
+        self._executor = executor
+        for _, s in self._ring:
+            s.set_executor(executor)
+
+    def resample(self, k: int) -> "WindowedStats":
+        """Sample one ID occurrence in ``k`` from now on, in every live sub-window (rescaled,
+        :meth:`TableStats.resample`: the view merges sub-windows of one rate) and in the next."""
+        config = dataclasses.replace(self.config, sample_k=k)
+        for _, s in self._ring:
+            s.resample(config.sample_k)
+        self.config = config
+        return self
 
     def update(self, batch: Batch) -> "WindowedStats":
         """Validate ``batch`` (once), then count it in the current sub-window."""
@@ -137,8 +158,9 @@ class WindowedStats:
 
         Tables and sketch config must be this object's, and so must the unit (the starts are
         positions in it): ConfigError otherwise; a malformed state is a FormatError; either way
-        nothing changes. A different ``window`` or ``slots`` is allowed: this object's are kept,
-        and each difference is returned as a note.
+        nothing changes. The sampling rate is the state's (:meth:`StreamStats.restore`). A
+        different ``window`` or ``slots`` is allowed: this object's are kept, and each difference
+        is returned as a note.
         """
         check_state(state, "windowed", _STATE_VERSION,
                     {"window": NUMBER, "slots": int, "unit": str, "seen": int, "starts": list})
@@ -154,8 +176,14 @@ class WindowedStats:
             window = self._new()
             window.restore(stream_state(state_blob(state, "windowed", f"window-{i}.fss")))
             ring.append((float(start), window))
+        rates = {s.config.sample_k for _, s in ring}
+        if len(rates) > 1:
+            raise FormatError(f"windowed state: sub-windows sampled at different rates "
+                              f"{sorted(rates)}; they do not merge")
         notes = _setting_notes(state, {"window": self.window, "slots": self.slots})
         self._ring, self._seen = ring, int(state["seen"])
+        if ring:
+            self.config = ring[0][1].config
         return notes
 
 
@@ -180,6 +208,21 @@ class DecayedStats:
         self._seen = 0
         self._next: float | None = None
         self.decays = 0
+
+    @property
+    def config(self) -> SketchConfig:
+        """The sketch config of the statistics (its ``sample_k``: the rate in force)."""
+        return self.stats.config
+
+    def set_executor(self, executor: Executor | None) -> None:
+        """Update the tables of a batch in parallel on ``executor``
+        (:meth:`StreamStats.set_executor`)."""
+        self.stats.set_executor(executor)
+
+    def resample(self, k: int) -> "DecayedStats":
+        """Sample one ID occurrence in ``k`` from now on (:meth:`StreamStats.resample`)."""
+        self.stats.resample(k)
+        return self
 
     def update(self, batch: Batch) -> "DecayedStats":
         """Validate ``batch`` (once), decay what is due, then count it."""

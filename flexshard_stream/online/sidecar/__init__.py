@@ -39,8 +39,14 @@ Out of process: ``flexshard-stream sidecar --ring NAME ...`` (:func:`run_ring`) 
 DataLoader workers write into a shared-memory ring (:mod:`flexshard_stream.online.ring`), feeds the
 same machinery and shuts down cleanly (final checkpoint) on SIGTERM/SIGINT.
 
+Within a CPU budget (``cpu_budget``, half a core by default) the ingest thread samples one ID
+occurrence in ``k``, ``k`` chosen from its measured cost per ID and the offered rate, so that it
+keeps up without dropping batches (``SidecarStats.sample_k``; docs/SIDECAR.md).
+
 The parts, one module each: :mod:`.loader` (``to_batch``, ``AttachedLoader``), :mod:`.ingest`
-(the bounded queue, the counters, the ingest thread), :mod:`.planning` (the planner thread),
+(the bounded queue, the counters, the ingest thread, the sampling it applies), :mod:`.rate` (the
+rate controller), :mod:`.cores` (threads for the tables of a batch), :mod:`.planning` (the planner
+thread),
 :mod:`.publisher` (plans, deltas, the ``plan`` link, the counters file), :mod:`.checkpoint`
 (format, write, read, resume, ``ResumeReport``), :mod:`.ring_feed` (``run_ring``), :mod:`.core`
 (the ``Sidecar`` composing them) and :mod:`.common` (errors and names they share).

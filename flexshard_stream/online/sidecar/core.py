@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
 import os
 import time
 import weakref
@@ -18,17 +19,25 @@ from ...placement.plan import Plan
 from ...placement.tables import EmbeddingTable, load_tables
 from ...placement.topology import Topology
 from ...stats.batch import Batch
-from ...stats.config import TableConfig
 from ...stats.stream import StreamStats
 from ...stats.window import DecayedStats, WindowedStats
-from ..resharder import CheckSchedule, Decision, ReshardConfig, Resharder, made_for
+from ..resharder import (
+    CheckSchedule,
+    Decision,
+    ReshardConfig,
+    Resharder,
+    default_stats,
+    made_for,
+)
 from .checkpoint import ResumeReport, holds_previous_run, resume
 from .common import Coordination, SidecarError, deadline_after, log, remove_temp_entries
-from .ingest import BoundedQueue, IngestWorker, SidecarStats
+from .cores import TableThreads
+from .ingest import BoundedQueue, IngestWorker, Sampling, SidecarStats
 from .ledger import Ledger
 from .loader import AttachedLoader, copy_batch, to_batch
 from .planning import PlanningWorker
 from .publisher import Publisher, lock_directory
+from .rate import RateController
 
 __all__ = ["Sidecar"]
 
@@ -44,8 +53,25 @@ class Sidecar:
     topology : Topology, or a topology TOML file / preset name
     batch_size : samples per GPU per iteration (the planner's B)
     out_dir : where plans, deltas, counters and checkpoints are written (created)
-    stats : StreamStats | DecayedStats | WindowedStats (default: DecayedStats with a half-life of
-        4 checks, keyed by the tables' features). Owned by the sidecar's ingest thread from now on.
+    stats : StreamStats | DecayedStats | WindowedStats (default: the re-sharder's,
+        :func:`~flexshard_stream.online.resharder.default_stats`, keyed by the tables' features).
+        Owned by the sidecar's ingest thread from now on (with a ``cpu_budget`` it changes their
+        sampling rate: ``resample``).
+    cpu_budget : cores the ingestion may use (default 0.5: half of one core; None: the rate of
+        ``stats`` stays as configured). The ingest thread measures its CPU seconds per ID and the
+        offered rate and samples one ID occurrence in ``k`` (count-min and heavy hitters of the
+        sketched tables, and the length sketches; docs/SIDECAR.md) so that the CPU the offered
+        IDs need stays within the budget, without dropping batches; ``k`` adapts as the rate
+        changes, with hysteresis. Half a core by default: a host with 8 GPUs has tens of cores,
+        and half of one is what the sidecar takes without competing with the loaders and the
+        training loop, while at the sparsest rates it ingests far more IDs than it can count
+        unsampled (docs/SIDECAR.md, "Sampling within a CPU budget").
+    max_sample_k : the sparsest rate the budget may choose (default 1024): beyond it what every ID
+        costs whatever the rate (validation, hash, HyperLogLog) is all that is left to save
+    ingest_threads : threads updating the tables of a batch in parallel (per table: each table is
+        updated by one thread, in stream order, so the statistics are those of one thread).
+        Default: one per started core of the budget (1 for half a core), at most the number of
+        tables and of the machine's cores
     config, memory, model, planner, plan : as for
         :class:`~flexshard_stream.online.resharder.Resharder` (``plan``: the initial plan, default
         row-wise; ignored when resuming)
@@ -86,7 +112,8 @@ class Sidecar:
                  callback: Callable[[Decision, Plan], None] | None = None,
                  resume: bool = False, copy: bool = False, nice: int = 19,
                  source: Mapping[str, Any] | None = None, source_batches: int = 0,
-                 source_ids: int = 0):
+                 source_ids: int = 0, cpu_budget: float | None = 0.5, max_sample_k: int = 1024,
+                 ingest_threads: int | None = None):
         if policy not in ("drop", "block"):
             raise ConfigError(f"policy must be 'drop' or 'block', got {policy!r}")
         if block_timeout is not None and not block_timeout >= 0:
@@ -120,7 +147,8 @@ class Sidecar:
             schedule=CheckSchedule(self.config.check_every, self.config.unit),
             hand_over=self._planning.offer, checkpoint=self._ledger.checkpoint,
             write_counters=self._ledger.write_counters, checkpoint_every_s=checkpoint_every_s,
-            counters_every_s=counters_every_s, nice=int(nice))
+            counters_every_s=counters_every_s, nice=int(nice),
+            sampling=self._sampling(cpu_budget, max_sample_k, ingest_threads, int(nice)))
         self.checkpoint_every_s = self._ingest.checkpoint_every_s
         self.counters_every_s = self._ingest.counters_every_s
         # refuses a file or a non-empty directory a sidecar did not write (nothing of the user's
@@ -136,12 +164,23 @@ class Sidecar:
 
     def _statistics(self, stats: Any) -> Any:
         if stats is None:
-            return DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in self.tables],
-                                half_life=4 * self.config.check_every, unit=self.config.unit)
+            return default_stats(self.tables, self.config)
         if not isinstance(stats, (StreamStats, DecayedStats, WindowedStats)):
             raise ConfigError(f"stats must be a StreamStats, DecayedStats or WindowedStats (the "
                               f"sidecar checkpoints them), got {type(stats).__name__}")
         return stats
+
+    def _sampling(self, cpu_budget: float | None, max_sample_k: int,
+                  ingest_threads: int | None, nice: int) -> Sampling:
+        """The ingest threads and, with a budget, the controller of the sampling rate."""
+        k = self._stats.config.sample_k
+        controller = (None if cpu_budget is None
+                      else RateController(cpu_budget, k=k, max_k=max_sample_k))
+        if ingest_threads is None:
+            ingest_threads = max(1, min(math.ceil(cpu_budget or 1), os.cpu_count() or 1,
+                                        len(self.tables)))
+        self.cpu_budget, self._configured_k = cpu_budget, k
+        return Sampling(self._stats, TableThreads(ingest_threads, nice), controller)
 
     def _build(self, memory: Any, model: Any, planner: Any, plan: Plan | None, callback: Any,
                nice: int) -> None:
@@ -164,6 +203,7 @@ class Sidecar:
             self._publisher.publish_full(self.resharder.plan, reset=taken_up,
                                          batches_in_stats=self._ingest.batches_in_stats)
         self._planning.take_snapshot()
+        self._planning.start_counting(self._ingest.batches_in_stats)
         self._ledger.write_counters(False, self._ingest.ingested())
         self._ingest.start()
         self._planning.start()
@@ -275,7 +315,8 @@ class Sidecar:
                 processed_ids=ing.processed_ids, rejected=ing.rejected, errors=self._sync.errors,
                 ingest_s=ing.ingest_s, checks=pl.checks, checks_coalesced=pl.coalesced,
                 plans_published=self._publisher.plans_published, checkpoints=ing.checkpoints,
-                batches_in_stats=ing.batches_in_stats, plan_seq=self._publisher.seq)
+                batches_in_stats=ing.batches_in_stats, plan_seq=self._publisher.seq,
+                **ing.sampling.report())
 
     @property
     def counters(self) -> dict[str, Any]:
@@ -286,6 +327,14 @@ class Sidecar:
     def plan(self) -> Plan:
         """The plan in force (the last one published)."""
         return self.resharder.plan
+
+    @property
+    def cost(self) -> dict[str, float]:
+        """The run's total cost so far in the cost model's seconds, restored runs included
+        (:class:`~flexshard_stream.online.resharder.CostLedger` as a dict: communication of the
+        plans in force, migration transfer, pauses, total, bytes, deltas, iterations). Read it
+        after :meth:`flush` for a consistent value."""
+        return self._planning.snapshot()["resharder"]["cost"]
 
     @property
     def history(self) -> list:
@@ -329,7 +378,8 @@ class Sidecar:
         s = self.stats()
         return (f"Sidecar({str(self.out_dir)!r}, policy={self.policy!r}, "
                 f"accepted={s.accepted}, dropped={s.dropped}, queued={s.queued_batches}, "
-                f"plan_seq={s.plan_seq}{', closed' if self._closed else ''})")
+                f"plan_seq={s.plan_seq}, sample_k={s.sample_k}"
+                f"{', closed' if self._closed else ''})")
 
     # ================================================================== start / resume
     def _resume(self) -> bool:
@@ -337,6 +387,12 @@ class Sidecar:
         r = resume(self.out_dir, self.resume_report, stats=self._stats, resharder=self.resharder,
                    ingest=self._ingest, publisher=self._publisher, check_plan=self._check_plan)
         self._ledger.go_on(r)
+        k = self._stats.config.sample_k
+        if self.cpu_budget is None and k != self._configured_k:
+            # a fixed rate is the configured one: the restored counts are rescaled to it
+            log.info("sidecar: the checkpoint was sampled 1 in %d; going on at the configured "
+                     "1 in %d", k, self._configured_k)
+            self._stats.resample(self._configured_k)
         return r.taken_up
 
     def _check_plan(self, plan: Plan, where: Path) -> None:

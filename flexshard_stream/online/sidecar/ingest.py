@@ -22,13 +22,18 @@ from ...errors import BatchError, ConfigError
 from ...stats.batch import Batch
 from ...stats.window import Clock
 from ..resharder import CheckSchedule
-from .common import BackgroundThread, CheckJob, Coordination, SidecarError, deadline_after
+from .common import BackgroundThread, CheckJob, Coordination, SidecarError, deadline_after, log
+from .cores import TableThreads
 from .loader import batch_bytes
+from .rate import Interval, RateController
 
-__all__ = ["BoundedQueue", "IngestWorker", "Ingested", "SidecarStats"]
+__all__ = ["BoundedQueue", "IngestWorker", "Ingested", "Sampling", "SidecarStats"]
 
 _QUEUE_COUNTS = ("submitted", "accepted", "dropped", "submitted_ids", "accepted_ids",
                  "dropped_ids", "max_queued_batches", "max_queued_ids", "max_queued_bytes")
+#: Seconds between two looks at the sampling rate (sooner when the queue is half full, but not
+#: sooner than the second figure after the last look).
+SAMPLING_INTERVAL_S = (0.5, 0.1)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,16 @@ class SidecarStats:
     checkpoints : checkpoints written
     batches_in_stats : batches in the statistics (cumulative: restored ones included)
     plan_seq : sequence number of the published plan
+    sample_k : the sampling rate in force: one ID occurrence in ``sample_k`` reaches the
+        count-min sketch and the heavy hitters of the sketched tables (1: every one)
+    sample_k_changes : changes of the rate (this process)
+    cpu_budget : cores the ingestion may use (None: the rate is fixed)
+    over_budget : no rate up to ``max_sample_k`` brings the ingestion within the budget
+    ingest_threads : threads updating the statistics (1: the ingest thread alone)
+    cpu_s : CPU seconds the ingest threads spent updating the statistics
+    cpu_share : the same over the last interval (about 0.5 s) per wall second: cores in use
+    offered_ids_per_s : IDs offered to ``submit`` per second over the last interval
+    cpu_ns_per_id : CPU nanoseconds per ID ingested over the last interval (at ``sample_k``)
     """
 
     submitted: int
@@ -77,6 +92,15 @@ class SidecarStats:
     checkpoints: int
     batches_in_stats: int
     plan_seq: int
+    sample_k: int
+    sample_k_changes: int
+    cpu_budget: float | None
+    over_budget: bool
+    ingest_threads: int
+    cpu_s: float
+    cpu_share: float
+    offered_ids_per_s: float
+    cpu_ns_per_id: float
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -156,6 +180,16 @@ class BoundedQueue:
     def __len__(self) -> int:
         return len(self._items)
 
+    def fill(self) -> float:
+        """How full the queue is by its tightest bound (0: empty, 1: full)."""
+        with self._sync.lock:
+            f = len(self._items) / self.max_batches
+            if self.max_ids is not None:
+                f = max(f, self._ids / self.max_ids)
+            if self.max_bytes is not None:
+                f = max(f, self._bytes / self.max_bytes)
+            return f
+
     def room(self) -> int:
         """Batches the queue can take now (bounds in IDs and bytes not considered)."""
         with self._sync.lock:
@@ -184,6 +218,95 @@ class BoundedQueue:
                     "queued_bytes": self._bytes, "lag_s": lag, "blocked_s": self._blocked_s}
 
 
+class Sampling:
+    """The statistics' sampling rate and what ingesting costs, on the ingest thread.
+
+    :meth:`update` times each statistics update in CPU seconds of the ingest threads
+    (:class:`~.cores.TableThreads`) and wall seconds; every ``SAMPLING_INTERVAL_S`` (sooner when
+    the queue is half full) :meth:`look` sums up the interval, and with a ``controller`` applies
+    the rate it chooses between two batches (``stats.resample(k)``: docs/STATISTICS.md). The
+    figures (``cpu_share``, ``offered_ids_per_s``, ``cpu_ns_per_id``) are the last interval's.
+    """
+
+    def __init__(self, stats: Any, threads: TableThreads, controller: RateController | None):
+        self._stats, self.threads, self.controller = stats, threads, controller
+        self.changes = 0
+        self.cpu_s = self.busy_s = 0.0      # cumulative, in statistics updates
+        self.figures = {"cpu_share": 0.0, "offered_ids_per_s": 0.0, "cpu_ns_per_id": 0.0}
+        self._mark: tuple[float, float, float, int, int, int] = (0.0, 0.0, 0.0, 0, 0, 0)
+        self.next_look = math.inf
+
+    @property
+    def k(self) -> int:
+        """The rate in force: the statistics' (restored ones' after a restart)."""
+        return int(self._stats.config.sample_k)
+
+    @property
+    def over_budget(self) -> bool:
+        return self.controller is not None and self.controller.over_budget
+
+    def begin(self, now: float, queue: dict[str, Any], processed_ids: int) -> None:
+        """Start measuring (the ingest thread's start: after a restart the rate is the restored
+        statistics')."""
+        if self.controller is not None:
+            self.controller.start(self.k)
+        self._stats.set_executor(self.threads.executor)
+        self._set_mark(now, queue, processed_ids)
+
+    def update(self, batch: Batch) -> None:
+        """``stats.update(batch)``, timed."""
+        c0, t0 = self.threads.cpu_seconds(), time.perf_counter()
+        try:
+            self._stats.update(batch)
+        finally:
+            self.busy_s += time.perf_counter() - t0
+            self.cpu_s += self.threads.cpu_seconds() - c0
+
+    def due(self, now: float, fill: float) -> bool:
+        return now >= self.next_look or (fill >= 0.5
+                                         and now - self._mark[0] >= SAMPLING_INTERVAL_S[1])
+
+    def look(self, now: float, queue: dict[str, Any], processed_ids: int, fill: float
+             ) -> int | None:
+        """Sum up the interval ending ``now`` (``queue``: the queue's counters, ``fill``: its
+        :meth:`BoundedQueue.fill`); returns the new rate when it changed."""
+        t, cpu, busy, ids, offered, dropped = self._mark
+        m = Interval(now - t, self.cpu_s - cpu, self.busy_s - busy, processed_ids - ids,
+                     queue["submitted_ids"] - offered, queue["dropped_ids"] - dropped, fill)
+        self._set_mark(now, queue, processed_ids)
+        if m.seconds > 0:
+            self.figures = {"cpu_share": m.cpu_s / m.seconds,
+                            "offered_ids_per_s": m.offered_ids / m.seconds,
+                            "cpu_ns_per_id": (1e9 * m.cpu_s / m.processed_ids
+                                              if m.processed_ids else 0.0)}
+        k = None if self.controller is None else self.controller.observe(m)
+        if k is None:
+            return None
+        try:
+            self._stats.resample(k)
+        except BaseException:
+            self.controller.start(self.k)   # the statistics kept their rate
+            raise
+        self.changes += 1
+        log.info("sidecar sampling: 1 in %d from now on (%.3g M IDs/s offered, %.2f cores in "
+                 "use, budget %.2f)", k, m.offered_ids / max(m.seconds, 1e-9) / 1e6,
+                 m.cpu_s / max(m.seconds, 1e-9), self.controller.cpu_budget)
+        return k
+
+    def _set_mark(self, now: float, queue: dict[str, Any], processed_ids: int) -> None:
+        self._mark = (now, self.cpu_s, self.busy_s, processed_ids, queue["submitted_ids"],
+                      queue["dropped_ids"])
+        self.next_look = now + SAMPLING_INTERVAL_S[0]
+
+    def report(self) -> dict[str, Any]:
+        """The rate and the cost, for :class:`SidecarStats`."""
+        c = self.controller
+        return {"sample_k": self.k, "sample_k_changes": self.changes,
+                "cpu_budget": None if c is None else c.cpu_budget,
+                "over_budget": self.over_budget, "ingest_threads": self.threads.threads,
+                "cpu_s": self.cpu_s, **self.figures}
+
+
 class Ingested(NamedTuple):
     """Where the ingest thread stands (it hands this to the ledger when it writes)."""
 
@@ -203,6 +326,7 @@ class IngestWorker(BackgroundThread):
     ``checkpoint`` returns the checkpoint written, or None when there was nothing new (unless
     ``force``). Counters: ``processed``/``processed_ids`` (batches taken off the queue),
     ``rejected`` (refused by the statistics), ``ingest_s`` (seconds updating), ``checkpoints``.
+    ``sampling`` (:class:`Sampling`) times the updates and changes the sampling rate.
     """
 
     def __init__(self, sync: Coordination, queue: BoundedQueue, stats: Any, *, top_k: int,
@@ -210,7 +334,7 @@ class IngestWorker(BackgroundThread):
                  checkpoint: Callable[[bool, Ingested], Path | None],
                  write_counters: Callable[[bool, Ingested], None],
                  checkpoint_every_s: float | None,
-                 counters_every_s: float, nice: int):
+                 counters_every_s: float, nice: int, sampling: Sampling):
         if not counters_every_s > 0:
             raise ConfigError(f"counters_every_s must be > 0 seconds, got {counters_every_s}")
         if checkpoint_every_s is not None and checkpoint_every_s < 0:
@@ -223,6 +347,7 @@ class IngestWorker(BackgroundThread):
         self._top_k, self._schedule, self._clock = top_k, schedule, Clock(schedule.unit)
         self._hand_over, self._checkpoint, self._write_counters = \
             hand_over, checkpoint, write_counters
+        self.sampling = sampling
         self.processed = self.processed_ids = self.rejected = self.checkpoints = 0
         self.ingest_s = 0.0
         self.batches_in_stats = self.ids_in_stats = 0   # cumulative: restored ones included
@@ -235,11 +360,13 @@ class IngestWorker(BackgroundThread):
 
     # ------------------------------------------------------------------ progress
     def progress(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the ingestion: batches and IDs in the statistics, and the
-        check schedule (``position`` in batches, ``next_check`` in its ``unit``)."""
+        """What a checkpoint keeps of the ingestion: batches and IDs in the statistics, the
+        check schedule (``position`` in batches, ``next_check`` in its ``unit``) and, for the
+        record, the sampling rate (the statistics' state carries it too)."""
         return {"batches": self.batches_in_stats, "ids": self.ids_in_stats,
                 "schedule": {"position": self.position, "next_check": self._schedule.next,
-                             "unit": self._schedule.unit}}
+                             "unit": self._schedule.unit},
+                "sampling": {"sample_k": self.sampling.k, "changes": self.sampling.changes}}
 
     def ingested(self) -> Ingested:
         """Where ingestion stands (stable on this thread, between two batches)."""
@@ -282,16 +409,25 @@ class IngestWorker(BackgroundThread):
 
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
+        self.sampling.begin(time.monotonic(), self._queue.counters(), self.processed_ids)
+        try:
+            self._run()
+        finally:
+            self.sampling.threads.close()
+
+    def _run(self) -> None:
         now = time.monotonic()
         next_counters = now + self.counters_every_s
         every = self.checkpoint_every_s
         next_ckpt = None if every is None else now + every
         while True:
-            due = min(next_counters, math.inf if next_ckpt is None else next_ckpt)
+            due = min(next_counters, math.inf if next_ckpt is None else next_ckpt,
+                      self.sampling.next_look)
             item, stop, asked = self._next(due)
             if item is not None:
                 self._ingest(*item)
             now = time.monotonic()
+            self._look_at_sampling(now)
             if asked or (next_ckpt is not None and now >= next_ckpt) \
                     or (stop and self._final_checkpoint):
                 self._run_checkpoint(force=asked)
@@ -320,11 +456,20 @@ class IngestWorker(BackgroundThread):
             return item, self._stop and item is None and not len(self._queue), \
                 self._requested > self._done
 
+    def _look_at_sampling(self, now: float) -> None:
+        fill = self._queue.fill()
+        if not self.sampling.due(now, fill):
+            return
+        try:
+            self.sampling.look(now, self._queue.counters(), self.processed_ids, fill)
+        except Exception as e:  # noqa: BLE001
+            self._sync.record_error(e, "changing the sampling rate")
+
     def _ingest(self, batch: Batch, nids: int) -> None:
         t0 = time.perf_counter()
         job = None
         try:
-            self._stats.update(batch)
+            self.sampling.update(batch)
         except BatchError as e:
             self._sync.record_error(e, "statistics update (batch rejected, skipped)")
             with self._sync.lock:

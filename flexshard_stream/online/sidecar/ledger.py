@@ -62,8 +62,10 @@ class Ledger:
             doc = {**self.cumulative(at), "format": COUNTERS_FORMAT, "version": FORMAT_VERSION,
                    "queued": len(self._queue), "batches_in_stats": at.batches_in_stats,
                    "checkpoint_seq": self.checkpoint_seq, "lost": self.lost_total,
+                   "sample_k": at.progress["sampling"]["sample_k"],
                    "closed": closed, "source": dict(self.source),
-                   "source_batches": self._source_before[0] + at.processed}
+                   "source_batches": self._source_before[0] + at.processed,
+                   "cost": dict(self._planning.snapshot()["resharder"]["cost"])}
         self._publisher.write_counters(doc, force=closed)
 
     def checkpoint(self, force: bool, at: Ingested) -> Path | None:

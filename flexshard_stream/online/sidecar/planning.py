@@ -36,8 +36,10 @@ class PlanningWorker(BackgroundThread):
         super().__init__(sync, "plan", nice)
         self._rs, self._publisher = resharder, publisher
         self._batches_in_stats = batches_in_stats
+        self._batches_at_start = 0
         self.callback = callback
         self.checks = self.coalesced = 0
+        self._batches_at_check: int | None = None   # batches in the statistics at the last check
         self._pending: CheckJob | None = None
         self._running = False
         self._stop = False
@@ -60,6 +62,11 @@ class PlanningWorker(BackgroundThread):
         """``{"resharder": state(), "plan_seq", "plan_fingerprint"}`` after the last check."""
         with self._sync.lock:
             return self._snapshot
+
+    def start_counting(self, batches_in_stats: int) -> None:
+        """The batches already in the statistics when the thread starts (restored ones): the
+        first check counts its iterations from there."""
+        self._batches_at_start = int(batches_in_stats)
 
     def take_snapshot(self) -> None:
         """Record :meth:`snapshot` now (this thread, or before it starts)."""
@@ -100,7 +107,7 @@ class PlanningWorker(BackgroundThread):
         rs, pub = self._rs, self._publisher
         self._retry_publish()
         n0 = len(rs.history)
-        d = rs.check(job.summaries, position=job.position)
+        d = rs.check(job.summaries, position=job.position, iterations=self._iterations(job))
         if d.delta is not None:
             pub.publish_change(d, rs.plan, self._batches_in_stats())
         with self._sync.lock:
@@ -116,6 +123,16 @@ class PlanningWorker(BackgroundThread):
                 self.callback(d, rs.plan)
             except Exception as e:  # noqa: BLE001
                 self._sync.record_error(e, "callback")
+
+    def _iterations(self, job: CheckJob) -> float | None:
+        """Training iterations since the previous check: the batches that reached the statistics
+        since then (a submitted batch is one step of the training loop that feeds the sidecar;
+        coalesced checks included), unless ``ReshardConfig.iterations_per_check`` says (None)."""
+        last, self._batches_at_check = self._batches_at_check, job.batches_in_stats
+        if self._rs.config.iterations_per_check is not None:
+            return None
+        base = last if last is not None else self._batches_at_start
+        return float(max(0, job.batches_in_stats - base))
 
     def _retry_publish(self) -> None:
         """The re-sharder moved to a plan whose publication failed: publish it now."""

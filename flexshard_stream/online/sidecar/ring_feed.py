@@ -20,12 +20,12 @@ from typing import Any
 
 from ...errors import FlexShardError
 from ...formats.files import jsonable, read_json
-from ...placement.tables import load_tables
+from ...placement.tables import load_tables, row_map
 from ...placement.topology import Topology
 from ...stats.batch import Batch
 from ...stats.config import TableConfig
 from ...stats.window import DecayedStats
-from ..resharder import ReshardConfig
+from ..resharder import ReshardConfig, default_stats
 from ..ring import Ring
 from .common import SidecarError, log
 from .core import Sidecar
@@ -46,25 +46,37 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
              config: ReshardConfig | None = None, half_life: float | None = None,
              memory: Any = None, model: Any = None, checkpoint_every_s: float | None = 60.0,
              queue_batches: int = 64, resume: bool = True, status_every_s: float = 0.0,
-             unlink: bool = False, stop: threading.Event | None = None,
+             unlink: bool = False, cpu_budget: float | None = 0.5,
+             stop: threading.Event | None = None,
              emit: Callable[[Mapping[str, Any]], None] = _emit,
-             handle_signals: bool = True) -> dict[str, Any]:
+             handle_signals: bool = True, ids: Any = None) -> dict[str, Any]:
     """Consume ring ``ring`` (created if missing) into a :class:`Sidecar` until ``stop`` is set
     or SIGTERM/SIGINT arrives; then close it (final checkpoint). Returns the final report.
+
+    ``half_life``: None feeds the re-sharder its default statistics
+    (:func:`~flexshard_stream.online.resharder.default_stats`); a number, decayed statistics with
+    that half-life (in ``config.unit``).
 
     ``emit`` receives JSON-able events: ``resume``, ``ready``, ``status`` (every
     ``status_every_s`` seconds, 0: never) and ``stopped``. Records left in the ring at shutdown
     stay there for the next run (unless ``unlink``: then they are drained first and the ring file
-    removed).
+    removed). ``cpu_budget``: cores the ingestion may use (:class:`Sidecar`; None: no sampling
+    beyond the statistics' configured rate).
+
+    ``ids`` (``"raw"``, ``"hash"`` or ``"hash:ROWS"``, :class:`~flexshard_stream.sources.logs.
+    IdMode`): with a hash mode every batch read from the ring has its IDs taken modulo the
+    tables' rows before the statistics see it (producers writing raw IDs).
     """
     stop = stop or threading.Event()
     got_signal: list[str] = []
     with _stopping_on_signals(stop, got_signal, handle_signals):
         tabs = load_tables(tables) if isinstance(tables, (str, os.PathLike)) else list(tables)
+        rows = row_map(tabs, ids)
         topo = topology if isinstance(topology, Topology) else Topology.load(topology)
         cfg = config or ReshardConfig()
-        stats = DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in tabs],
-                             half_life=half_life or 4 * cfg.check_every, unit=cfg.unit)
+        stats = (default_stats(tabs, cfg) if half_life is None else
+                 DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in tabs],
+                              half_life=half_life, unit=cfg.unit))
         r = Ring.create(ring, slots=slots, capacity_bytes=capacity_bytes, directory=ring_dir,
                         checksum=checksum, exist_ok=True)
         try:
@@ -77,13 +89,15 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
             sc = Sidecar(tabs, topo, batch_size, out_dir=out, stats=stats, config=cfg,
                          memory=memory, model=model, queue_batches=queue_batches, queue_ids=None,
                          queue_bytes=None, policy="block", checkpoint_every_s=checkpoint_every_s,
-                         resume=resume, nice=0, source=src, source_batches=read0, source_ids=ids0)
+                         resume=resume, nice=0, source=src, source_batches=read0, source_ids=ids0,
+                         cpu_budget=cpu_budget)
             _ring_loss(sc, r, read0, ids0)
             emit({"event": "resume", **sc.resume_report.to_dict()})
             emit({"event": "ready", "ring": str(r.path), "pid": os.getpid(), "slots": r.slots,
                   "slot_capacity": r.slot_capacity, "out": str(out),
                   "ring_batches_read": read0})
-            errors = _consume(sc, r, stop, emit, status_every_s, unlink)
+            feed = _HashedRing(r, rows) if rows.mode.hashed else r
+            errors = _consume(sc, feed, stop, emit, status_every_s, unlink)
             doc = _stopped(sc, r, got_signal, errors)
             emit(doc)
             return doc
@@ -136,7 +150,7 @@ def _consume(sc: Sidecar, ring: Ring, stop: threading.Event,
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + status_every_s
                 emit({"event": "status", **sc.stats().to_dict(),
-                      "ring_dropped": ring.stats().total.batches_dropped})
+                      "ring_dropped": ring.stats().total.batches_dropped, "cost": sc.cost})
         if unlink:
             errors += _drain(sc, ring)
     finally:
@@ -167,10 +181,25 @@ def _stopped(sc: Sidecar, ring: Ring, got_signal: list[str], errors: int) -> dic
     rst = ring.stats().total
     return {"event": "stopped", "signal": got_signal[0] if got_signal else None,
             "checkpoint": str(sc.last_checkpoint) if sc.last_checkpoint else None,
-            **sc.stats().to_dict(), "errors_reported": errors,
+            **sc.stats().to_dict(), "errors_reported": errors, "cost": sc.cost,
             "ring": {"batches_written": rst.batches_written, "batches_read": rst.batches_read,
                      "batches_dropped": rst.batches_dropped, "ids_dropped": rst.ids_dropped,
                      "records_discarded": rst.records_discarded, "lag_bytes": rst.lag_bytes}}
+
+
+class _HashedRing:
+    """A ring whose polled batches have their IDs mapped to table rows (``RowMap.map_batch``);
+    everything else is the ring's."""
+
+    def __init__(self, ring: Ring, rows: Any):
+        self._ring = ring
+        self._rows = rows
+
+    def poll(self, **kwargs: Any) -> list[Batch]:
+        return [self._rows.map_batch(b) for b in self._ring.poll(**kwargs)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ring, name)
 
 
 def _submit_all(sc: Sidecar, batches: list[Batch]) -> int:
