@@ -386,12 +386,14 @@ def test_replay_over_a_long_gap(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # Logs through the CLI (items 6, 10, 11).
-def test_mostly_id_csv_column_with_a_bad_value_is_an_error(tmp_path):
+@pytest.mark.parametrize("cell, why", [("4.5", "'4.5' is not a decimal integer"),
+                                       ("x y", "'x' is not a decimal integer")])
+def test_mostly_id_csv_column_with_a_bad_value_is_an_error(tmp_path, cell, why):
     from flexshard_stream.errors import LogError
     from flexshard_stream.sources.logs import LogReader
     log = tmp_path / "ids.csv"
-    log.write_text("a,b\n1,2\n3,4.5\n5,6\n")
-    with pytest.raises(LogError, match=r"line 3\), column 'b'"):
+    log.write_text(f"a,b\n1,2\n3,{cell}\n5,6\n")
+    with pytest.raises(LogError, match=rf"ids.csv: .*line 3\), column 'b': .*{why}"):
         list(LogReader(log))
     r = LogReader(log, skip_bad_rows=True)
     assert sum(b.batch_size for b in r) == 2 and r.skipped["bad_id"] == 1

@@ -1139,12 +1139,12 @@ class LogReader:
             text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
             if isinstance(text, str):
                 toks = text.split()
-                if kind == "single" and len(toks) > 1:
+                badtok = next((t for t in toks if not (t.lstrip("-+").isascii()
+                                                       and t.lstrip("-+").isdigit())), None)
+                if kind == "single" and len(toks) > 1 and badtok is None:
                     what = (f"{shown} holds {len(toks)} IDs but feature {column!r} is 'single'; "
                             f"declare it with features={{{column!r}: 'sequence'}}")
                 else:
-                    badtok = next((t for t in toks if not (t.lstrip("-+").isascii()
-                                                           and t.lstrip("-+").isdigit())), None)
                     what = (f"{shown} is not {'an integer ID' if kind == 'single' else 'a list of IDs'}"
                             + (f" ({_fmt_value(badtok)} is not a decimal integer)"
                                if badtok is not None else " (ID does not fit in int64)"))
