@@ -316,6 +316,57 @@ def test_cli_outputs_refuse_foreign_paths(tmp_path):
     assert r.exit_code != 0 and user_file.read_text() == "precious"
 
 
+def test_toml_outputs_replace_only_a_file_of_their_kind(tmp_path):
+    """tables --out / save_tables and Topology.to_toml: a user's CSV, a directory or a TOML file
+    of the other kind is refused and untouched; their own kind is replaced."""
+    from typer.testing import CliRunner
+
+    from flexshard_stream.cli import app
+    from flexshard_stream.placement.tables import EmbeddingTable, load_tables, save_tables
+    from flexshard_stream.placement.topology import Topology
+    log = tmp_path / "log.csv"
+    log.write_text("a,b\n1,2\n3,4\n")
+    tables = [EmbeddingTable("a", 10, 8)]
+    topo = Topology.load("2x8")
+    user_dir = tmp_path / "docs"
+    user_dir.mkdir()
+    for target in (log, user_dir):
+        r = CliRunner().invoke(app, ["tables", str(log), "--out", str(target)])
+        assert r.exit_code == 2 and "refusing" in r.output, r.output
+        with pytest.raises(ConfigError, match="refusing"):
+            topo.to_toml(target)
+    assert log.read_text() == "a,b\n1,2\n3,4\n" and not any(user_dir.iterdir())
+    t, g = tmp_path / "t.toml", tmp_path / "g.toml"
+    save_tables(tables, t)
+    save_tables(tables, t)                                     # its own kind: replaced
+    topo.to_toml(g)
+    topo.to_toml(g)
+    with pytest.raises(ConfigError, match="a topology file, not a tables file"):
+        save_tables(tables, g)
+    with pytest.raises(ConfigError, match="a tables file, not a topology file"):
+        topo.to_toml(t)
+    assert load_tables(t) == tables and Topology.load(g) == topo
+
+
+def test_datasketches_export_and_report_write_only_into_their_own_directory(tmp_path):
+    from flexshard_stream.online.distributed import export_datasketches
+    from flexshard_stream.online.report import build_report
+    from flexshard_stream.stats.stream import StreamStats
+    stats = StreamStats({"a": 100})
+    stats.update(Batch(["a"], [1, 2, 2], [1, 1, 1]))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("years of work")
+    for call in (lambda: export_datasketches(stats, home), lambda: build_report(home)):
+        with pytest.raises(ConfigError, match="refusing"):
+            call()
+    assert [p.name for p in home.iterdir()] == ["thesis.tex"]
+    out = tmp_path / "ds"
+    export_datasketches(stats, out)
+    export_datasketches(stats, out)                            # its own kind: written again
+    assert (out / "a.frequent_items.bin").is_file()
+
+
 def test_sidecar_out_dir_must_be_its_own(tmp_path):
     from flexshard_stream.errors import ConfigError
     from flexshard_stream.online.sidecar import Sidecar

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
+from ..errors import FormatError
 from . import files
 from .files import replace_directory
 
@@ -122,24 +122,16 @@ def header_kind(data: bytes, source: str = "<bytes>") -> str:
 
 def check_output_file(path: str | os.PathLike, kind: str) -> None:
     """Refuse to replace anything at ``path`` but a container of ``kind`` (what the same writer
-    wrote): a directory, a symlink or any other file is a ConfigError naming the path."""
-    path = Path(path)
-    if not os.path.lexists(path):
-        return
-    if path.is_symlink() or not path.is_file():
-        raise ConfigError(f"{path}: exists and is not a regular file; refusing to replace it "
-                          f"with a {kind} file (choose another output path)")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(20)
-            hlen = struct.unpack_from("<Q", head, 12)[0] if len(head) == 20 else 0
-            found = header_kind(head + f.read(min(hlen, _MAX_PEEK)), str(path))
-    except (OSError, FormatError):
-        found = None
-    if found != kind:
-        what = f"a {found} file" if found else "not a flexshard_stream state file"
-        raise ConfigError(f"{path}: exists and is {what}, not a {kind} file; refusing to "
-                          "replace it (choose another output path, or remove the file)")
+    wrote): :func:`.files.check_output_file` with the kind a container's header names."""
+    files.check_output_file(path, kind, _container_kind)
+
+
+def _container_kind(path: Path) -> str:
+    """The kind in the header of the container at ``path`` (reading the header only)."""
+    with open(path, "rb") as f:
+        head = f.read(20)
+        hlen = struct.unpack_from("<Q", head, 12)[0] if len(head) == 20 else 0
+        return header_kind(head + f.read(min(hlen, _MAX_PEEK)), str(path))
 
 
 def _parse_header(raw: bytes, kind: str, source: str) -> dict:

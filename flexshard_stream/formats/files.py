@@ -17,7 +17,9 @@ marker file (:data:`KIND_MARKER`, one line: its kind, e.g. ``plan``); :func:`che
 lets a writer replace or write into only an absent path, an empty directory, or a directory of its
 own kind (its marker, or, for directories written before markers existed, one of the files that
 kind always held). Anything else, a file in particular, is a ConfigError naming the path.
-:func:`staging_directory` and :func:`claim_directory` apply it.
+:func:`staging_directory` and :func:`claim_directory` apply it. A file output replaces only a file
+of its own kind (:func:`check_output_file`: a container of the same kind, a TOML file of the same
+kind), never a directory, a special file or a file of anything else.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ import numpy as np
 
 from ..errors import ConfigError, FormatError
 
-__all__ = ["KIND_MARKER", "check_json_digest", "check_output_directory", "claim_directory",
+__all__ = ["KIND_MARKER", "check_json_digest", "check_output_directory", "check_output_file",
+           "claim_directory",
            "directory_kind", "fsync_directory", "json_digest", "jsonable", "npy_array",
            "read_bytes", "read_json", "read_npy", "read_npz", "replace_directory",
            "staging_directory", "write_atomic", "write_json", "write_npy"]
@@ -382,6 +385,33 @@ def check_output_directory(target: str | os.PathLike, kind: str, *,
                           f"{KIND_MARKER} marker saying {kind!r}: flexshard_stream did not write "
                           "it); refusing to write into it: choose another output path, or an "
                           "empty or new directory")
+
+
+def check_output_file(path: str | os.PathLike, kind: str,
+                      kind_of: Callable[[Path], str | None]) -> None:
+    """Refuse to replace anything at ``path`` but a ``kind`` file: the file outputs' rule, as
+    :func:`check_output_directory` is the directories'.
+
+    Allowed: ``path`` absent, or a regular file ``kind_of(path)`` recognizes as ``kind`` (what
+    the same writer writes: a container's header kind, a TOML file's top-level key). Refused with
+    a ConfigError naming the path: a directory, a symlink, a FIFO or a device, a file of another
+    kind or of none (a user's CSV at a ``--save`` path). ``kind_of`` may raise OSError or
+    FormatError for a file it cannot read: not of the kind.
+    """
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_file():
+        raise ConfigError(f"{path}: exists and is not a regular file; refusing to replace it "
+                          f"with a {kind} file (choose another output path)")
+    try:
+        found = kind_of(path)
+    except (OSError, FormatError):
+        found = None
+    if found != kind:
+        what = f"a {found} file" if found else "not a file flexshard_stream wrote"
+        raise ConfigError(f"{path}: exists and is {what}, not a {kind} file; refusing to "
+                          "replace it (choose another output path, or remove the file)")
 
 
 def _write_marker(directory: Path, kind: str) -> None:

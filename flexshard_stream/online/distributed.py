@@ -875,13 +875,18 @@ def hll_image(table: TableStats) -> bytes:
 
 def export_datasketches(stats: StreamStats, out_dir: PathLike) -> dict[str, dict[str, str]]:
     """Write ``<feature>.frequent_items.bin`` (every table) and ``<feature>.hll.bin`` (exact
-    tables) into ``out_dir``; returns ``{feature: {"frequent_items": path, "hll": path}}``."""
+    tables) into ``out_dir``; returns ``{feature: {"frequent_items": path, "hll": path}}``.
+    ``out_dir`` must be absent, empty or such an export (marker kind ``datasketches``): a user's
+    other directory is refused (:func:`~flexshard_stream.formats.files.claim_directory`)."""
     from ..formats.container import write_atomic
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    from ..formats.files import claim_directory
+    safe_names = {f: "".join(c if c.isalnum() or c in "-_." else "_" for c in f)
+                  for f in stats.tables}
+    d = claim_directory(out_dir, "datasketches", legacy=tuple(
+        f"{s}.frequent_items.bin" for s in safe_names.values()))
     out: dict[str, dict[str, str]] = {}
     for f, t in stats.tables.items():
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f)
+        safe = safe_names[f]
         files = {"frequent_items": str(write_atomic(d / f"{safe}.frequent_items.bin",
                                                     frequent_items_image(t)))}
         if t.exact:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FlexShardError, FormatError
-from ..formats.files import read_npz, write_atomic
+from ..formats.files import check_output_directory, read_npz, write_atomic
 from ..formats.units import byte_scale, fmt_bytes, fmt_seconds, time_scale
 
 __all__ = ["PICTURES", "build_report"]
@@ -643,6 +643,7 @@ def build_report(directory: str | os.PathLike) -> Path:
     if not d.is_dir():
         raise FormatError(f"{d}: no such replay directory; write one with "
                           f"`flexshard-stream replay LOG... --topology T --out {d}`")
+    check_output_directory(d, "replay", legacy=("summary.json",))   # only into a replay's output
     spath = d / "summary.json"
     summary = _load_json(spath, "replay summary")
     _check_summary(summary, spath)

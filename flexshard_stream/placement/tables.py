@@ -263,7 +263,7 @@ def save_tables(tables: Iterable[EmbeddingTable], path: PathLike, *,
         note = (notes or {}).get(t.name)
         lines += [""] + ([f"# {note}"] if note else []) + ["[[table]]"]
         lines += [f"{k} = {toml_value(v)}" for k, v in t.to_dict().items()]
-    write_text_atomic(path, "\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n", kind="tables")
 
 
 def infer_tables(log_paths: Paths, features: FeatureSpec = None, dim: int = 128,
