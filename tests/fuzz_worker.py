@@ -229,7 +229,8 @@ def mutate_json(doc: Any, rng: np.random.Generator) -> Any:
         paths = _paths(doc)
         path = pick(rng, paths)
         if not path:
-            doc = pick(rng, INTERESTING) if rng.random() < 0.1 else doc
+            # a copy: a caller filling in the document must not change INTERESTING itself
+            doc = copy.deepcopy(pick(rng, INTERESTING)) if rng.random() < 0.1 else doc
             continue
         parent, key = _get(doc, path[:-1]), path[-1]
         old = parent[key]
@@ -245,7 +246,8 @@ def mutate_json(doc: Any, rng: np.random.Generator) -> Any:
             del parent[key]
             continue
         elif op == 4 and isinstance(old, dict):
-            old[pick(rng, ["x", "kind", "version", "name", "", "extra"])] = pick(rng, INTERESTING)
+            old[pick(rng, ["x", "kind", "version", "name", "", "extra"])] = \
+                copy.deepcopy(pick(rng, INTERESTING))
             continue
         else:
             new = pick(rng, INTERESTING)

@@ -472,6 +472,25 @@ def test_cli_errors_name_flags_not_python_arguments(tmp_path, monkeypatch, capsy
     assert "skip" not in err and "=True" not in err
 
 
+def test_malformed_line_that_is_not_utf8_is_one_clean_error(tmp_path):
+    """pyarrow decodes a malformed line before the bad-row handler sees it: no "Exception
+    ignored" traceback on stderr, one error line saying why it cannot be skipped (found by the
+    long fuzz run)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    log = tmp_path / "log.csv"
+    log.write_bytes(b"a,b\n1,2\n3\xff\n5,6\n")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "flexshard_stream.cli", "stats", str(log),
+                        "--skip-bad-rows"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+    assert "log.csv" in r.stderr and "not UTF-8 text cannot be skipped" in r.stderr
+
+
 def test_row_id_beyond_int64_row_count_is_a_clear_error(tmp_path):
     from flexshard_stream.errors import ConfigError
     from flexshard_stream.placement.tables import infer_tables

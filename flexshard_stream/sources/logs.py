@@ -48,6 +48,7 @@ import csv
 import glob
 import io
 import os
+import sys
 import time
 import weakref
 from collections import deque
@@ -276,7 +277,7 @@ def _csv_header(path: Path, delimiter: str) -> list[str]:
 
 
 class _RowHandler:
-    """A CSV ``invalid_row_handler`` that interpreter exit waits for (:func:`_release_row_handlers`).
+    """A CSV ``invalid_row_handler`` interpreter exit waits for (:func:`_release_row_handlers`).
 
     pyarrow's streaming CSV reader parses blocks ahead on its own threads, and a block parser holds
     the Python handler; the thread that drops the last parser releases the handler, which takes
@@ -285,17 +286,57 @@ class _RowHandler:
     parsed), the thread is torn down inside C++ code and the process aborts (``terminate called
     without an active exception``, exit 134). Every handler is therefore one of these, tracked
     weakly: it dies exactly when pyarrow has released it.
+
+    pyarrow decodes a malformed line as UTF-8 before it calls the handler; a line that is not
+    UTF-8 text never reaches it: pyarrow prints the UnicodeDecodeError as an "Exception ignored"
+    traceback and stops with a parse error. :func:`_quiet_undecodable_rows` keeps that traceback
+    off stderr and marks :attr:`undecodable`, so the reader's error says why the line could not be
+    skipped. (The reader keeps that :class:`_Undecodable`, never the handler: only pyarrow may
+    keep a handler alive, or exit would wait for it.)
     """
 
-    __slots__ = ("fn", "__weakref__")
+    __slots__ = ("fn", "undecodable", "__weakref__")
     live: "weakref.WeakSet[_RowHandler]" = weakref.WeakSet()
 
-    def __init__(self, fn: Callable[[Any], str]):
+    def __init__(self, fn: Callable[[Any], str], undecodable: "_Undecodable"):
         self.fn = fn
+        self.undecodable = undecodable
         _RowHandler.live.add(self)
+        if sys.unraisablehook is not _quiet_undecodable_rows:
+            _quiet_undecodable_rows.previous = sys.unraisablehook
+            sys.unraisablehook = _quiet_undecodable_rows
 
     def __call__(self, row: Any) -> str:
         return self.fn(row)
+
+
+class _Undecodable:
+    """Whether pyarrow met a malformed line of a CSV reader that is not UTF-8 text
+    (:class:`_RowHandler`)."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def why(self) -> str:
+        """What to add to a parse error the reader stopped with."""
+        return ("; a malformed line that is not UTF-8 text cannot be skipped (pyarrow cannot "
+                "pass it to the bad-row handler): fix or remove it") if self.seen else ""
+
+
+def _quiet_undecodable_rows(unraisable: Any) -> None:
+    """``sys.unraisablehook`` while CSV logs are read: a UnicodeDecodeError pyarrow raised for a
+    :class:`_RowHandler` (a malformed line that is not UTF-8 text) marks the handler instead of
+    printing a traceback; everything else goes to the previous hook."""
+    handler = unraisable.object
+    if isinstance(handler, _RowHandler) and unraisable.exc_type is UnicodeDecodeError:
+        handler.undecodable.seen = True
+        return
+    _quiet_undecodable_rows.previous(unraisable)
+
+
+_quiet_undecodable_rows.previous = sys.unraisablehook
 
 
 #: Longest wait at interpreter exit for pyarrow to release CSV row handlers (seconds): a
@@ -313,12 +354,12 @@ def _release_row_handlers() -> None:
 
 
 def _csv_reader(path: Path, delimiter: str, names: list[str], include: list[str],
-                on_bad: Callable[[Any], str], block: int | None = None
-                ) -> pacsv.CSVStreamingReader:
+                on_bad: Callable[[Any], str], undecodable: _Undecodable,
+                block: int | None = None) -> pacsv.CSVStreamingReader:
     """A streaming CSV reader of ``path`` (every column as binary); ``on_bad`` is called with
     each malformed line (see :class:`_RowHandler`). LogError naming the file if it cannot be
     opened."""
-    on_bad = _RowHandler(on_bad)
+    on_bad = _RowHandler(on_bad, undecodable)
     try:
         return pacsv.open_csv(
             path,
@@ -329,14 +370,16 @@ def _csv_reader(path: Path, delimiter: str, names: list[str], include: list[str]
                 include_columns=include, column_types={c: pa.binary() for c in names},
                 strings_can_be_null=False, quoted_strings_can_be_null=False))
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise _fail(path, f"damaged CSV file near its start ({e})") from None
+        raise _fail(path, f"damaged CSV file near its start ({e}){undecodable.why()}") from None
 
 
 def _inspect_csv(path: Path, delimiter: str) -> _FileInfo:
     names = _csv_header(path, delimiter)
     types = {n: pa.binary() for n in names}
     kinds: dict[str, Kind | None] = dict.fromkeys(names)
-    reader = _csv_reader(path, delimiter, names, names, lambda row: "skip", block=1 << 20)
+    undecodable = _Undecodable()
+    reader = _csv_reader(path, delimiter, names, names, lambda row: "skip", undecodable,
+                         block=1 << 20)
     parts, n = [], 0
     try:
         for rb in reader:
@@ -345,7 +388,7 @@ def _inspect_csv(path: Path, delimiter: str) -> _FileInfo:
             if n >= _SAMPLE_ROWS:
                 break
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise _fail(path, f"damaged CSV file near its start ({e})") from None
+        raise _fail(path, f"damaged CSV file near its start ({e}){undecodable.why()}") from None
     if parts:
         tab = pa.Table.from_batches(parts).slice(0, _SAMPLE_ROWS)
         for name in names:
@@ -981,7 +1024,9 @@ class LogReader:
                                         r.actual_columns))
             return "skip"
 
-        reader = _csv_reader(info.path, info.delimiter, info.columns, self._columns(), on_bad)
+        undecodable = _Undecodable()
+        reader = _csv_reader(info.path, info.delimiter, info.columns, self._columns(), on_bad,
+                             undecodable)
         valid = 0                          # well-formed rows seen so far
         due = 0                            # malformed rows accounted for so far
         shift = np.zeros(0, np.int64)      # mal_rows[j] - j: maps well-formed index -> file row
@@ -991,8 +1036,9 @@ class LogReader:
             except StopIteration:
                 break
             except (pa.ArrowException, OSError, ValueError) as e:
-                raise _fail(info.path, f"damaged CSV data at or after row {valid + len(mal_rows)} "
-                                       f"(0-based within this file): {e}") from None
+                at = valid + len(mal_rows)
+                raise _fail(info.path, f"damaged CSV data at or after row {at} (0-based within "
+                                       f"this file): {e}{undecodable.why()}") from None
             n = rb.num_rows
             if len(mal_rows) > shift.size:
                 new = np.asarray(mal_rows[shift.size:], np.int64)
