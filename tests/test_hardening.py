@@ -397,6 +397,23 @@ def test_edited_plan_json_is_refused(tmp_path):
         Plan.load(d)
 
 
+def test_plans_written_before_the_checksum_still_load(tmp_path):
+    """A plan directory written before plan.json carried a checksum (no kind marker either)
+    loads; a marked one whose checksum was removed is refused."""
+    from flexshard_stream.formats.files import KIND_MARKER
+    from flexshard_stream.placement.plan import Plan
+    plan = _rw_plan()
+    d = plan.save(tmp_path / "p")
+    doc = json.loads((d / "plan.json").read_text())
+    del doc["checksum"]
+    (d / "plan.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match="plan.json: checksum mismatch"):
+        Plan.load(d)
+    (d / KIND_MARKER).unlink()                               # as an older release wrote it
+    assert Plan.load(d) == plan
+    assert "checksum" in json.loads((plan.save(d) / "plan.json").read_text())
+
+
 # ---------------------------------------------------------------------------------------------
 # Time: closed-form decay, no hang, no underflow (items 4, 5, 11).
 def test_decay_factor_is_closed_form_and_clamped():

@@ -45,6 +45,7 @@ from ..errors import ConfigError, FormatError
 from ..formats.fields import field_list, field_mapping, field_str, mapping
 from ..formats.files import (
     check_json_digest,
+    directory_kind,
     json_digest,
     jsonable,
     read_json,
@@ -816,9 +817,11 @@ def _sealed(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _verified_plan_json(directory: Path) -> dict[str, Any]:
-    """``directory/plan.json``: a JSON object of this schema version whose checksum verifies
-    (plans written before plan.json carried a checksum have none: they are read as before, their
-    arrays still checked against their SHA-256). FormatError naming the file otherwise."""
+    """``directory/plan.json``: a JSON object of a schema version this library reads whose
+    checksum verifies. Plans written before plan.json carried a checksum (their directory has no
+    kind marker either) have none: they are read as before, their arrays still checked against
+    their SHA-256; a marked directory's plan.json without one was edited. FormatError naming the
+    file otherwise."""
     pj = directory / "plan.json"
     if not pj.exists():
         raise FormatError(f"{directory}: not a plan directory (no plan.json)")
@@ -830,7 +833,8 @@ def _verified_plan_json(directory: Path) -> dict[str, Any]:
         raise FormatError(f"{pj}: plan schema version {doc['schema_version']!r} is not supported "
                           f"(this flexshard_stream reads versions "
                           f"{', '.join(map(str, _READABLE_SCHEMA_VERSIONS))})")
-    check_json_digest(doc, pj, "plan", required=False)
+    # a plan directory with the kind marker was written since plan.json carried its checksum
+    check_json_digest(doc, pj, "plan", required=directory_kind(directory) == PLAN_KIND)
     field_mapping(doc, "topology", str(pj))
     field_str(doc, "strategy", str(pj))
     field_mapping(doc, "meta", str(pj), default={})
