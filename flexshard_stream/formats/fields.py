@@ -97,32 +97,29 @@ def field_str(doc: Mapping[str, Any], key: str, where: str, *, optional: bool = 
     return v
 
 
-def field_bool(doc: Mapping[str, Any], key: str, where: str, *, default: Any = _REQUIRED) -> bool:
-    """``true`` or ``false``; ``default`` when absent (else required)."""
+def _typed(doc: Mapping[str, Any], key: str, where: str, default: Any, kind: type,
+           want: str) -> Any:
+    """``doc[key]`` when it is a ``kind`` (``want`` says so in the error); ``default`` when
+    absent (else required)."""
     if _absent(doc, key, where, default):
         return default
     v = doc[key]
-    if not isinstance(v, bool):
-        raise FormatError(f"{where}: field {key!r} must be true or false, got {_shown(v)}")
+    if not isinstance(v, kind):
+        raise FormatError(f"{where}: field {key!r} must be {want}, got {_shown(v)}")
     return v
+
+
+def field_bool(doc: Mapping[str, Any], key: str, where: str, *, default: Any = _REQUIRED) -> bool:
+    """``true`` or ``false``; ``default`` when absent (else required)."""
+    return _typed(doc, key, where, default, bool, "true or false")
 
 
 def field_mapping(doc: Mapping[str, Any], key: str, where: str, *,
                   default: Any = _REQUIRED) -> Mapping[str, Any]:
     """An object; ``default`` when absent (else required)."""
-    if _absent(doc, key, where, default):
-        return default
-    v = doc[key]
-    if not isinstance(v, Mapping):
-        raise FormatError(f"{where}: field {key!r} must be an object, got {_shown(v)}")
-    return v
+    return _typed(doc, key, where, default, Mapping, "an object")
 
 
 def field_list(doc: Mapping[str, Any], key: str, where: str, *, default: Any = _REQUIRED) -> list:
     """A list; ``default`` when absent (else required)."""
-    if _absent(doc, key, where, default):
-        return default
-    v = doc[key]
-    if not isinstance(v, list):
-        raise FormatError(f"{where}: field {key!r} must be a list, got {_shown(v)}")
-    return v
+    return _typed(doc, key, where, default, list, "a list")

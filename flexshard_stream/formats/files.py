@@ -367,11 +367,8 @@ def check_output_directory(target: str | os.PathLike, kind: str, *,
     a symlink, a device, ...), a directory of another kind, any other non-empty directory.
     """
     target = Path(target)
-    if not os.path.lexists(target):
+    if not _present(target, kind, directory=True):
         return
-    if target.is_symlink() or not target.is_dir():
-        raise ConfigError(f"{target}: exists and is not a directory; refusing to replace it "
-                          f"(choose another output path for the {kind} directory)")
     found = directory_kind(target)
     if found == kind:
         return
@@ -387,6 +384,19 @@ def check_output_directory(target: str | os.PathLike, kind: str, *,
                           "empty or new directory")
 
 
+def _present(path: Path, kind: str, *, directory: bool) -> bool:
+    """Whether an output ``path`` exists (a symlink not followed); a ConfigError naming it when
+    it is not what a ``kind`` output replaces: a directory (``directory``) or a regular file."""
+    if not os.path.lexists(path):
+        return False
+    what = "directory" if directory else "file"
+    if path.is_symlink() or not (path.is_dir() if directory else path.is_file()):
+        raise ConfigError(f"{path}: exists and is not a {'' if directory else 'regular '}{what}; "
+                          f"refusing to replace it (choose another output path for the {kind} "
+                          f"{what})")
+    return True
+
+
 def check_output_file(path: str | os.PathLike, kind: str,
                       kind_of: Callable[[Path], str | None]) -> None:
     """Refuse to replace anything at ``path`` but a ``kind`` file: the file outputs' rule, as
@@ -399,11 +409,8 @@ def check_output_file(path: str | os.PathLike, kind: str,
     FormatError for a file it cannot read: not of the kind.
     """
     path = Path(path)
-    if not os.path.lexists(path):
+    if not _present(path, kind, directory=False):
         return
-    if path.is_symlink() or not path.is_file():
-        raise ConfigError(f"{path}: exists and is not a regular file; refusing to replace it "
-                          f"with a {kind} file (choose another output path)")
     try:
         found = kind_of(path)
     except (OSError, FormatError):
