@@ -397,6 +397,30 @@ def test_edited_plan_json_is_refused(tmp_path):
         Plan.load(d)
 
 
+@pytest.mark.parametrize("key, value", [("batch_size", "x"), ("dedup", "yes"), ("model", 3),
+                                        ("ids", 7), ("requested_strategy", 5)])
+def test_recorded_plan_settings_are_typed(tmp_path, key, value):
+    """What evaluate and replay --plan default to, edited with the checksum recomputed: a
+    FormatError naming plan.json and the field (was a TypeError / AttributeError traceback)."""
+    from flexshard_stream.formats.files import json_digest
+    from flexshard_stream.placement.plan import Plan
+    d = _rw_plan().save(tmp_path / "p")
+    doc = json.loads((d / "plan.json").read_text())
+    doc["meta"][key] = value
+    doc["checksum"] = json_digest(doc)
+    (d / "plan.json").write_text(json.dumps(doc))
+    with pytest.raises(FormatError, match=rf"plan.json: meta: field '{key}'"):
+        Plan.load(d)
+
+
+@pytest.mark.parametrize("field", ["index_bytes", "reservation_bytes", "length_bytes"])
+@pytest.mark.parametrize("value", ["x", float("inf"), [1], True])
+def test_cost_model_numbers_are_checked(field, value):
+    from flexshard_stream.placement.cost import CostModel
+    with pytest.raises(ConfigError, match=f"{field} must be a finite number"):
+        CostModel(**{field: value})
+
+
 def test_plans_written_before_the_checksum_still_load(tmp_path):
     """A plan directory written before plan.json carried a checksum (no kind marker either)
     loads; a marked one whose checksum was removed is refused."""

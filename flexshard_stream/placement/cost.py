@@ -112,6 +112,11 @@ class CostModel:
 
     def __post_init__(self) -> None:
         execution_profile(self.profile)
+        for name in ("index_bytes", "length_bytes", "reservation_bytes"):  # e.g. from plan.json
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) \
+                    or not np.isfinite(v):
+                raise ConfigError(f"{name} must be a finite number, got {v!r}")
         if self.length_bytes not in (4, 8):
             raise ConfigError(f"length_bytes must be 4 (int32) or 8 (int64), got "
                               f"{self.length_bytes}")

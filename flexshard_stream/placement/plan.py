@@ -42,7 +42,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..formats.fields import field_list, field_mapping, field_str, mapping
+from ..formats.fields import field_bool, field_int, field_list, field_mapping, field_str, mapping
 from ..formats.files import (
     check_json_digest,
     directory_kind,
@@ -837,7 +837,7 @@ def _verified_plan_json(directory: Path) -> dict[str, Any]:
     check_json_digest(doc, pj, "plan", required=directory_kind(directory) == PLAN_KIND)
     field_mapping(doc, "topology", str(pj))
     field_str(doc, "strategy", str(pj))
-    field_mapping(doc, "meta", str(pj), default={})
+    _check_recorded_settings(field_mapping(doc, "meta", str(pj), default={}), f"{pj}: meta")
     for i, entry in enumerate(field_list(doc, "tables", str(pj))):
         where = f"{pj}: tables[{i}]"
         field_mapping(mapping(entry, where), "table", where)
@@ -848,6 +848,17 @@ def _verified_plan_json(directory: Path) -> dict[str, Any]:
                 field_str(spec, key, f"{where} array {name!r}")
             field_list(spec, "shape", f"{where} array {name!r}")
     return doc
+
+
+def _check_recorded_settings(meta: Mapping[str, Any], where: str) -> None:
+    """The settings a plan records of how it was made (``plan`` writes them into ``meta``;
+    ``evaluate`` and ``replay --plan`` default to them), typed when present: FormatError naming
+    the field otherwise."""
+    field_int(meta, "batch_size", where, lo=1, default=None)
+    field_bool(meta, "dedup", where, default=None)
+    field_mapping(meta, "model", where, default=None)
+    for key in ("ids", "requested_strategy", "tables_source"):
+        field_str(meta, key, where, default=None)
 
 
 def _save_arrays(directory: Path, index: int, tp: TablePlan) -> dict[str, dict[str, Any]]:
