@@ -532,6 +532,23 @@ def test_malformed_line_that_is_not_utf8_is_one_clean_error(tmp_path):
     assert "log.csv" in r.stderr and "not UTF-8 text cannot be skipped" in r.stderr
 
 
+def test_parquet_timestamp_statistics_beyond_python_dates(tmp_path):
+    """Window statistics plan their tasks from the parquet statistics; a timestamp pyarrow cannot
+    make a datetime of (year > 9999) means no usable statistics, not an OverflowError (found by
+    the long fuzz run through replay)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flexshard_stream.online.distributed import window_stats
+    log = tmp_path / "log.parquet"
+    n = 64
+    pq.write_table(pa.table({"a": pa.array(range(n), pa.int64()),
+                             "ts": pa.array([10**15 + i for i in range(n)], pa.timestamp("s"))}),
+                   log)
+    wins = window_stats([str(log)], window="30m", num_workers=2)
+    assert sum(w.stats.samples for w in wins) == n
+
+
 def test_row_id_beyond_int64_row_count_is_a_clear_error(tmp_path):
     from flexshard_stream.errors import ConfigError
     from flexshard_stream.placement.tables import infer_tables

@@ -360,16 +360,27 @@ def _parquet_meta(path: Path) -> tuple[list[int], list[tuple[float, float] | Non
             for j in range(rg.num_columns):
                 c = rg.column(j)
                 if c.path_in_schema == TS_COLUMN:
-                    s = c.statistics
-                    if s is not None and s.has_min_max and all(
-                            isinstance(v, (int, float)) and not isinstance(v, bool)
-                            and math.isfinite(float(v)) for v in (s.min, s.max)):
-                        r = (float(s.min), float(s.max))
+                    r = _ts_range(c.statistics)
             ranges.append(r)
         complete = all(r is not None for r, n in zip(ranges, rows) if n)
         return rows, (ranges if complete else None)
     finally:
         pf.close()
+
+
+def _ts_range(s: Any) -> tuple[float, float] | None:
+    """``(min, max)`` of a parquet column chunk's statistics when both are finite numbers; None
+    when absent or unusable (damaged statistics, or a timestamp pyarrow cannot make a Python
+    value of: the rows are then read to find the range)."""
+    import pyarrow as pa
+    try:
+        lo, hi = (s.min, s.max) if s is not None and s.has_min_max else (None, None)
+    except (OverflowError, ValueError, TypeError, pa.ArrowException):
+        return None
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+           for v in (lo, hi)):
+        return float(lo), float(hi)
+    return None
 
 
 def _split_groups(rows: list[int], k: int) -> list[tuple[int, ...]]:
