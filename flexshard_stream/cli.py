@@ -20,6 +20,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -90,15 +91,31 @@ def _ids_option(value: Optional[str]) -> Optional[IdMode]:
 #: The library's spelling of a way out -> the flag that does it on the command line.
 _FLAG_SPELLING = (("skip_bad_rows=True", "--skip-bad-rows"), ("ids='hash:ROWS'", "--ids hash:ROWS"),
                   ("ids='hash'", "--ids hash"), ("null_as_empty=True", "null_as_empty (Python)"))
+#: Ways out only the Python API has (no command has a flag for them): left out of messages.
+_PYTHON_ONLY = ("ts=False", "features={")
 
 
-def _fail(e: BaseException | str) -> None:
-    """One clean error line on stderr, exit status 2 (no traceback); library keywords in the
-    message become the flags that do the same here."""
+def _drop_way_out(msg: str, lib: str) -> str:
+    """``msg`` without its "pass <lib> ..." / "declare it with <lib> ..." clause."""
+    return re.sub(rf";? ?(pass|declare it with) {re.escape(lib)}[^;]*", "", msg)
+
+
+def _cli_message(e: BaseException | str, flags: Optional[Sequence[str]] = None) -> str:
+    """``e`` as one line for a command-line user: library keywords become the flags that do the
+    same; with ``flags`` (the command's own), a way out through a flag it lacks is left out."""
     msg = " ".join(str(e).split())
     for lib, flag in _FLAG_SPELLING:
-        msg = msg.replace(lib, flag)
-    typer.echo(f"error: {msg}", err=True)
+        lacking = flags is not None and flag.startswith("--") and flag.split()[0] not in flags
+        msg = _drop_way_out(msg, lib) if lacking else msg.replace(lib, flag)
+    for lib in _PYTHON_ONLY:
+        msg = _drop_way_out(msg, lib)
+    return msg
+
+
+def _fail(e: BaseException | str, flags: Optional[Sequence[str]] = None) -> None:
+    """One clean error line on stderr, exit status 2 (no traceback); library keywords in the
+    message become the flags that do the same here (only ``flags``, when given)."""
+    typer.echo(f"error: {_cli_message(e, flags)}", err=True)
     raise typer.Exit(2)
 
 
@@ -195,25 +212,28 @@ def _stderr_console():
 
 
 def _sketch_logs(paths: List[Path], features: Optional[List[str]], read_batch_size: int,
-                 show_progress: bool, rows: Any = None):
+                 show_progress: bool, rows: Any = None, skip_bad_rows: bool = False):
     """Sketch ``paths`` with every feature's table found on first sight; ``rows`` maps IDs to
-    rows first (hash modes). Returns the StreamStats and the seconds taken."""
+    rows first (hash modes). Returns the StreamStats, the seconds taken and the bad rows skipped
+    per reason (all zero unless ``skip_bad_rows``)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .sources.logs import read_log
+    from .sources.logs import LogReader
     from .stats.stream import StreamStats
 
     stats = StreamStats(auto_tables=True)
     t0 = time.perf_counter()
+    reader = LogReader([str(p) for p in paths], features=features,
+                       read_batch_size=read_batch_size, skip_bad_rows=skip_bad_rows,
+                       rows=rows)
     with Progress(TextColumn("[bold]sketching[/]"), BarColumn(), TextColumn("{task.fields[ids]}"),
                   TimeElapsedColumn(), disable=not show_progress, transient=True,
                   console=_stderr_console()) as prog:
         task = prog.add_task("sketch", total=None, ids="0 IDs")
-        for batch in read_log([str(p) for p in paths], features=features,
-                              read_batch_size=read_batch_size, rows=rows):
+        for batch in reader:
             stats.update(batch)
             prog.update(task, ids=f"{stats.ids:,} IDs")
-    return stats, time.perf_counter() - t0
+    return stats, time.perf_counter() - t0, reader.skipped
 
 
 def _stats_rows(logs: List[Path], features: Optional[List[str]], mode: Optional[IdMode]):
@@ -279,7 +299,10 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
           ids: Optional[str] = typer.Option(None, "--ids", callback=_ids_option,
                                             help=_IDS_HELP + " stats takes hash:ROWS."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-          save: Optional[Path] = typer.Option(None, help="Also save the statistics here.")):
+          save: Optional[Path] = typer.Option(None, help="Also save the statistics here."),
+          skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Drop and count bad "
+                                             "rows (reported on stderr) instead of stopping at "
+                                             "the first.")):
     """Sketch logs and print per-table statistics."""
     feats = [f.strip() for f in features.split(",") if f.strip()] if features else None
     if topk < 0:
@@ -290,12 +313,15 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
         read_batch_size = old_batch_size
     try:
         rows = _stats_rows(logs, feats, ids)
-        st, secs = _sketch_logs(logs, feats, read_batch_size, show_progress=not json_out,
-                                rows=rows)
+        st, secs, skipped = _sketch_logs(logs, feats, read_batch_size, show_progress=not json_out,
+                                         rows=rows, skip_bad_rows=skip_bad_rows)
         if save is not None:
             st.save(save)
     except FlexShardError as e:
         _fail(e)
+    if any(skipped.values()):
+        _warn(f"skipped {sum(skipped.values()):,} bad rows ("
+              + ", ".join(f"{k} {v:,}" for k, v in skipped.items() if v) + ")")
     if json_out:
         d = st.to_json(topk)
         typer.echo(json.dumps(d))
@@ -388,7 +414,7 @@ def tables_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs 
     mode = ids or IdMode()
     try:
         kinds = _table_kinds(logs, feats)
-        st, _ = _sketch_logs(logs, list(kinds), 65536, show_progress=not json_out)
+        st, _, _ = _sketch_logs(logs, list(kinds), 65536, show_progress=not json_out)
         sizing = size_tables(st.tables, kinds, headroom=headroom, ids=mode, dim=dim,
                              dtype=dtype.lower(), optimizer_state_bytes=optimizer_state_bytes)
         if out is not None:
@@ -398,7 +424,7 @@ def tables_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs 
                                 f"{', '.join(str(p) for p in logs)} ({st.samples:,} samples); "
                                 f"use with --ids {mode}."])
     except FlexShardError as e:
-        _fail(e)
+        _fail(e, ("--ids",))
     if json_out:
         typer.echo(json.dumps({"out": None if out is None else str(out), "ids": str(mode),
                                "headroom": headroom, "tables": [
@@ -1539,7 +1565,7 @@ def main() -> None:
     try:
         app()
     except FlexShardError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {_cli_message(e)}", err=True)
         sys.exit(2)
 
 

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexshard_stream.errors import ConfigError, FormatError
+from flexshard_stream.formats.files import KIND_MARKER
 from flexshard_stream.placement.baselines import data_parallel, row_wise, table_row_wise, table_wise
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic
 from flexshard_stream.placement.export_torchrec import (
@@ -432,7 +433,7 @@ def test_errors(tmp_path):
     foreign = tmp_path / "home"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match="not a TorchRec export"):
+    with pytest.raises(ConfigError, match="not a torchrec-export directory"):
         export_torchrec(plan, foreign)
     assert (foreign / "notes.txt").read_text() == "keep me"
     assert [p.name for p in tmp_path.iterdir()] == ["home"]   # no temporary left behind
@@ -451,7 +452,7 @@ def test_reexport_replaces_and_damage_is_detected(tmp_path):
     export_torchrec(row_wise([EmbeddingTable("b", 16, 4)], TOPO), tmp_path / "x")
     assert sorted(p.name for p in (tmp_path / "x").iterdir()) == sorted(
         [MANIFEST_FILE, CONSTRAINTS_FILE, CONFIGS_FILE, SHARDING_PLAN_FILE,
-         "b.remap_exceptions.npy", "b.remap_segments.npy"])
+         "b.remap_exceptions.npy", "b.remap_segments.npy", KIND_MARKER])
     f = tmp_path / "x" / "b.remap_segments.npy"
     raw = bytearray(f.read_bytes())
     raw[-1] ^= 1

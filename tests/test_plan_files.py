@@ -44,10 +44,14 @@ def test_directory_replaced_whole_and_files_readable(tmp_path):
 
 
 def test_plan_written_by_an_earlier_release_loads(tmp_path):
-    """``json.dump`` without a trailing newline, NaN in the metadata: still read."""
+    """``json.dump`` without a trailing newline, NaN in the metadata, no checksum of plan.json
+    (earlier releases wrote none, nor a kind marker): still read."""
+    from flexshard_stream.formats.files import KIND_MARKER
     p = _plan({"gain": 1.5})
     d = p.save(tmp_path / "old")
+    (d / KIND_MARKER).unlink()
     doc = json.loads((d / "plan.json").read_text())
+    del doc["checksum"]
     doc["meta"]["gain"] = math.nan
     with open(d / "plan.json", "w") as f:
         json.dump(doc, f, indent=1)

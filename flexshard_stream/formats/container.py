@@ -10,7 +10,8 @@ Layout (little endian)::
     u32 CRC-32 of all of the above, b"FSEND\\0\\0\\0"
 
 Nothing is unpickled: arrays are read with an explicit dtype from an allow-list. Files are written
-atomically (temp file, fsync, rename) and read back to verify before the rename.
+atomically (temp file, fsync, rename) and read back to verify before the rename; a file written
+with a kind replaces only a container of that kind (:func:`check_output_file`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ VERSION = 1
 _DTYPES = {"int64", "uint64", "uint32", "uint8", "int32", "float64", "float32"}
 _MAX_BYTES = 1 << 48          # no array of a state file is this large; larger numbers are damage
 
-__all__ = ["pack", "unpack", "write_atomic", "read_file", "replace_directory"]
+__all__ = ["check_output_file", "header_kind", "pack", "unpack", "write_atomic", "read_file",
+           "replace_directory"]
+#: Longest header :func:`check_output_file` reads to tell a file's kind (bytes).
+_MAX_PEEK = 64 << 20
 
 
 def pack(kind: str, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
@@ -89,9 +93,8 @@ def unpack(data: bytes, kind: str, source: str = "<bytes>") -> tuple[dict, dict[
     return header["meta"], arrays
 
 
-def _parse_header(raw: bytes, kind: str, source: str) -> dict:
-    """The JSON header, checked for shape: an object with ``kind`` (the expected one), ``meta`` (an
-    object) and ``arrays`` (a list). Anything else is a FormatError naming the field."""
+def _json_header(raw: bytes, source: str) -> dict:
+    """The JSON header as an object (no NaN or infinity); FormatError otherwise."""
     try:
         header = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -99,6 +102,42 @@ def _parse_header(raw: bytes, kind: str, source: str) -> dict:
     if not isinstance(header, dict):
         raise FormatError(f"{source}: header must be a JSON object, got "
                           f"{type(header).__name__}")
+    return header
+
+
+def header_kind(data: bytes, source: str = "<bytes>") -> str:
+    """The kind a container's header names, read without verifying the checksum (to dispatch
+    on it; :func:`unpack` verifies). FormatError when ``data`` does not start like a container."""
+    if len(data) < 20 or bytes(data[:8]) != MAGIC:
+        raise FormatError(f"{source}: not a flexshard_stream state file (bad magic "
+                          f"{bytes(data[:8])!r}, expected {MAGIC!r})")
+    (hlen,) = struct.unpack_from("<Q", data, 12)
+    if 20 + hlen > len(data):
+        raise FormatError(f"{source}: header length {hlen} exceeds the file")
+    kind = _json_header(bytes(data[20:20 + hlen]), source).get("kind")
+    if not isinstance(kind, str):
+        raise FormatError(f"{source}: header field 'kind' must be a string, got {kind!r}")
+    return kind
+
+
+def check_output_file(path: str | os.PathLike, kind: str) -> None:
+    """Refuse to replace anything at ``path`` but a container of ``kind`` (what the same writer
+    wrote): :func:`.files.check_output_file` with the kind a container's header names."""
+    files.check_output_file(path, kind, _container_kind)
+
+
+def _container_kind(path: Path) -> str:
+    """The kind in the header of the container at ``path`` (reading the header only)."""
+    with open(path, "rb") as f:
+        head = f.read(20)
+        hlen = struct.unpack_from("<Q", head, 12)[0] if len(head) == 20 else 0
+        return header_kind(head + f.read(min(hlen, _MAX_PEEK)), str(path))
+
+
+def _parse_header(raw: bytes, kind: str, source: str) -> dict:
+    """The JSON header, checked for shape: an object with ``kind`` (the expected one), ``meta`` (an
+    object) and ``arrays`` (a list). Anything else is a FormatError naming the field."""
+    header = _json_header(raw, source)
     if header.get("kind") != kind:
         raise FormatError(f"{source}: holds {header.get('kind')!r}, expected {kind!r}")
     if not isinstance(header.get("meta"), dict):
@@ -131,7 +170,7 @@ def _array_entry(e: Any, i: int, base: int, body_len: int,
     name, dt = e.get("name"), e.get("dtype")
     if not isinstance(name, str):
         raise FormatError(f"{source}: array entry {i} has no string 'name'")
-    if dt not in _DTYPES:
+    if not isinstance(dt, str) or dt not in _DTYPES:
         raise FormatError(f"{source}: array {name!r} has unsupported dtype {dt!r}")
     shape = e.get("shape")
     if (not isinstance(shape, list) or len(shape) > 8
@@ -156,17 +195,16 @@ def _array_entry(e: Any, i: int, base: int, body_len: int,
 
 def write_atomic(path: str | os.PathLike, data: bytes, verify_kind: str | None = None, *,
                  fsync: bool = True) -> Path:
-    """Write ``data`` atomically (:func:`.files.write_atomic`); with ``verify_kind`` the bytes read
-    back are decoded as a container of that kind before they replace ``path``."""
+    """Write ``data`` atomically (:func:`.files.write_atomic`); with ``verify_kind`` an existing
+    ``path`` must be a container of that kind (:func:`check_output_file`), and the bytes read
+    back are decoded as a container of that kind before they replace it."""
+    if verify_kind is not None:
+        check_output_file(path, verify_kind)
     verify = None if verify_kind is None else (lambda back: unpack(back, verify_kind, str(path)))
     return files.write_atomic(path, data, verify, fsync=fsync)
 
 
 def read_file(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """Read and verify a container file. Raises FormatError naming the file."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no such file") from None
-    return unpack(data, kind, str(path))
+    """Read and verify a container file. Raises FormatError naming the file (also when it is
+    missing or not a regular file: :func:`.files.read_bytes`)."""
+    return unpack(files.read_bytes(path, f"{kind} file"), kind, str(path))

@@ -11,6 +11,15 @@ damaged or foreign file is a :class:`~flexshard_stream.errors.FormatError` namin
   a manifest records, checked on reading.
 - :func:`staging_directory`: build a directory in a temp sibling and publish it with
   :func:`replace_directory` (all or nothing).
+
+Writers never delete what they did not write. Every directory the project writes carries a
+marker file (:data:`KIND_MARKER`, one line: its kind, e.g. ``plan``); :func:`check_output_directory`
+lets a writer replace or write into only an absent path, an empty directory, or a directory of its
+own kind (its marker, or, for directories written before markers existed, one of the files that
+kind always held). Anything else, a file in particular, is a ConfigError naming the path.
+:func:`staging_directory` and :func:`claim_directory` apply it. A file output replaces only a file
+of its own kind (:func:`check_output_file`: a container of the same kind, a TOML file of the same
+kind), never a directory, a special file or a file of anything else.
 """
 
 from __future__ import annotations
@@ -21,18 +30,29 @@ import io
 import json
 import math
 import os
+import re
 import shutil
+import stat
+import struct
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import ConfigError, FormatError
 
-__all__ = ["fsync_directory", "jsonable", "read_json", "read_npy", "replace_directory",
+__all__ = ["KIND_MARKER", "check_json_digest", "check_output_directory", "check_output_file",
+           "claim_directory",
+           "directory_kind", "fsync_directory", "json_digest", "jsonable", "npy_array",
+           "read_bytes", "read_json", "read_npy", "read_npz", "replace_directory",
            "staging_directory", "write_atomic", "write_json", "write_npy"]
+
+#: The marker file of every directory the project writes: one line, the directory's kind.
+KIND_MARKER = ".flexshard-kind"
+_MARKER_MAX_BYTES = 256
 
 
 def fsync_directory(path: str | os.PathLike) -> None:
@@ -58,10 +78,16 @@ def write_atomic(path: str | os.PathLike, data: bytes,
     (it raises to refuse them); a failed write leaves any previous file untouched. ``fsync=False``
     skips the file and folder fsyncs (still atomic for readers, not durable across a power loss):
     for files rewritten often. ``mode``: the file's permission bits (saved state is private by
-    default; configuration files a user shares pass ``0o644``).
+    default; configuration files a user shares pass ``0o644``). A directory at ``path`` (or a
+    file where a parent directory goes) is a ConfigError: nothing is replaced.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"{path}: a parent of it is not a directory; cannot write it") from None
+    if path.is_dir() and not path.is_symlink():
+        raise ConfigError(f"{path}: is a directory; refusing to replace it with a file")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         if mode != 0o600:
@@ -118,27 +144,75 @@ def write_json(path: str | os.PathLike, doc: Any, *, fsync: bool = True, indent:
     return write_atomic(path, data.encode() + b"\n", fsync=fsync, mode=mode)
 
 
+def read_bytes(path: str | os.PathLike, what: str = "file") -> bytes:
+    """The bytes of the regular file ``path`` (symlinks followed); a missing path, a directory, a
+    FIFO, a device (``/dev/zero`` would never end) or an unreadable file is a FormatError naming
+    it (``what`` says what was expected, e.g. ``"statistics file"``)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no such file (expected a {what})") from None
+    except OSError as e:
+        raise FormatError(f"{path}: cannot be read ({e.strerror}); expected a {what}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise FormatError(f"{path}: is {kind} (expected a {what})")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise FormatError(f"{path}: cannot be read ({e.strerror}); expected a {what}") \
+                from None
+
+
 def read_json(path: str | os.PathLike, what: str = "JSON file", *,
               allow_nonfinite: bool = False) -> Any:
     """Read a JSON document; a missing, unreadable or malformed file is a FormatError naming it
     (``what`` says what was expected, e.g. ``"plan.json"``). ``NaN`` / ``Infinity`` are refused
     unless ``allow_nonfinite``."""
     path = Path(path)
+    raw = read_bytes(path, what)
     try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no such file (expected a {what})") from None
-    except IsADirectoryError:
-        raise FormatError(f"{path}: is a directory (expected a {what})") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise FormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); "
                           f"expected a {what}") from None
-    except OSError as e:
-        raise FormatError(f"{path}: cannot be read ({e.strerror}); expected a {what}") from None
     try:
         return json.loads(text, parse_constant=None if allow_nonfinite else _refuse_constant)
-    except (json.JSONDecodeError, ValueError) as e:
+    except (json.JSONDecodeError, ValueError, RecursionError) as e:
         raise FormatError(f"{path}: not valid JSON ({e}); expected a {what}") from None
+
+
+def json_digest(doc: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of ``doc`` without its ``"checksum"`` entry, as canonical JSON (sorted keys,
+    no spaces; ``NaN`` / ``Infinity`` as Python writes them): what :func:`check_json_digest`
+    compares. The same after a write and a read, whatever the indentation."""
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    try:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise FormatError(f"cannot digest the document ({e})") from None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_json_digest(doc: Mapping[str, Any], path: str | os.PathLike, what: str, *,
+                      required: bool = True) -> bool:
+    """Verify ``doc["checksum"]`` (:func:`json_digest`) of the document read from ``path``; a
+    mismatch is a FormatError naming the file. A document without a checksum is a FormatError
+    too, unless ``required`` is false (documents written before they carried one); returns
+    whether a checksum was there."""
+    if "checksum" not in doc and not required:
+        return False
+    try:
+        good = doc.get("checksum") == json_digest(doc)
+    except FormatError:
+        good = False
+    if not good:
+        raise FormatError(f"{path}: checksum mismatch: the {what} is damaged or was edited")
+    return True
 
 
 def write_npy(path: str | os.PathLike, array: np.ndarray, *, fsync: bool = True,
@@ -152,25 +226,105 @@ def write_npy(path: str | os.PathLike, array: np.ndarray, *, fsync: bool = True,
     return hashlib.sha256(data).hexdigest()
 
 
-def read_npy(directory: str | os.PathLike, name: str, sha256: str,
-             what: str = "array file") -> np.ndarray:
+def read_npy(directory: str | os.PathLike, name: str, sha256: str, what: str = "array file", *,
+             dtype: Any = None, shape: Any = None) -> np.ndarray:
     """Read ``directory / name`` written by :func:`write_npy`, checking its SHA-256; ``name`` must
-    be a plain file name (a manifest may not point outside its directory). A bad name, a missing,
-    damaged or foreign file is a FormatError naming it (``what``: e.g. ``"remap file"``)."""
+    be a plain file name (a manifest may not point outside its directory). The ``.npy`` header is
+    checked before any array is made (:func:`npy_array`), also against ``dtype`` (a name, e.g.
+    ``"int64"``) and ``shape`` (a list) when given. A bad name, a missing, damaged or foreign file
+    is a FormatError naming it (``what``: e.g. ``"remap file"``)."""
     directory = Path(directory)
-    if Path(name).name != name:
-        raise FormatError(f"{directory}: {what} {name!r} is not a plain name")
+    if not isinstance(name, str) or not isinstance(sha256, str) or Path(name).name != name \
+            or name in ("", ".", ".."):
+        raise FormatError(f"{directory}: {what} {name!r} is not a plain name (with its SHA-256)")
     path = directory / name
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise FormatError(f"{directory}: missing {what} {name}") from None
+    if not os.path.lexists(path):
+        raise FormatError(f"{directory}: missing {what} {name}")
+    raw = read_bytes(path, what)
     if hashlib.sha256(raw).hexdigest() != sha256:
         raise FormatError(f"{path}: checksum mismatch: the {what} is damaged")
+    return npy_array(raw, str(path), what, dtype=dtype, shape=shape)
+
+
+def read_npz(path: str | os.PathLike, what: str = "array archive") -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` archive written by ``np.savez`` (stored, not compressed), each
+    member's ``.npy`` header checked before its array is made (:func:`npy_array`): a member may
+    not claim more bytes than the archive holds. FormatError naming the file otherwise."""
+    raw = read_bytes(path, what)
+    out: dict[str, np.ndarray] = {}
     try:
-        return np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, EOFError) as e:
-        raise FormatError(f"{path}: not a .npy {what} ({e})") from None
+        with zipfile.ZipFile(io.BytesIO(raw)) as z:
+            for info in z.infolist():
+                name = info.filename
+                if not name.endswith(".npy") or info.compress_type != zipfile.ZIP_STORED \
+                        or info.file_size > len(raw) or name[:-4] in out:
+                    raise FormatError(f"{path}: {what} member {name!r} is not a stored .npy "
+                                      "array (or appears twice)")
+                out[name[:-4]] = npy_array(z.read(info), f"{path}:{name}", what)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
+        if isinstance(e, FormatError):
+            raise
+        raise FormatError(f"{path}: damaged {what} ({type(e).__name__}: {e})") from None
+    return out
+
+
+#: dtype kinds a ``.npy`` file of the project may hold: booleans, integers, floats (no objects,
+#: strings, structures).
+_NPY_KINDS = "biuf"
+_NPY_MAGIC = b"\x93NUMPY"
+#: The header dictionary ``np.save`` writes (versions 1 and 2), and nothing else: parsed here,
+#: never by ``ast.literal_eval`` (numpy's reader raises what its tokenizer raises on damage).
+_NPY_HEADER = re.compile(
+    r"\{\s*'descr'\s*:\s*'([<>|=]?[a-z]\d{1,2})'\s*,\s*'fortran_order'\s*:\s*(True|False)\s*,"
+    r"\s*'shape'\s*:\s*\(\s*((?:\d{1,20}\s*,\s*)*(?:\d{1,20})?)\s*\)\s*,?\s*\}\s*")
+
+
+def npy_array(raw: bytes, source: str, what: str = "array file", *, dtype: Any = None,
+              shape: Any = None) -> np.ndarray:
+    """The array of the ``.npy`` bytes ``raw`` (native byte order, writable). Its header is
+    checked first: version, a plain numeric dtype, a shape whose size in bytes is exactly what
+    follows the header (so nothing is allocated that the file does not hold), and ``dtype`` /
+    ``shape`` when given. FormatError naming ``source`` otherwise."""
+    got_dtype, fortran, got_shape, start = _npy_header(raw, source, what)
+    count = math.prod(got_shape)
+    if count * got_dtype.itemsize != len(raw) - start:
+        raise FormatError(f"{source}: {what} of shape {got_shape} {got_dtype} needs "
+                          f"{count * got_dtype.itemsize} bytes, the file holds "
+                          f"{len(raw) - start} after its header")
+    if (dtype is not None and got_dtype.name != dtype) or \
+            (shape is not None and list(got_shape) != shape):
+        raise FormatError(f"{source}: shape {got_shape} {got_dtype.name} does not match its "
+                          f"manifest ({shape} {dtype})")
+    arr = np.frombuffer(raw, got_dtype, count, start)
+    arr = arr.reshape(got_shape, order="F" if fortran else "C")
+    return arr.astype(got_dtype.newbyteorder("="), order="C")
+
+
+def _npy_header(raw: bytes, source: str, what: str
+                ) -> tuple[np.dtype, bool, tuple[int, ...], int]:
+    """``(dtype, fortran_order, shape, data offset)`` of ``.npy`` bytes (versions 1 and 2: a
+    little-endian header length, then the header dictionary :data:`_NPY_HEADER` matches); a plain
+    numeric dtype only. FormatError otherwise."""
+    if raw[:6] != _NPY_MAGIC or len(raw) < 10 or raw[6:8] not in (b"\x01\x00", b"\x02\x00"):
+        raise FormatError(f"{source}: not a .npy {what} (bad magic or version {raw[6:8]!r})")
+    if raw[6] == 1:
+        hlen, start = struct.unpack_from("<H", raw, 8)[0], 10
+    elif len(raw) < 12:
+        raise FormatError(f"{source}: not a .npy {what} (truncated header)")
+    else:
+        hlen, start = struct.unpack_from("<I", raw, 8)[0], 12
+    m = _NPY_HEADER.fullmatch(raw[start:start + hlen].decode("latin1"))
+    if m is None or start + hlen > len(raw):
+        raise FormatError(f"{source}: not a .npy {what} (damaged header)")
+    try:
+        dt = np.dtype(m.group(1))
+    except TypeError:
+        raise FormatError(f"{source}: {what} has an unknown dtype {m.group(1)!r}") from None
+    if dt.kind not in _NPY_KINDS or dt.hasobject or dt.fields or dt.subdtype is not None:
+        raise FormatError(f"{source}: {what} has dtype {dt}; expected a plain integer, float or "
+                          "boolean dtype")
+    shape = tuple(int(x) for x in re.findall(r"\d+", m.group(3)))
+    return dt, m.group(2) == "True", shape, start + hlen
 
 
 def _refuse_constant(name: str) -> Any:
@@ -190,15 +344,115 @@ def replace_directory(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def staging_directory(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temp sibling of ``target`` to fill; on normal exit it replaces ``target``
-    (:func:`replace_directory`), on an exception it is removed and ``target`` is untouched."""
+def directory_kind(path: str | os.PathLike) -> str | None:
+    """The kind named by the marker of directory ``path`` (:data:`KIND_MARKER`); None when there
+    is no marker or it is not a small regular file of one line of text."""
+    marker = Path(path) / KIND_MARKER
+    try:
+        st = marker.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MARKER_MAX_BYTES:
+            return None
+        return marker.read_bytes().decode("utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def check_output_directory(target: str | os.PathLike, kind: str, *,
+                           legacy: tuple[str, ...] = ()) -> None:
+    """Refuse to write a ``kind`` directory at ``target`` unless nothing a user owns is there.
+
+    Allowed: ``target`` absent, an empty directory, or a directory of this kind (its marker says
+    ``kind``; or it has no marker and holds one of the ``legacy`` entries, what directories of
+    this kind held before markers existed). Refused with a ConfigError naming the path: a file (or
+    a symlink, a device, ...), a directory of another kind, any other non-empty directory.
+    """
     target = Path(target)
+    if not _present(target, kind, directory=True):
+        return
+    found = directory_kind(target)
+    if found == kind:
+        return
+    if found is not None:
+        raise ConfigError(f"{target}: holds a flexshard_stream {found} directory, not a {kind} "
+                          "directory; refusing to replace it (choose another output path)")
+    if legacy and any(os.path.lexists(target / name) for name in legacy):
+        return
+    if any(target.iterdir()):
+        raise ConfigError(f"{target}: a non-empty directory that is not a {kind} directory (no "
+                          f"{KIND_MARKER} marker saying {kind!r}: flexshard_stream did not write "
+                          "it); refusing to write into it: choose another output path, or an "
+                          "empty or new directory")
+
+
+def _present(path: Path, kind: str, *, directory: bool) -> bool:
+    """Whether an output ``path`` exists (a symlink not followed); a ConfigError naming it when
+    it is not what a ``kind`` output replaces: a directory (``directory``) or a regular file."""
+    if not os.path.lexists(path):
+        return False
+    what = "directory" if directory else "file"
+    if path.is_symlink() or not (path.is_dir() if directory else path.is_file()):
+        raise ConfigError(f"{path}: exists and is not a {'' if directory else 'regular '}{what}; "
+                          f"refusing to replace it (choose another output path for the {kind} "
+                          f"{what})")
+    return True
+
+
+def check_output_file(path: str | os.PathLike, kind: str,
+                      kind_of: Callable[[Path], str | None]) -> None:
+    """Refuse to replace anything at ``path`` but a ``kind`` file: the file outputs' rule, as
+    :func:`check_output_directory` is the directories'.
+
+    Allowed: ``path`` absent, or a regular file ``kind_of(path)`` recognizes as ``kind`` (what
+    the same writer writes: a container's header kind, a TOML file's top-level key). Refused with
+    a ConfigError naming the path: a directory, a symlink, a FIFO or a device, a file of another
+    kind or of none (a user's CSV at a ``--save`` path). ``kind_of`` may raise OSError or
+    FormatError for a file it cannot read: not of the kind.
+    """
+    path = Path(path)
+    if not _present(path, kind, directory=False):
+        return
+    try:
+        found = kind_of(path)
+    except (OSError, FormatError):
+        found = None
+    if found != kind:
+        what = f"a {found} file" if found else "not a file flexshard_stream wrote"
+        raise ConfigError(f"{path}: exists and is {what}, not a {kind} file; refusing to "
+                          "replace it (choose another output path, or remove the file)")
+
+
+def _write_marker(directory: Path, kind: str) -> None:
+    write_atomic(directory / KIND_MARKER, kind.encode("utf-8") + b"\n", fsync=False,
+                 mode=0o644)
+
+
+def claim_directory(target: str | os.PathLike, kind: str, *,
+                    legacy: tuple[str, ...] = ()) -> Path:
+    """Make ``target`` a ``kind`` directory to write into (a long-lived output such as the
+    sidecar's): :func:`check_output_directory`, then create it and its marker if missing."""
+    target = Path(target)
+    check_output_directory(target, kind, legacy=legacy)
+    target.mkdir(parents=True, exist_ok=True)
+    if directory_kind(target) != kind:
+        _write_marker(target, kind)
+    return target
+
+
+@contextlib.contextmanager
+def staging_directory(target: str | os.PathLike, *, kind: str,
+                      legacy: tuple[str, ...] = ()) -> Iterator[Path]:
+    """Yield an empty temp sibling of ``target`` to fill; on normal exit it gets the ``kind``
+    marker and replaces ``target`` (:func:`replace_directory`), on an exception it is removed and
+    ``target`` is untouched. ``target`` must pass :func:`check_output_directory` (checked
+    before anything is built, and again just before the replacement)."""
+    target = Path(target)
+    check_output_directory(target, kind, legacy=legacy)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         yield tmp
+        _write_marker(tmp, kind)
+        check_output_directory(target, kind, legacy=legacy)
         replace_directory(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

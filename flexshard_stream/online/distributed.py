@@ -33,7 +33,6 @@ importing this module (and registering the CLI command) stays cheap.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -60,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "ENGINES",
+    "MAX_WINDOWS",
     "SNAPSHOT_VERSION",
     "Snapshot",
     "WindowStats",
@@ -76,6 +76,10 @@ __all__ = [
 
 #: Engines of :func:`window_stats`.
 ENGINES = ("local", "process", "ray")
+#: Most windows one :func:`window_stats` run may span, from the first sample's to the last's: a
+#: task returns one object per window it can touch (Ray: one return each), so a gap of many
+#: windows in a log (1 ms windows over a day's gap) would make billions of them.
+MAX_WINDOWS = 1 << 20
 #: Version of the snapshot layout (inside the container); snapshots of other versions don't merge.
 SNAPSHOT_VERSION = 1
 _SNAPSHOT_KIND = "StreamSnapshot"
@@ -356,16 +360,27 @@ def _parquet_meta(path: Path) -> tuple[list[int], list[tuple[float, float] | Non
             for j in range(rg.num_columns):
                 c = rg.column(j)
                 if c.path_in_schema == TS_COLUMN:
-                    s = c.statistics
-                    if s is not None and s.has_min_max and all(
-                            isinstance(v, (int, float)) and not isinstance(v, bool)
-                            and math.isfinite(float(v)) for v in (s.min, s.max)):
-                        r = (float(s.min), float(s.max))
+                    r = _ts_range(c.statistics)
             ranges.append(r)
         complete = all(r is not None for r, n in zip(ranges, rows) if n)
         return rows, (ranges if complete else None)
     finally:
         pf.close()
+
+
+def _ts_range(s: Any) -> tuple[float, float] | None:
+    """``(min, max)`` of a parquet column chunk's statistics when both are finite numbers; None
+    when absent or unusable (damaged statistics, or a timestamp pyarrow cannot make a Python
+    value of: the rows are then read to find the range)."""
+    import pyarrow as pa
+    try:
+        lo, hi = (s.min, s.max) if s is not None and s.has_min_max else (None, None)
+    except (OverflowError, ValueError, TypeError, pa.ArrowException):
+        return None
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+           for v in (lo, hi)):
+        return float(lo), float(hi)
+    return None
 
 
 def _split_groups(rows: list[int], k: int) -> list[tuple[int, ...]]:
@@ -587,7 +602,20 @@ def _assign_windows(eng: Any, tasks: Sequence[dict], jobs: Sequence[dict], spec:
                   "sample_offset": int(off), "count": int(n),
                   "windows": _window_range(spec.unit, size, origin, int(n), int(off),
                                            r if isinstance(r, tuple) else None)})
+    _check_window_count(jobs, spec)
     return origin
+
+
+def _check_window_count(jobs: Sequence[dict], spec: WindowSpec) -> None:
+    """Refuse a run spanning more than :data:`MAX_WINDOWS` windows (ConfigError), before any
+    task makes one object per window."""
+    spans = [j["windows"] for j in jobs if j["windows"][1] > j["windows"][0]]
+    if not spans:
+        return
+    n = max(b for _, b in spans) - min(a for a, _ in spans)
+    if n > MAX_WINDOWS:
+        raise ConfigError(f"windows of {spec.describe()} over this log span {n:,} windows (its "
+                          f"samples lie far apart); at most {MAX_WINDOWS:,}: use a larger window")
 
 
 @dataclass
@@ -723,45 +751,33 @@ def save_snapshot(stats: StreamStats, path: PathLike, *, host: str | None = None
     return write_atomic(path, data, verify_kind=_SNAPSHOT_KIND)
 
 
-def _kind_of(data: bytes, source: str) -> str:
-    import struct
-
-    from ..formats.container import MAGIC
-    if len(data) < 20 or data[:8] != MAGIC:
-        raise FormatError(f"{source}: not a flexshard_stream state file (bad magic "
-                          f"{bytes(data[:8])!r}, expected {MAGIC!r})")
-    (hlen,) = struct.unpack_from("<Q", data, 12)
-    try:
-        return str(json.loads(bytes(data[20:20 + hlen]).decode()).get("kind"))
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        raise FormatError(f"{source}: header is not valid JSON") from None
-
-
 def load_snapshot(path: PathLike) -> Snapshot:
     """Read a snapshot; a plain :class:`StreamStats` file (``StreamStats.save``, the sidecar's
     ``stats.fss``) reads as a snapshot without metadata. Raises FormatError naming the file."""
-    from ..formats.container import unpack
+    from ..formats.container import header_kind, unpack
+    from ..formats.fields import field_int, field_number, field_str
+    from ..formats.files import read_bytes
     from ..stats.stream import StreamStats
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise FormatError(f"{p}: no such snapshot file") from None
-    kind = _kind_of(data, str(p))
+    data = read_bytes(p, "snapshot file")
+    kind = header_kind(data, str(p))
     if kind == _STATS_KIND:
         return Snapshot(p, None, None, None, None, 1, SNAPSHOT_VERSION,
                         StreamStats.from_bytes(data, str(p)))
     meta, arrays = unpack(data, _SNAPSHOT_KIND, str(p))
-    try:
-        version = int(meta["snapshot_version"])
-        stats = StreamStats.from_bytes(arrays["stats"].tobytes(), f"{p} (statistics)")
-        return Snapshot(p, meta.get("host"), meta.get("unit"), meta.get("start"), meta.get("end"),
-                        int(meta.get("sources", 1)), version, stats)
-    except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, FormatError):
-            raise
-        raise FormatError(f"{p}: snapshot header is inconsistent ({type(e).__name__}: {e})") \
-            from None
+    where = str(p)
+    version = field_int(meta, "snapshot_version", where)
+    host = field_str(meta, "host", where, optional=True, default=None)
+    unit = field_str(meta, "unit", where, optional=True, choices=("seconds", "samples"),
+                     default=None)
+    start, end = (field_number(meta, k, where, optional=True, default=None)
+                  for k in ("start", "end"))
+    sources = field_int(meta, "sources", where, lo=1, default=1)
+    blob = arrays.get("stats")
+    if blob is None or blob.dtype != np.uint8 or blob.ndim != 1:
+        raise FormatError(f"{p}: array 'stats' must hold the statistics' bytes (uint8)")
+    stats = StreamStats.from_bytes(blob.tobytes(), f"{p} (statistics)")
+    return Snapshot(p, host, unit, start, end, sources, version, stats)
 
 
 def load_stats(path: PathLike) -> StreamStats:
@@ -870,13 +886,18 @@ def hll_image(table: TableStats) -> bytes:
 
 def export_datasketches(stats: StreamStats, out_dir: PathLike) -> dict[str, dict[str, str]]:
     """Write ``<feature>.frequent_items.bin`` (every table) and ``<feature>.hll.bin`` (exact
-    tables) into ``out_dir``; returns ``{feature: {"frequent_items": path, "hll": path}}``."""
+    tables) into ``out_dir``; returns ``{feature: {"frequent_items": path, "hll": path}}``.
+    ``out_dir`` must be absent, empty or such an export (marker kind ``datasketches``): a user's
+    other directory is refused (:func:`~flexshard_stream.formats.files.claim_directory`)."""
     from ..formats.container import write_atomic
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    from ..formats.files import claim_directory
+    safe_names = {f: "".join(c if c.isalnum() or c in "-_." else "_" for c in f)
+                  for f in stats.tables}
+    d = claim_directory(out_dir, "datasketches", legacy=tuple(
+        f"{s}.frequent_items.bin" for s in safe_names.values()))
     out: dict[str, dict[str, str]] = {}
     for f, t in stats.tables.items():
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f)
+        safe = safe_names[f]
         files = {"frequent_items": str(write_atomic(d / f"{safe}.frequent_items.bin",
                                                     frequent_items_image(t)))}
         if t.exact:

@@ -50,7 +50,13 @@ from typing import Any, Union
 import numpy as np
 
 from ..errors import ConfigError, FlexShardError, LogError
-from ..formats.files import jsonable, staging_directory, write_atomic, write_json
+from ..formats.files import (
+    check_output_directory,
+    jsonable,
+    staging_directory,
+    write_atomic,
+    write_json,
+)
 from ..placement.baselines import build_baseline
 from ..placement.cost import (
     A2A_COMPONENTS,
@@ -58,6 +64,7 @@ from ..placement.cost import (
     Cost,
     CostModel,
     TraceCost,
+    check_matrix_size,
     evaluate_analytic,
     evaluate_trace,
 )
@@ -73,7 +80,7 @@ from ..stats.batch import Batch, concat_batches, rebatch, slice_batch
 from ..stats.config import TableConfig
 from ..stats.stream import StreamStats
 from ..stats.summary import FrequencySummary
-from ..stats.window import DecayedStats
+from ..stats.window import DecayedStats, decay_factor
 from .distributed import ENGINES, WindowStats, window_stats
 from .resharder import Decision, ReshardConfig, Resharder
 
@@ -246,16 +253,14 @@ class ReplayResult:
 
 
 # ----------------------------------------------------------------------------- helpers
+#: The replay directory's kind (:func:`~flexshard_stream.formats.files.check_output_directory`);
+#: directories written before kind markers are recognized by their summary.json.
+REPLAY_KIND, _REPLAY_LEGACY = "replay", ("summary.json",)
+
+
 def _check_out_dir(out: Path) -> None:
-    """Refuse to replace a directory that is not ours (it would be deleted)."""
-    if out.exists():
-        if not out.is_dir():
-            raise ConfigError(f"{out}: exists and is not a directory; choose another output "
-                              f"directory")
-        if any(out.iterdir()) and not (out / "summary.json").is_file():
-            raise ConfigError(f"{out}: exists, is not empty and holds no summary.json (not a "
-                              f"replay directory); it would be replaced: choose another output "
-                              f"directory or remove it")
+    """Refuse to replace anything but a replay directory (it would be deleted)."""
+    check_output_directory(out, REPLAY_KIND, legacy=_REPLAY_LEGACY)
 
 
 def _decision_json(d: Decision) -> dict[str, Any]:
@@ -606,6 +611,8 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     _check_out_dir(out)
     spec = parse_window(window) if window is not None else None
     topo = topology if isinstance(topology, Topology) else Topology.load(topology)
+    if evaluation == "trace":
+        check_matrix_size(topo, "replay's trace evaluation")
     log = _open_log(logs, tables, read_batch_size, skip_bad_rows, ids)
     run = _Run(topo, _window_spec(spec, log), int(batch_size), int(checks_per_window),
                int(top_k), model or CostModel(), evaluation == "analytic", half_life_windows)
@@ -820,7 +827,7 @@ def _analytic_pass(wins: Sequence[WindowStats], run: _Run, use_ts: bool, start: 
                 accs[s].add_cost(c, its)
                 tot[s].add_cost(c, its)
         if i > 0:     # online: the window is evaluated with the plan in force, then seen
-            decayed.scale(0.5 ** ((ws.index - prev) / run.half_life_windows))
+            decayed.scale(decay_factor(ws.index - prev, run.half_life_windows))
             decayed.merge(st)
             pos = (float(st.last_ts) if use_ts and st.last_ts is not None
                    else float(sample_start + n))
@@ -1061,7 +1068,7 @@ def _write(out: Path, summary: dict, cdf: dict, final: Mapping[str, Plan],
     :func:`~flexshard_stream.formats.files.staging_directory`). Directories get the usual mode
     (``0o777`` less the umask), files ``0o644``."""
     _check_out_dir(out)
-    with staging_directory(out) as tmp:
+    with staging_directory(out, kind=REPLAY_KIND, legacy=_REPLAY_LEGACY) as tmp:
         write_json(tmp / "summary.json", summary, indent=1, mode=0o644)
         write_json(tmp / "cdf.json", cdf, indent=None, mode=0o644)
         for s, p in final.items():

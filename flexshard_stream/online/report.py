@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FlexShardError, FormatError
-from ..formats.files import write_atomic
+from ..formats.files import check_output_directory, read_npz, write_atomic
 from ..formats.units import byte_scale, fmt_bytes, fmt_seconds, time_scale
 
 __all__ = ["PICTURES", "build_report"]
@@ -101,11 +101,7 @@ def _check_summary(s: Any, path: Path) -> None:
 def _load_traffic(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise FormatError(f"{path}: missing (traffic matrices of the replay)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            out = {k: np.asarray(z[k]) for k in z.files}
-    except (OSError, ValueError, EOFError) as e:
-        raise FormatError(f"{path}: damaged traffic file ({e})") from None
+    out = read_npz(path, "traffic file")
     if "a2a" not in out or "link_class" not in out or out["a2a"].ndim != 2 \
             or out["a2a"].shape != out["link_class"].shape:
         raise FormatError(f"{path}: damaged traffic file (no G x G 'a2a' and 'link_class')")
@@ -653,6 +649,7 @@ def build_report(directory: str | os.PathLike) -> Path:
     if not d.is_dir():
         raise FormatError(f"{d}: no such replay directory; write one with "
                           f"`flexshard-stream replay LOG... --topology T --out {d}`")
+    check_output_directory(d, "replay", legacy=("summary.json",))   # only into a replay's output
     spath = d / "summary.json"
     summary = _load_json(spath, "replay summary")
     _check_summary(summary, spath)
@@ -668,10 +665,20 @@ def build_report(directory: str | os.PathLike) -> Path:
         captions["threshold.png"] = _plot_threshold(plt, summary, d / "threshold.png")
         captions["traffic.png"] = _plot_traffic(plt, summary, traffic, d / "traffic.png")
         captions["memory.png"] = _plot_memory(plt, summary, d / "memory.png")
-    except (KeyError, TypeError, IndexError, AttributeError) as e:
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
         raise FormatError(f"{spath}: damaged replay summary: unexpected content ({e!r})") from None
     finally:
         plt.close("all")
+    try:
+        page = _page(summary, captions)
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
+        raise FormatError(f"{spath}: damaged replay summary: unexpected content ({e!r})") from None
+    return write_atomic(d / "report.html", page.encode("utf-8"), fsync=False, mode=0o644)
+
+
+def _page(summary: dict[str, Any], captions: dict[str, str]) -> str:
+    """The HTML of the report: the run's description, the totals, the pictures with their
+    captions, the windows."""
     titles = {"cdf.png": "Access CDF and tier cut points",
               "bytes_per_iter.png": "Bytes per iteration over time",
               "threshold.png": "Re-sharder threshold over time",
@@ -730,5 +737,4 @@ def build_report(directory: str | os.PathLike) -> Path:
               ("<p class='meta'>Written by <code>flexshard-stream report</code> from "
                "<code>summary.json</code>, <code>cdf.json</code> and <code>traffic/</code> in "
                "this directory; docs/REPLAY.md describes them.</p></body></html>")]
-    return write_atomic(d / "report.html", "\n".join(p for p in parts if p).encode("utf-8"),
-                        fsync=False, mode=0o644)
+    return "\n".join(p for p in parts if p)

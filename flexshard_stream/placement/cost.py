@@ -49,11 +49,27 @@ from .tables import summaries_by_table
 from .topology import Topology
 
 __all__ = ["CostModel", "Cost", "TraceCost", "evaluate_trace", "evaluate_analytic",
-           "COMPONENTS", "A2A_COMPONENTS", "PROFILES", "TORCHREC_COMPONENTS"]
+           "check_matrix_size", "COMPONENTS", "A2A_COMPONENTS", "PROFILES", "TORCHREC_COMPONENTS",
+           "MATRIX_MAX_GPUS"]
 
 COMPONENTS = ("index", "forward", "backward", "sync")
 A2A_COMPONENTS = ("index", "forward", "backward")
 CLASSES = ("local", "intra_node", "inter_node")
+#: Most GPUs for which G x G traffic matrices are made (trace mode always makes them; analytic
+#: mode when asked): about ten float64 matrices are alive at once, ~80 * G**2 bytes, 1.3 GiB at
+#: 4096 GPUs. Larger topologies are evaluated analytically (per-GPU sums by link class, O(G)).
+MATRIX_MAX_GPUS = 4096
+
+
+def check_matrix_size(topo: Topology, what: str = "trace evaluation") -> None:
+    """Refuse, before anything is allocated, to build G x G matrices for more than
+    :data:`MATRIX_MAX_GPUS` GPUs (ConfigError naming the sizes)."""
+    G = topo.num_gpus
+    if G > MATRIX_MAX_GPUS:
+        raise ConfigError(f"{what} keeps G x G traffic matrices (about {80 * G * G / 2**30:,.0f} "
+                          f"GiB for G = {G:,} GPUs); at most {MATRIX_MAX_GPUS:,} GPUs: use the "
+                          "analytic evaluation (evaluate_analytic, replay --evaluation analytic), "
+                          "which keeps per-GPU sums")
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,11 @@ class CostModel:
 
     def __post_init__(self) -> None:
         execution_profile(self.profile)
+        for name in ("index_bytes", "length_bytes", "reservation_bytes"):  # e.g. from plan.json
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) \
+                    or not np.isfinite(v):
+                raise ConfigError(f"{name} must be a finite number, got {v!r}")
         if self.length_bytes not in (4, 8):
             raise ConfigError(f"length_bytes must be 4 (int32) or 8 (int64), got "
                               f"{self.length_bytes}")
@@ -389,9 +410,9 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
                    max_iterations: int | None = None, progress=None) -> TraceCost:
     """Replay ``batches`` through ``plan``: iterations of ``G * batch_size`` samples in order.
 
-    A trailing partial iteration is not evaluated (``dropped_samples``). Features without a table in
-    the plan, IDs out of range or negative, raise :class:`BatchError` before anything is counted for
-    that iteration. ``progress(iterations_done)`` is called after each iteration when given.
+    A trailing partial iteration is not evaluated (``dropped_samples``), but checked like the
+    others. Features without a table in the plan, IDs out of range or negative, raise
+    :class:`BatchError` before anything is counted for that iteration. ``progress(iterations_done)`` is called after each iteration when given.
 
     Each iteration goes through three steps: the trace kernel counts, per table, what every
     component moves (:class:`_TraceKernel`); the counts become the iteration's traffic by component
@@ -404,6 +425,7 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
     if batch_size <= 0:
         raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
     topo = plan.topology
+    check_matrix_size(topo)
     spi = topo.num_gpus * batch_size
     kernel = _TraceKernel(plan, batch_size, model)
     sums = _TraceSums(topo.num_gpus, keep_matrices)
@@ -412,7 +434,8 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
     host_bytes = plan.host_bytes_per_gpu
     dropped = 0
     for it in rebatch(batches, spi):
-        if it.batch_size < spi:
+        if it.batch_size < spi:  # not evaluated, but its IDs are checked like the others'
+            validate_batch(it, kernel.configs)
             dropped = it.batch_size
             break
         traffic = kernel.iteration(it)
@@ -738,6 +761,8 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     if batch_size <= 0:
         raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
     want = G <= 512 if want_matrices is None else want_matrices
+    if want:
+        check_matrix_size(topo, "evaluate_analytic(want_matrices=True)")
     T = len(plan.tables)
     tail_p, tail_rows, mean_len = np.zeros(T), np.zeros(T), np.zeros(T)
     by_name = summaries_by_table([tp.table for tp in plan.tables.values()], summaries)

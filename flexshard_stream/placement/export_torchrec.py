@@ -64,7 +64,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError, FlexShardError, FormatError
-from ..formats.files import read_json, read_npy, staging_directory, write_json, write_npy
+from ..formats.fields import field_int, field_list, field_mapping
+from ..formats.files import (
+    check_output_directory,
+    read_json,
+    read_npy,
+    staging_directory,
+    write_json,
+    write_npy,
+)
 from ..formats.units import fmt_bytes
 from ..stats.batch import Batch
 from ..stats.summary import FrequencySummary
@@ -88,6 +96,8 @@ EXPORT_SCHEMA_VERSION = 2
 EXPORT_FORMAT = "flexshard_stream.torchrec_export"
 REMAP_ENCODING = "exceptions+segments"
 MANIFEST_FILE = "torchrec_export.json"
+#: The export directory's kind marker (:func:`~flexshard_stream.formats.files.staging_directory`).
+EXPORT_KIND = "torchrec-export"
 CONSTRAINTS_FILE = "constraints.json"
 CONFIGS_FILE = "embedding_configs.json"
 SHARDING_PLAN_FILE = "sharding_plan.json"
@@ -213,7 +223,7 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
     check_export_target(out_dir)
     _check_features(plan)
     _check_columns(plan)
-    with staging_directory(out_dir) as tmp:
+    with staging_directory(out_dir, kind=EXPORT_KIND, legacy=(MANIFEST_FILE,)) as tmp:
         parts = [_export_table(tmp, i, name, tp, plan.topology, cold_sharding, node_replicas,
                                summaries or {}, mean_lengths or {})
                  for i, (name, tp) in enumerate(plan.tables.items())]
@@ -252,16 +262,10 @@ def _check_export(plan: Plan, cold_sharding: str, node_replicas: str) -> None:
 
 def check_export_target(out_dir: str | os.PathLike) -> None:
     """Refuse to replace anything but an export or an empty directory (it would be deleted): a
-    file, or a non-empty directory without an export manifest, is a :class:`ConfigError`. The one
-    check of what an export may overwrite (``export_torchrec`` and ``flexshard-stream export``)."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() or out_dir.is_symlink():
-        if not out_dir.is_dir():
-            raise ConfigError(f"{out_dir}: exists and is not a directory; refusing to replace "
-                              f"it with a TorchRec export")
-        if any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
-            raise ConfigError(f"{out_dir}: a non-empty directory that is not a TorchRec export "
-                              f"(no {MANIFEST_FILE}); refusing to overwrite it")
+    file, or a non-empty directory that is not an export (no kind marker, nor a manifest of an
+    export written before markers), is a :class:`ConfigError`. The one check of what an export
+    may overwrite (``export_torchrec`` and ``flexshard-stream export``)."""
+    check_output_directory(Path(out_dir), EXPORT_KIND, legacy=(MANIFEST_FILE,))
 
 
 def _check_columns(plan: Plan) -> None:
@@ -645,17 +649,42 @@ def load_torchrec_export(path: str | os.PathLike) -> TorchRecExport:
                 arrays[part] = arr
             remap = IdRemap(int(spec["rows"]), arrays["exceptions"], arrays["segments"])
             remap.verify(f"{path}: table {e['table']!r} remap")
-            if remap.num_rows != int(e["source_table"]["num_rows"]) or not \
-                    0 <= int(e["hot_rows"]) <= remap.num_rows:
-                raise FormatError(f"{path / MANIFEST_FILE}: table {e['table']!r}: remap of "
-                                  f"{remap.num_rows} rows, hot rows {e['hot_rows']}")
+            _check_entry(e, remap.num_rows, f"{path / MANIFEST_FILE}: table {e['table']!r}")
             remaps[e["table"]] = remap
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         if isinstance(err, FlexShardError):
             raise
         raise FormatError(f"{path / MANIFEST_FILE}: inconsistent manifest "
                           f"({type(err).__name__}: {err})") from None
     return TorchRecExport(path, doc, remaps)
+
+
+def _check_entry(e: Mapping[str, Any], rows: int, where: str) -> None:
+    """The fields of one table's manifest entry that reading the export uses, against its remap
+    of ``rows`` rows: the source table (as many rows), ``hot_rows`` in ``[0, rows]``, and the cold
+    part's ranks (GPU indices) and shard rows (one per rank, adding up to the cold rows).
+    FormatError naming the field otherwise."""
+    try:
+        t = EmbeddingTable(**field_mapping(e, "source_table", where))
+    except ConfigError as err:
+        raise FormatError(f"{where}: source_table: {err}") from None
+    if t.num_rows != rows:
+        raise FormatError(f"{where}: source_table has {t.num_rows} rows, its remap {rows}")
+    hot = field_int(e, "hot_rows", where, hi=rows)
+    field_mapping(e, "plan_cold", where)
+    cold = e.get("cold")
+    if cold is None and hot == rows:
+        return
+    cold = field_mapping(e, "cold", where)
+    ranks, shard_rows = field_list(cold, "ranks", where), field_list(cold, "shard_rows", where)
+    def ints_in(xs: list, hi: int) -> bool:
+        return all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < hi for x in xs)
+
+    if not ranks or len(ranks) != len(shard_rows) or not ints_in(ranks, 2**31) or \
+            not ints_in(shard_rows, 2**63) or sum(shard_rows) != rows - hot:
+        raise FormatError(f"{where}: cold 'ranks' and 'shard_rows' must be lists of as many "
+                          f"integers (ranks in [0, 2**31), rows in [0, 2**63)), the shard rows "
+                          f"adding up to {rows - hot}")
 
 
 def plan_from_export(export: TorchRecExport | str | os.PathLike) -> Plan:
@@ -680,7 +709,7 @@ def plan_from_export(export: TorchRecExport | str | os.PathLike) -> Plan:
                     {"source_strategy": doc.get("strategy"),
                      "cold_sharding": doc.get("cold_sharding"),
                      "node_replicas": doc.get("node_replicas")})
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError, IndexError) as err:
         if isinstance(err, ConfigError):
             raise FormatError(f"{ex.path}: inconsistent export ({err})") from None
         raise FormatError(f"{ex.path}: inconsistent export ({type(err).__name__}: {err})") \

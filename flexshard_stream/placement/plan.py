@@ -43,7 +43,18 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..formats.files import jsonable, read_json, read_npy, staging_directory, write_json, write_npy
+from ..formats.fields import field_bool, field_int, field_list, field_mapping, field_str, mapping
+from ..formats.files import (
+    check_json_digest,
+    directory_kind,
+    json_digest,
+    jsonable,
+    read_json,
+    read_npy,
+    staging_directory,
+    write_json,
+    write_npy,
+)
 from ..kernels.hashing import host_u_np, mix64_np
 from ..kernels.routing import (
     COLD_COLUMNS,
@@ -65,6 +76,8 @@ __all__ = ["ColdSharding", "TablePlan", "Plan", "Router", "PLAN_SCHEMA_VERSION",
 #: Version 2 adds the sharding kind and column shards; version 1 plans still load.
 PLAN_SCHEMA_VERSION = 2
 _READABLE_SCHEMA_VERSIONS = (1, 2)
+#: The plan directory's kind marker (:func:`~flexshard_stream.formats.files.staging_directory`).
+PLAN_KIND = "plan"
 _COLD_KINDS = {"hash": COLD_HASH, "range": COLD_RANGE, "replicated": COLD_REPLICATED,
                "columns": COLD_COLUMNS}
 #: How a table is sharded (TorchRec's ``ShardingType`` values), hot-row replication on top.
@@ -114,9 +127,13 @@ class ColdSharding:
     widths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self) -> None:
-        if self.kind not in _COLD_KINDS:
+        if not isinstance(self.kind, str) or self.kind not in _COLD_KINDS:
             raise ConfigError(f"cold sharding kind must be one of {sorted(_COLD_KINDS)}, "
                               f"got {self.kind!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) \
+                or not 0 <= self.seed < 2**64:
+            raise ConfigError(f"cold sharding seed must be an integer in [0, 2**64), got "
+                              f"{self.seed!r}")
         object.__setattr__(self, "gpus", np.ascontiguousarray(self.gpus, dtype=np.int32).ravel())
         object.__setattr__(self, "bounds", np.ascontiguousarray(self.bounds, dtype=np.int64).ravel())
         object.__setattr__(self, "weights",
@@ -124,6 +141,11 @@ class ColdSharding:
         object.__setattr__(self, "widths",
                            np.ascontiguousarray(self.widths, dtype=np.int64).ravel())
         self._check_columns()
+        w = self.weights
+        if w.size and (not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0
+                       or not self.bounds.size):
+            raise ConfigError("range weights must be finite, non-negative, not all zero, with "
+                              "bounds")
         if self.weights.size and (self.kind != "range" or self.weights.size != self.gpus.size
                                   or not np.array_equal(self.bounds,
                                                         range_bounds(self.weights,
@@ -239,10 +261,15 @@ class ColdSharding:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ColdSharding":
-        return cls(d["kind"], np.asarray(d["gpus"], dtype=np.int32),
-                   np.asarray(d.get("bounds", []), dtype=np.int64), int(d.get("seed", 0)),
-                   np.asarray(d.get("weights", []), dtype=np.float64),
-                   np.asarray(d.get("widths", []), dtype=np.int64))
+        """Inverse of :meth:`to_dict`; values that do not fit their arrays (a damaged or edited
+        file) are a ConfigError."""
+        try:
+            return cls(d["kind"], np.asarray(d["gpus"], dtype=np.int32),
+                       np.asarray(d.get("bounds", []), dtype=np.int64), d.get("seed", 0),
+                       np.asarray(d.get("weights", []), dtype=np.float64),
+                       np.asarray(d.get("widths", []), dtype=np.int64))
+        except (KeyError, TypeError, OverflowError, AttributeError) as e:
+            raise ConfigError(f"cold sharding {str(d)[:80]}: {type(e).__name__}: {e}") from None
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, ColdSharding) and self.kind == other.kind
@@ -768,7 +795,7 @@ class Plan:
         temporary sibling, verified by :meth:`load`, then renamed into place
         (:func:`~flexshard_stream.formats.files.staging_directory`)."""
         directory = Path(directory)
-        with staging_directory(directory) as tmp:
+        with staging_directory(directory, kind=PLAN_KIND, legacy=("plan.json",)) as tmp:
             tables = [{"table": dataclasses.asdict(tp.table), "cold": tp.cold.to_dict(),
                        "sharding": tp.sharding, "tiers": tp.tier_sizes(),
                        "arrays": _save_arrays(tmp, i, tp)}
@@ -778,7 +805,7 @@ class Plan:
                    "memory_per_gpu_bytes": self.row_bytes_per_gpu.tolist(),
                    "host_memory_per_gpu_bytes": self.host_bytes_per_gpu.tolist(),
                    "meta": _meta_json(self.meta)}
-            write_json(tmp / "plan.json", doc, indent=1, allow_nonfinite=True, mode=0o644)
+            write_json(tmp / "plan.json", _sealed(doc), indent=1, allow_nonfinite=True, mode=0o644)
             Plan.load(tmp)  # verify before publishing
         return directory
 
@@ -788,15 +815,7 @@ class Plan:
         checksums. Version 1 plans have no sharding kinds (inferred) and no column shards."""
         directory = Path(directory)
         pj = directory / "plan.json"
-        if not pj.exists():
-            raise FormatError(f"{directory}: not a plan directory (no plan.json)")
-        doc = read_json(pj, "plan.json", allow_nonfinite=True)
-        if not isinstance(doc, dict) or "schema_version" not in doc:
-            raise FormatError(f"{pj}: not a flexshard_stream plan (no schema_version)")
-        if doc["schema_version"] not in _READABLE_SCHEMA_VERSIONS:
-            raise FormatError(f"{pj}: plan schema version {doc['schema_version']} is not supported "
-                              f"(this flexshard_stream reads versions "
-                              f"{', '.join(map(str, _READABLE_SCHEMA_VERSIONS))})")
+        doc = _verified_plan_json(directory)
         try:
             topo = Topology.from_dict(doc["topology"])
             tps = [TablePlan(EmbeddingTable(**entry["table"]),
@@ -816,6 +835,58 @@ _TABLE_ARRAYS = ("global_ids", "node_ids", "node_local", "placed_ids", "placed_g
                  "hbm_fraction")
 
 
+def _sealed(doc: dict[str, Any]) -> dict[str, Any]:
+    """``plan.json`` with its checksum: the SHA-256 of the document itself
+    (:func:`~flexshard_stream.formats.files.json_digest`). With the arrays' SHA-256 it lists, it
+    covers the whole plan directory."""
+    return {**doc, "checksum": json_digest(doc)}
+
+
+def _verified_plan_json(directory: Path) -> dict[str, Any]:
+    """``directory/plan.json``: a JSON object of a schema version this library reads whose
+    checksum verifies. Plans written before plan.json carried a checksum (their directory has no
+    kind marker either) have none: they are read as before, their arrays still checked against
+    their SHA-256; a marked directory's plan.json without one was edited. FormatError naming the
+    file otherwise."""
+    pj = directory / "plan.json"
+    if not pj.exists():
+        raise FormatError(f"{directory}: not a plan directory (no plan.json)")
+    doc = read_json(pj, "plan.json", allow_nonfinite=True)
+    if not isinstance(doc, dict) or "schema_version" not in doc:
+        raise FormatError(f"{pj}: not a flexshard_stream plan (no schema_version)")
+    version = doc["schema_version"]
+    if isinstance(version, bool) or version not in _READABLE_SCHEMA_VERSIONS:
+        raise FormatError(f"{pj}: plan schema version {doc['schema_version']!r} is not supported "
+                          f"(this flexshard_stream reads versions "
+                          f"{', '.join(map(str, _READABLE_SCHEMA_VERSIONS))})")
+    # a plan directory with the kind marker was written since plan.json carried its checksum
+    check_json_digest(doc, pj, "plan", required=directory_kind(directory) == PLAN_KIND)
+    field_mapping(doc, "topology", str(pj))
+    field_str(doc, "strategy", str(pj))
+    _check_recorded_settings(field_mapping(doc, "meta", str(pj), default={}), f"{pj}: meta")
+    for i, entry in enumerate(field_list(doc, "tables", str(pj))):
+        where = f"{pj}: tables[{i}]"
+        field_mapping(mapping(entry, where), "table", where)
+        field_mapping(entry, "cold", where)
+        for name, spec in field_mapping(entry, "arrays", where).items():
+            spec = mapping(spec, f"{where} array {name!r}")
+            for key in ("file", "sha256", "dtype"):
+                field_str(spec, key, f"{where} array {name!r}")
+            field_list(spec, "shape", f"{where} array {name!r}")
+    return doc
+
+
+def _check_recorded_settings(meta: Mapping[str, Any], where: str) -> None:
+    """The settings a plan records of how it was made (``plan`` writes them into ``meta``;
+    ``evaluate`` and ``replay --plan`` default to them), typed when present: FormatError naming
+    the field otherwise."""
+    field_int(meta, "batch_size", where, lo=1, default=None)
+    field_bool(meta, "dedup", where, default=None)
+    field_mapping(meta, "model", where, default=None)
+    for key in ("ids", "requested_strategy", "tables_source"):
+        field_str(meta, key, where, default=None)
+
+
 def _save_arrays(directory: Path, index: int, tp: TablePlan) -> dict[str, dict[str, Any]]:
     """Write table ``index``'s tier arrays as ``t<index>.<array>.npy`` into ``directory``; returns
     their ``plan.json`` entries (file, dtype, shape, SHA-256 of the file's bytes)."""
@@ -833,11 +904,8 @@ def _load_arrays(directory: Path, specs: Mapping[str, Any]) -> dict[str, np.ndar
     name, checksum, dtype, shape); FormatError naming the file otherwise."""
     arrs = {}
     for a, spec in specs.items():
-        arr = read_npy(directory, spec["file"], spec["sha256"], "plan array file")
-        if arr.dtype.name != spec["dtype"] or list(arr.shape) != spec["shape"]:
-            raise FormatError(f"{directory / spec['file']}: shape {arr.shape} {arr.dtype} does "
-                              f"not match plan.json ({spec['shape']} {spec['dtype']})")
-        arrs[a] = arr
+        arrs[a] = read_npy(directory, spec["file"], spec["sha256"], "plan array file",
+                           dtype=spec["dtype"], shape=spec["shape"])
     return arrs
 
 

@@ -55,8 +55,8 @@ TABLE_KINDS: tuple[str, ...] = ("sequence", "pooled")
 _KEYS = ("name", "feature", "num_rows", "dim", "dtype", "kind", "optimizer_state_bytes")
 _REQUIRED = ("name", "num_rows", "dim")
 _LOG_KIND = {"sequence": "sequence", "single": "pooled"}
-#: Largest table: IDs are int64, so at most 2**63 rows (IDs 0 .. 2**63 - 1).
-MAX_ROWS = 2**63
+#: Largest table: row counts (and IDs) are int64, so at most 2**63 - 1 rows (IDs 0 .. 2**63 - 2).
+MAX_ROWS = 2**63 - 1
 #: Largest embedding dimension accepted (elements per row); real models use up to a few thousand.
 MAX_DIM = 1 << 20
 #: Largest optimizer state per row accepted (bytes).
@@ -263,7 +263,7 @@ def save_tables(tables: Iterable[EmbeddingTable], path: PathLike, *,
         note = (notes or {}).get(t.name)
         lines += [""] + ([f"# {note}"] if note else []) + ["[[table]]"]
         lines += [f"{k} = {toml_value(v)}" for k, v in t.to_dict().items()]
-    write_text_atomic(path, "\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n", kind="tables")
 
 
 def infer_tables(log_paths: Paths, features: FeatureSpec = None, dim: int = 128,
@@ -330,6 +330,10 @@ def infer_tables(log_paths: Paths, features: FeatureSpec = None, dim: int = 128,
         if top < 0:
             raise ConfigError(f"feature {name!r} holds no ID in the log {log_paths!s}; cannot "
                               f"infer its number of rows")
+        if top >= MAX_ROWS:
+            raise ConfigError(f"feature {name!r} holds ID {top} in the log {log_paths!s}: a "
+                              f"table of {top + 1} rows does not fit an int64 row count; IDs "
+                              f"must be below {MAX_ROWS} (give the tables with --tables)")
         tables.append(EmbeddingTable(name, _with_headroom(top + 1, headroom), dim, dtype,
                                      _LOG_KIND[log_kind], name, optimizer_state_bytes))
     return tables

@@ -446,7 +446,7 @@ class Topology:
             for entry in top.get(section, []):
                 lines += ["", f"[[topology.{section}]]"]
                 lines += [f"{k} = {toml_value(v)}" for k, v in entry.items()]
-        write_text_atomic(path, "\n".join(lines) + "\n")
+        write_text_atomic(path, "\n".join(lines) + "\n", kind="topology")
 
     # ------------------------------------------------------------------ misc
     def __eq__(self, other: object) -> bool:

@@ -43,10 +43,14 @@ All conversions (list offsets to lengths, text to IDs, checks) are vectorized pe
 
 from __future__ import annotations
 
+import atexit
 import csv
 import glob
 import io
 import os
+import sys
+import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,18 +209,23 @@ def _is_text(t: pa.DataType) -> bool:
 
 
 def _text_kind(sample: pa.Array) -> Kind | None:
-    """Kind of a text column from a sample of it: None if it does not look like IDs."""
+    """Kind of a text column from a sample of it: None if it does not look like IDs.
+
+    A column is an ID column when most (more than half) of its sampled non-empty cells are
+    decimal IDs; the others are then bad rows when the column is read (an error naming the file,
+    line and column, or skipped and counted), never a reason to drop the whole column."""
     s = sample.drop_null()
     if len(s) == 0:
         return None
     if not pa.types.is_binary(s.type):
         s = pc.cast(s, pa.binary())
-    if not pc.all(pc.match_substring_regex(s, _RE_SEQ)).as_py():
+    s = s.filter(pc.invert(pc.match_substring_regex(s, r"^\s*$")))
+    if len(s) == 0:
         return None
-    nonempty = pc.greater(pc.binary_length(pc.ascii_trim_whitespace(pc.cast(s, pa.string()))), 0)
-    if not pc.any(nonempty).as_py():
+    ids = s.filter(pc.match_substring_regex(s, _RE_SEQ))
+    if 2 * len(ids) <= len(s):
         return None
-    return "sequence" if pc.any(pc.match_substring_regex(s, _RE_MULTI)).as_py() else "single"
+    return "sequence" if pc.any(pc.match_substring_regex(ids, _RE_MULTI)).as_py() else "single"
 
 
 def open_parquet(path: Path) -> pq.ParquetFile:
@@ -267,9 +276,90 @@ def _csv_header(path: Path, delimiter: str) -> list[str]:
     return names
 
 
+class _RowHandler:
+    """A CSV ``invalid_row_handler`` interpreter exit waits for (:func:`_release_row_handlers`).
+
+    pyarrow's streaming CSV reader parses blocks ahead on its own threads, and a block parser holds
+    the Python handler; the thread that drops the last parser releases the handler, which takes
+    the GIL. When that happens while the interpreter finalizes (a command that stops with an error
+    right after opening a CSV file: the reader was dropped, a read-ahead block was still being
+    parsed), the thread is torn down inside C++ code and the process aborts (``terminate called
+    without an active exception``, exit 134). Every handler is therefore one of these, tracked
+    weakly: it dies exactly when pyarrow has released it.
+
+    pyarrow decodes a malformed line as UTF-8 before it calls the handler; a line that is not
+    UTF-8 text never reaches it: pyarrow prints the UnicodeDecodeError as an "Exception ignored"
+    traceback and stops with a parse error. :func:`_quiet_undecodable_rows` keeps that traceback
+    off stderr and marks :attr:`undecodable`, so the reader's error says why the line could not be
+    skipped. (The reader keeps that :class:`_Undecodable`, never the handler: only pyarrow may
+    keep a handler alive, or exit would wait for it.)
+    """
+
+    __slots__ = ("fn", "undecodable", "__weakref__")
+    live: "weakref.WeakSet[_RowHandler]" = weakref.WeakSet()
+
+    def __init__(self, fn: Callable[[Any], str], undecodable: "_Undecodable"):
+        self.fn = fn
+        self.undecodable = undecodable
+        _RowHandler.live.add(self)
+        if sys.unraisablehook is not _quiet_undecodable_rows:
+            _quiet_undecodable_rows.previous = sys.unraisablehook
+            sys.unraisablehook = _quiet_undecodable_rows
+
+    def __call__(self, row: Any) -> str:
+        return self.fn(row)
+
+
+class _Undecodable:
+    """Whether pyarrow met a malformed line of a CSV reader that is not UTF-8 text
+    (:class:`_RowHandler`)."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def why(self) -> str:
+        """What to add to a parse error the reader stopped with."""
+        return ("; a malformed line that is not UTF-8 text cannot be skipped (pyarrow cannot "
+                "pass it to the bad-row handler): fix or remove it") if self.seen else ""
+
+
+def _quiet_undecodable_rows(unraisable: Any) -> None:
+    """``sys.unraisablehook`` while CSV logs are read: a UnicodeDecodeError pyarrow raised for a
+    :class:`_RowHandler` (a malformed line that is not UTF-8 text) marks the handler instead of
+    printing a traceback; everything else goes to the previous hook."""
+    handler = unraisable.object
+    if isinstance(handler, _RowHandler) and unraisable.exc_type is UnicodeDecodeError:
+        handler.undecodable.seen = True
+        return
+    _quiet_undecodable_rows.previous(unraisable)
+
+
+_quiet_undecodable_rows.previous = sys.unraisablehook
+
+
+#: Longest wait at interpreter exit for pyarrow to release CSV row handlers (seconds): a
+#: read-ahead block takes milliseconds to parse; the bound only keeps exit from hanging.
+_EXIT_WAIT_S = 10.0
+
+
+@atexit.register
+def _release_row_handlers() -> None:
+    """At exit, before the interpreter finalizes: wait until pyarrow's read-ahead threads have
+    released every CSV row handler (see :class:`_RowHandler`), at most :data:`_EXIT_WAIT_S`."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    while _RowHandler.live and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
 def _csv_reader(path: Path, delimiter: str, names: list[str], include: list[str],
-                on_bad: Callable[[Any], str], block: int | None = None
-                ) -> pacsv.CSVStreamingReader:
+                on_bad: Callable[[Any], str], undecodable: _Undecodable,
+                block: int | None = None) -> pacsv.CSVStreamingReader:
+    """A streaming CSV reader of ``path`` (every column as binary); ``on_bad`` is called with
+    each malformed line (see :class:`_RowHandler`). LogError naming the file if it cannot be
+    opened."""
+    on_bad = _RowHandler(on_bad, undecodable)
     try:
         return pacsv.open_csv(
             path,
@@ -280,14 +370,16 @@ def _csv_reader(path: Path, delimiter: str, names: list[str], include: list[str]
                 include_columns=include, column_types={c: pa.binary() for c in names},
                 strings_can_be_null=False, quoted_strings_can_be_null=False))
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise _fail(path, f"damaged CSV file near its start ({e})") from None
+        raise _fail(path, f"damaged CSV file near its start ({e}){undecodable.why()}") from None
 
 
 def _inspect_csv(path: Path, delimiter: str) -> _FileInfo:
     names = _csv_header(path, delimiter)
     types = {n: pa.binary() for n in names}
     kinds: dict[str, Kind | None] = dict.fromkeys(names)
-    reader = _csv_reader(path, delimiter, names, names, lambda row: "skip", block=1 << 20)
+    undecodable = _Undecodable()
+    reader = _csv_reader(path, delimiter, names, names, lambda row: "skip", undecodable,
+                         block=1 << 20)
     parts, n = [], 0
     try:
         for rb in reader:
@@ -296,7 +388,7 @@ def _inspect_csv(path: Path, delimiter: str) -> _FileInfo:
             if n >= _SAMPLE_ROWS:
                 break
     except (pa.ArrowException, OSError, ValueError) as e:
-        raise _fail(path, f"damaged CSV file near its start ({e})") from None
+        raise _fail(path, f"damaged CSV file near its start ({e}){undecodable.why()}") from None
     if parts:
         tab = pa.Table.from_batches(parts).slice(0, _SAMPLE_ROWS)
         for name in names:
@@ -590,20 +682,21 @@ def _convert_text(arr: pa.Array) -> _Col:
 
 
 def _convert_ts(arr: pa.Array) -> np.ndarray:
-    """Timestamps in float seconds; NaN where null or unparseable."""
+    """Timestamps in float seconds; NaN where null or unparseable. Integers beyond 2**53 are
+    rounded to the nearest float (pyarrow's checked cast refuses them)."""
     t = arr.type
+
+    def seconds(a: pa.Array) -> np.ndarray:
+        return pc.cast(a, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
     if pa.types.is_timestamp(t):
         scale = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}[t.unit]
-        return pc.cast(pc.cast(arr, pa.int64()), pa.float64()).to_numpy(
-            zero_copy_only=False) / scale
+        return seconds(pc.cast(arr, pa.int64())) / scale
     if pa.types.is_date32(t):
-        return pc.cast(pc.cast(arr, pa.int32()), pa.float64()).to_numpy(
-            zero_copy_only=False) * 86400.0
+        return seconds(pc.cast(arr, pa.int32())) * 86400.0
     if pa.types.is_date64(t):
-        return pc.cast(pc.cast(arr, pa.int64()), pa.float64()).to_numpy(
-            zero_copy_only=False) / 1e3
+        return seconds(pc.cast(arr, pa.int64())) / 1e3
     if _is_int(t) or pa.types.is_floating(t) or pa.types.is_null(t):
-        return pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+        return seconds(arr).astype(np.float64)
     s, _ = _ascii_only(arr)
     ser = pl.Series(s).str.strip_chars()
     ts = ser.cast(pl.Float64, strict=False)
@@ -931,7 +1024,9 @@ class LogReader:
                                         r.actual_columns))
             return "skip"
 
-        reader = _csv_reader(info.path, info.delimiter, info.columns, self._columns(), on_bad)
+        undecodable = _Undecodable()
+        reader = _csv_reader(info.path, info.delimiter, info.columns, self._columns(), on_bad,
+                             undecodable)
         valid = 0                          # well-formed rows seen so far
         due = 0                            # malformed rows accounted for so far
         shift = np.zeros(0, np.int64)      # mal_rows[j] - j: maps well-formed index -> file row
@@ -941,8 +1036,9 @@ class LogReader:
             except StopIteration:
                 break
             except (pa.ArrowException, OSError, ValueError) as e:
-                raise _fail(info.path, f"damaged CSV data at or after row {valid + len(mal_rows)} "
-                                       f"(0-based within this file): {e}") from None
+                at = valid + len(mal_rows)
+                raise _fail(info.path, f"damaged CSV data at or after row {at} (0-based within "
+                                       f"this file): {e}{undecodable.why()}") from None
             n = rb.num_rows
             if len(mal_rows) > shift.size:
                 new = np.asarray(mal_rows[shift.size:], np.int64)
@@ -1089,12 +1185,12 @@ class LogReader:
             text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
             if isinstance(text, str):
                 toks = text.split()
-                if kind == "single" and len(toks) > 1:
+                badtok = next((t for t in toks if not (t.lstrip("-+").isascii()
+                                                       and t.lstrip("-+").isdigit())), None)
+                if kind == "single" and len(toks) > 1 and badtok is None:
                     what = (f"{shown} holds {len(toks)} IDs but feature {column!r} is 'single'; "
                             f"declare it with features={{{column!r}: 'sequence'}}")
                 else:
-                    badtok = next((t for t in toks if not (t.lstrip("-+").isascii()
-                                                           and t.lstrip("-+").isdigit())), None)
                     what = (f"{shown} is not {'an integer ID' if kind == 'single' else 'a list of IDs'}"
                             + (f" ({_fmt_value(badtok)} is not a decimal integer)"
                                if badtok is not None else " (ID does not fit in int64)"))

@@ -16,12 +16,14 @@ import numpy as np
 
 from ..errors import BatchError, ConfigError, FormatError, IncompatibleError
 from ..formats.container import pack, unpack, write_atomic
+from ..formats.fields import field_bool, field_int, field_list, field_number, field_str, mapping
+from ..formats.files import read_bytes
 from ..kernels.pipeline import segment_min_max
 from .batch import Batch
 from .config import SketchConfig, TableConfig, normalize_tables
 from .state import check_state, state_blob
 from .summary import FrequencySummary
-from .table_stats import TableStats
+from .table_stats import TableStats, sketch_config
 
 __all__ = ["StreamStats", "stream_state", "validate_batch"]
 
@@ -77,6 +79,26 @@ def stream_state(blob: bytes) -> dict[str, Any]:
     """The :meth:`StreamStats.state` dict of the statistics whose container (``to_bytes``) is
     ``blob``: for wrappers that keep StreamStats containers (windows, decayed statistics)."""
     return {"kind": _STATE_KIND, "version": _STATE_VERSION, "blobs": {_STATE_BLOB: blob}}
+
+
+def _checked_stream_meta(meta: dict[str, Any], source: str
+                         ) -> tuple[SketchConfig, list[dict[str, Any]]]:
+    """The sketch config and the table entries of a saved :class:`StreamStats`, after checking
+    every field its header holds (types, ranges, unique features). FormatError naming the field."""
+    cfg = sketch_config(meta.get("config"), source)
+    field_bool(meta, "auto_tables", source)
+    for key in ("batches", "samples", "ids"):
+        field_int(meta, key, source)
+    for key in ("first_ts", "last_ts"):
+        field_number(meta, key, source, optional=True)
+    tables = field_list(meta, "tables", source)
+    features = set()
+    for i, tm in enumerate(tables):
+        f = field_str(mapping(tm, f"{source}: table {i}"), "feature", f"{source}: table {i}")
+        if not f or f in features:
+            raise FormatError(f"{source}: table {i} has an empty or repeated feature {f!r}")
+        features.add(f)
+    return cfg, tables
 
 
 def _sample_of(lengths: np.ndarray, pos: int) -> int:
@@ -329,22 +351,28 @@ class StreamStats:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "<bytes>") -> "StreamStats":
+        """Inverse of :meth:`to_bytes`. Every field is checked and every table validated
+        (:meth:`TableStats.from_bytes`'s checks, its config equal to the statistics') before the
+        object is built; a damaged or foreign blob raises FormatError naming ``source``."""
         meta, arrays = unpack(data, _KIND, source)
-        try:
-            cfg = SketchConfig.from_dict(meta["config"])
-            tabs = [TableConfig(tm["name"], tm["num_rows"], tm["feature"]) for tm in meta["tables"]]
-            s = cls(tabs, cfg, auto_tables=bool(meta["auto_tables"]))
-            for i, tm in enumerate(meta["tables"]):
-                parts = {k.split(".", 1)[1]: v for k, v in arrays.items()
-                         if k.split(".", 1)[0] == str(i)}
-                s._tables[tm["feature"]] = TableStats._from_parts(tm, parts, source)
-            s.batches, s.samples, s.ids = (int(meta[k]) for k in ("batches", "samples", "ids"))
-            s.first_ts, s.last_ts = meta["first_ts"], meta["last_ts"]
-        except FormatError:
-            raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise FormatError(f"{source}: statistics header is inconsistent "
-                              f"({type(e).__name__}: {e})") from None
+        cfg, tables = _checked_stream_meta(meta, source)
+        parts: dict[str, dict[str, np.ndarray]] = {}
+        for key, a in arrays.items():
+            index, _, name = key.partition(".")
+            parts.setdefault(index, {})[name] = a
+        loaded = {}
+        for i, tm in enumerate(tables):
+            t = TableStats._from_parts(tm, parts.get(str(i), {}), source)
+            if t.config != cfg:
+                raise FormatError(f"{source}: table {t.name!r} has another sketch config than "
+                                  "the statistics'")
+            loaded[tm["feature"]] = t
+        s = cls(None, cfg, auto_tables=True)
+        s._configs = {f: TableConfig(t.name, t.num_rows, f) for f, t in loaded.items()}
+        s._tables = loaded
+        s.auto_tables = meta["auto_tables"]
+        s.batches, s.samples, s.ids = (meta[k] for k in ("batches", "samples", "ids"))
+        s.first_ts, s.last_ts = meta["first_ts"], meta["last_ts"]
         return s
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -353,11 +381,10 @@ class StreamStats:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "StreamStats":
-        try:
-            data = Path(path).read_bytes()
-        except FileNotFoundError:
-            raise FormatError(f"{path}: no such statistics file") from None
-        return cls.from_bytes(data, str(path))
+        """Read a file written by :meth:`save` (see :meth:`from_bytes`); FormatError naming it."""
+        if not os.path.lexists(path):
+            raise FormatError(f"{path}: no such statistics file")
+        return cls.from_bytes(read_bytes(path, "statistics file"), str(path))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tables)

@@ -20,15 +20,18 @@ from typing import Any
 import datasketches as ds
 import numpy as np
 
-from ..errors import BatchError, FormatError, IncompatibleError
+from ..errors import BatchError, ConfigError, FormatError, IncompatibleError
 from ..formats.container import pack, unpack
+from ..formats.fields import INT64_MAX, field_int, field_number, field_str, mapping
+from ..formats.interop import check_kll_ints_image
 from ..kernels.countmin import cms_query
 from ..kernels.frequent import hh_capacity, hh_lookup, hh_misplaced, hh_rebuild, hh_union
 from ..kernels.pipeline import segment_min_max, update_table
 from .config import SketchConfig
 from .summary import FrequencySummary
 
-__all__ = ["SAMPLE_Z", "TableStats", "hll_estimate", "sampled_count_bounds"]
+__all__ = ["SAMPLE_Z", "TableStats", "checked_table_meta", "hll_estimate",
+           "sampled_count_bounds", "sketch_config"]
 
 _U32_MAX = np.uint64(0xFFFFFFFF)
 _EMPTY_U32 = np.zeros(0, dtype=np.uint32)
@@ -78,6 +81,89 @@ def _min_max(ids: np.ndarray) -> tuple[int, int]:
     lo, hi = np.empty(1, np.int64), np.empty(1, np.int64)
     segment_min_max(ids, np.array([0, ids.size], np.int64), lo, hi)
     return int(lo[0]), int(hi[0])
+
+
+def sketch_config(d: Any, where: str) -> SketchConfig:
+    """The :class:`SketchConfig` a saved file describes with ``d``; FormatError naming ``where``
+    unless ``d`` is an object of known keys whose integer fields are integers and float fields
+    finite numbers (a float ``hh_lg_size`` would pass the range checks and fail in a kernel)."""
+    d = mapping(d, f"{where} config")
+    fields = SketchConfig.__dataclass_fields__
+    for key, value in d.items():
+        f = fields.get(key)
+        if f is None:
+            continue                                   # SketchConfig names unknown keys
+        if isinstance(f.default, int):
+            field_int(d, key, f"{where} config", lo=-INT64_MAX - 1)
+        elif isinstance(f.default, float):
+            field_number(d, key, f"{where} config")
+        else:
+            field_str(d, key, f"{where} config")
+    try:
+        return SketchConfig.from_dict(d)
+    except ConfigError as e:
+        raise FormatError(f"{where}: sketch config: {e}") from None
+
+
+def _saved_bytes(config: SketchConfig, num_rows: int | None, version: int) -> int:
+    """Bytes of the count arrays a saved table of ``num_rows`` rows holds under ``config`` (exact
+    counts, or count-min, heavy-hitter and HyperLogLog arrays): keys and counts per heavy-hitter
+    slot, and from :data:`STATS_VERSION` 2 an error too. Building the table allocates at most 1.5
+    times this."""
+    if config.uses_exact(num_rows):
+        return 4 * num_rows
+    width = config.cms_width if config.cms_mode != "off" else 0
+    per_slot = 16 if version == 1 else 24
+    return 4 * config.cms_depth * width + per_slot * (1 << config.hh_lg_size) + (1 << config.hll_p)
+
+
+def checked_table_meta(meta: Any, arrays: dict[str, np.ndarray], source: str
+                       ) -> tuple[str, int | None, SketchConfig, int]:
+    """``(name, num_rows, config, stats_version)`` of a saved table, checked before anything is
+    allocated: field types and ranges, a version this library reads, and that the arrays its
+    config implies fit in the bytes the file holds for it (a damaged config or row count cannot
+    make loading allocate more than the file holds). FormatError naming the file and field
+    otherwise."""
+    meta = mapping(meta, f"{source}: table")
+    name = field_str(meta, "name", f"{source}: table")
+    where = f"{source}: table {name!r}"
+    if not name:
+        raise FormatError(f"{where}: field 'name' is empty")
+    if "num_rows" not in meta:
+        raise FormatError(f"{where}: field 'num_rows' is missing")
+    num_rows = None if meta["num_rows"] is None else field_int(meta, "num_rows", where, lo=1)
+    config = sketch_config(meta.get("config"), where)
+    for key in ("total", "samples", "saturated"):
+        field_int(meta, key, where)
+    field_int(meta, "max_id", where, lo=-1)
+    version = field_int(meta, "stats_version", where, default=1)
+    if version not in (1, STATS_VERSION, STATS_VERSION_VARIANCE):
+        raise FormatError(f"{where}: statistics version {version}; this flexshard_stream reads "
+                          f"versions 1 to {STATS_VERSION_VARIANCE}")
+    need = _saved_bytes(config, num_rows, version)
+    have = sum(a.nbytes for a in arrays.values())
+    if need > have:
+        raise FormatError(f"{where}: its sketch config and num_rows {num_rows} make "
+                          f"{need} bytes of counters; the file holds {have} for the table")
+    return name, num_rows, config, version
+
+
+def _lengths_sketch(blob: np.ndarray, config: SketchConfig, what: str) -> ds.kll_ints_sketch:
+    """The sequence-length KLL sketch saved as ``blob`` (uint8), reached by DataSketches only
+    after :func:`~flexshard_stream.formats.interop.check_kll_ints_image` accepted the image, and
+    refused unless it serializes back to the same bytes (nothing the check missed was
+    normalized away). FormatError naming ``what`` otherwise."""
+    if blob.dtype != np.uint8 or blob.ndim != 1:
+        raise FormatError(f"{what}: expected uint8 bytes, got {blob.dtype} of shape {blob.shape}")
+    image = blob.tobytes()
+    check_kll_ints_image(image, config.length_k, what)
+    try:
+        sketch = ds.kll_ints_sketch.deserialize(image)
+    except (RuntimeError, ValueError, IndexError) as e:
+        raise FormatError(f"{what}: DataSketches refused the KLL image ({e})") from None
+    if bytes(sketch.serialize()) != image:
+        raise FormatError(f"{what}: the KLL image does not serialize back to itself")
+    return sketch
 
 
 def hll_estimate(regs: np.ndarray) -> float:
@@ -544,16 +630,13 @@ class TableStats:
     def _from_parts(cls, meta: dict[str, Any], arrays: dict[str, np.ndarray],
                     source: str) -> "TableStats":
         try:
-            version = int(meta.get("stats_version", 1))
-            if version not in (1, STATS_VERSION, STATS_VERSION_VARIANCE):
-                raise FormatError(f"{source}: table {meta.get('name')!r} has statistics version "
-                                  f"{version}; this flexshard_stream reads versions 1 to "
-                                  f"{STATS_VERSION_VARIANCE}")
-            t = cls(meta["name"], meta["num_rows"], SketchConfig.from_dict(meta["config"]))
+            name, num_rows, config, version = checked_table_meta(meta, arrays, source)
+            t = cls(name, num_rows, config)
             t._load_arrays(arrays, version, source)
             if version == STATS_VERSION_VARIANCE:
-                t._load_sample_variance(meta["sample_variance"], source)
-            t._lengths = ds.kll_ints_sketch.deserialize(arrays["lengths"].tobytes())
+                t._load_sample_variance(meta.get("sample_variance"), source)
+            t._lengths = _lengths_sketch(arrays["lengths"], t.config,
+                                         f"{source}: table {t.name!r} array 'lengths'")
             t.total = int(meta["total"])
             t.samples = int(meta["samples"])
             t.saturated = int(meta["saturated"])

@@ -24,7 +24,25 @@ from .config import SketchConfig, TableConfig
 from .state import NUMBER, OPTIONAL_NUMBER, check_state, state_blob
 from .stream import StreamStats, stream_state, validate_batch
 
-__all__ = ["Clock", "WindowedStats", "DecayedStats"]
+__all__ = ["Clock", "DecayedStats", "MIN_DECAY_FACTOR", "WindowedStats", "decay_factor"]
+
+#: The smallest factor a decay scales counts by: ``2 ** -64`` already takes every count (below
+#: ``2 ** 63``) to zero, as counts are rounded down, while upper bounds are rounded up and stay
+#: valid. A longer gap forgets no more, and the factor never underflows to 0.0.
+MIN_DECAY_FACTOR = 2.0 ** -64
+
+
+def decay_factor(elapsed: float, half_life: float) -> float:
+    """``0.5 ** (elapsed / half_life)`` in closed form, clamped to ``[MIN_DECAY_FACTOR, 1]``
+    (``elapsed`` and ``half_life`` in the same unit: batches, seconds or windows). No loop, no
+    underflow: a gap of any length (even an infinite one) gives a factor
+    :meth:`~flexshard_stream.stats.stream.StreamStats.scale` accepts."""
+    if not elapsed > 0:
+        return 1.0
+    exponent = elapsed / half_life
+    if not exponent < 64:
+        return MIN_DECAY_FACTOR
+    return max(MIN_DECAY_FACTOR, 0.5 ** exponent)
 
 
 @dataclass(frozen=True)
@@ -214,16 +232,24 @@ class DecayedStats:
         pos = self.clock.position(batch, self._seen)
         if self._next is None:
             self._next = pos + self.period
-        steps = 0
-        while pos >= self._next:
-            steps += 1
-            self._next += self.period
-        if steps:
-            self.stats.scale(0.5 ** (steps * self.period / self.half_life))
-            self.decays += steps
+        if pos >= self._next:
+            self._decay_to(pos)
         self.stats.update_validated(batch, parts)
         self._seen += 1
         return self
+
+    def _decay_to(self, pos: float) -> None:
+        """Apply every decay due up to ``pos`` (at or past the next one) at once, in closed form:
+        the periods elapsed are one factor (:func:`decay_factor`), and the next decay moves to
+        the first period boundary after ``pos``. A jump of any length costs the same."""
+        nxt = pos + (self.period - (pos - self._next) % self.period)
+        if not nxt > pos:          # rounding at a huge position (then possibly pos itself)
+            nxt = pos + self.period
+        elapsed = nxt - self._next
+        self.stats.scale(decay_factor(elapsed, self.half_life))
+        periods = elapsed / self.period
+        self.decays += int(round(periods)) if periods < 2 ** 62 else 2 ** 62
+        self._next = nxt
 
     def view(self) -> StreamStats:
         """The decayed statistics (live object; copy before mutating)."""

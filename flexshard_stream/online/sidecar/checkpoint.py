@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -29,7 +28,24 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ...errors import ConfigError, FormatError
-from ...formats.files import jsonable, read_json, staging_directory, write_atomic, write_json
+from ...formats.fields import (
+    field_bool,
+    field_int,
+    field_mapping,
+    field_number,
+    field_str,
+    mapping,
+)
+from ...formats.files import (
+    check_json_digest,
+    json_digest,
+    jsonable,
+    read_bytes,
+    read_json,
+    staging_directory,
+    write_atomic,
+    write_json,
+)
 from ...placement.delta import plan_fingerprint
 from ...placement.plan import Plan
 from ..resharder import Resharder
@@ -70,12 +86,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _manifest_checksum(manifest: Mapping[str, Any]) -> str:
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    return _sha256(json.dumps(body, sort_keys=True, separators=(",", ":"),
-                              allow_nan=False).encode())
-
-
 # ------------------------------------------------------------------------------- writing
 
 
@@ -89,7 +99,7 @@ def write_checkpoint(out_dir: Path, seq: int, fields: Mapping[str, Any],
     then renamed into place: a crash leaves the previous checkpoints as they were.
     """
     final = Path(out_dir) / "checkpoints" / f"ckpt-{seq:08d}"
-    with staging_directory(final) as tmp:
+    with staging_directory(final, kind="sidecar-checkpoint", legacy=("manifest.json",)) as tmp:
         for name, blob in stats["blobs"].items():
             if Path(name).name != name or name.startswith("."):
                 raise FormatError(f"statistics state blob {name!r} is not a plain file name")
@@ -109,7 +119,7 @@ def write_checkpoint(out_dir: Path, seq: int, fields: Mapping[str, Any],
             "stats": {k: v for k, v in stats.items() if k != "blobs"},
             "resharder": {k: v for k, v in resharder.items() if k not in _PLANS},
             "has_prev_target": resharder["prev_target"] is not None, "files": files})
-        manifest["checksum"] = _manifest_checksum(manifest)
+        manifest["checksum"] = json_digest(manifest)
         write_json(tmp / "manifest.json", manifest)
     for old in list_checkpoints(out_dir)[keep:]:
         shutil.rmtree(old, ignore_errors=True)
@@ -125,35 +135,58 @@ def _verified_manifest(path: Path) -> dict:
     if not isinstance(m, dict) or m.get("format") != CHECKPOINT_FORMAT:
         raise FormatError(f"{mpath}: not a sidecar checkpoint manifest")
     if m.get("version") != FORMAT_VERSION:
-        raise FormatError(f"{mpath}: checkpoint version {m.get('version')} is not supported "
+        raise FormatError(f"{mpath}: checkpoint version {m.get('version')!r} is not supported "
                           f"(this flexshard_stream reads version {FORMAT_VERSION})")
-    try:
-        good = m.get("checksum") == _manifest_checksum(m)
-    except ValueError:
-        good = False
-    if not good:
-        raise FormatError(f"{mpath}: manifest checksum mismatch: the checkpoint is damaged")
-    if not isinstance(m.get("files"), dict):
-        raise FormatError(f"{mpath}: no file list")
+    check_json_digest(m, mpath, "checkpoint manifest")
+    _check_manifest_fields(m, str(mpath))
     return m
 
 
+def _check_manifest_fields(m: Mapping[str, Any], where: str) -> None:
+    """The types and ranges of every manifest entry a restart reads (FormatError naming the
+    field): progress, schedule, counters, the statistics' and re-sharder's state envelopes, the
+    file list."""
+    for key in ("batches", "ids"):
+        field_int(m, key, where)
+    sch = field_mapping(m, "schedule", where)
+    field_int(sch, "position", f"{where} schedule")
+    field_number(sch, "next_check", f"{where} schedule", optional=True)
+    field_str(sch, "unit", f"{where} schedule")
+    counters = field_mapping(m, "counters", where)
+    for key in COUNTER_KEYS:
+        field_int(counters, key, f"{where} counters")
+    for key in ("lost", "source_batches", "source_ids"):
+        field_int(m, key, where, default=0)
+    field_mapping(m, "source", where, default={})
+    field_mapping(m, "stats", where)
+    field_mapping(m, "resharder", where)
+    field_bool(m, "has_prev_target", where)
+    for rel, spec in field_mapping(m, "files", where).items():
+        field_int(mapping(spec, f"{where} files[{rel!r}]"), "bytes", f"{where} files[{rel!r}]")
+        field_str(spec, "sha256", f"{where} files[{rel!r}]")
+
+
 def _verified_files(path: Path, files: Mapping[str, Any]) -> dict[str, bytes]:
-    """Check every listed file's size and sha256; return the statistics blobs by name."""
+    """Check every listed file's size (before reading it) and sha256; return the statistics
+    blobs by name."""
     mpath = path / "manifest.json"
     blobs: dict[str, bytes] = {}
     for rel, spec in files.items():
         parts = Path(rel).parts
-        if Path(rel).is_absolute() or ".." in parts:
+        if not parts or Path(rel).is_absolute() or ".." in parts:
             raise FormatError(f"{mpath}: file name {rel!r} leaves the checkpoint")
         f = path / rel
         try:
-            data = f.read_bytes()
-        except FileNotFoundError:
+            size = f.stat().st_size
+        except OSError:
             raise FormatError(f"{f}: missing (listed in {mpath})") from None
-        if len(data) != spec.get("bytes") or _sha256(data) != spec.get("sha256"):
+        if size != spec["bytes"]:
+            raise FormatError(f"{f}: {size} bytes, the manifest says {spec['bytes']}: the "
+                              "checkpoint is damaged")
+        data = read_bytes(f, "checkpoint file")
+        if len(data) != spec["bytes"] or _sha256(data) != spec["sha256"]:
             raise FormatError(f"{f}: checksum mismatch ({len(data)} bytes, manifest says "
-                              f"{spec.get('bytes')}): the checkpoint is damaged")
+                              f"{spec['bytes']}): the checkpoint is damaged")
         if parts[0] == "stats":
             blobs[parts[-1]] = data
     return blobs
@@ -220,11 +253,12 @@ def read_counters(path: Path) -> dict | None:
     """``counters.json`` if it holds every cumulative counter, else None (with a warning when
     the file is there but unusable)."""
     try:
-        doc = read_json(path, "sidecar counters file")
-        if not isinstance(doc, dict) or not all(isinstance(doc.get(k), int)
-                                                for k in COUNTER_KEYS):
-            raise FormatError(f"{path}: counters missing")
-        return doc
+        doc = mapping(read_json(path, "sidecar counters file"), str(path))
+        for key in COUNTER_KEYS:
+            field_int(doc, key, str(path))
+        field_number(doc, "time", str(path), lo=0.0)
+        field_bool(doc, "closed", str(path), default=False)
+        return dict(doc)
     except FormatError as e:
         if path.exists():
             warn(f"counters file unusable ({e}); the loss since the checkpoint is unknown")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
+from ...formats.files import claim_directory
 from ...placement.plan import Plan
 from ...placement.tables import EmbeddingTable, load_tables
 from ...placement.topology import Topology
@@ -150,7 +151,10 @@ class Sidecar:
             sampling=self._sampling(cpu_budget, max_sample_k, ingest_threads, int(nice)))
         self.checkpoint_every_s = self._ingest.checkpoint_every_s
         self.counters_every_s = self._ingest.counters_every_s
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        # refuses a file or a non-empty directory a sidecar did not write (nothing of the user's
+        # is overwritten or pruned); directories of earlier versions are known by their entries
+        claim_directory(self.out_dir, "sidecar",
+                        legacy=(".lock", "state.json", "counters.json", "checkpoints"))
         self._lock_fd = lock_directory(self.out_dir)
         try:
             self._start(resume)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, FormatError
+from ...formats.fields import field_int, field_str
 from ...formats.files import fsync_directory, jsonable, read_json, write_json
 from ...placement.delta import PlanDelta, plan_fingerprint
 from ...placement.plan import Plan
@@ -38,6 +40,18 @@ def lock_directory(out_dir: Path) -> int:
         raise ConfigError(f"{out_dir} is in use by another sidecar (lock "
                           f"{out_dir / '.lock'} held)") from None
     return fd
+
+
+def _check_state_fields(state: Mapping[str, Any], path: Path) -> None:
+    """The fields of ``state.json`` a restart reads: ``seq`` (an integer >= 0), ``plan`` (a plan
+    directory of this out_dir, ``plans/NNNNNN``: never a path elsewhere to load or link to) and
+    ``plan_fingerprint`` (a string). FormatError naming the field otherwise."""
+    field_int(state, "seq", str(path))
+    plan = field_str(state, "plan", str(path))
+    if re.fullmatch(r"plans/[0-9]{6,}", plan) is None:
+        raise FormatError(f"{path}: field 'plan' must name a plan directory plans/NNNNNN of this "
+                          f"out_dir, got {plan[:80]!r}")
+    field_str(state, "plan_fingerprint", str(path))
 
 
 def _numbered(directory: Path, suffix: str) -> list[tuple[int, Path]]:
@@ -178,6 +192,7 @@ class Publisher:
             state = read_json(path, "sidecar state file")
             if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
                 raise FormatError(f"{path}: not a sidecar state file")
+            _check_state_fields(state, path)
             pub = Plan.load(self.out_dir / state["plan"])
             fp = plan_fingerprint(pub)
             if fp != state.get("plan_fingerprint"):
