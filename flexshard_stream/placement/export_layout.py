@@ -16,9 +16,10 @@ chosen individually (replicas, explicitly placed rows) and the GPUs, never to ``
 4. inside a block: its placed rows (by ID), then its runs of other rows (by ID).
 
 The largest possible number of cold rows stays on its plan GPU (``sum over GPUs of min(plan rows,
-block size)``) when the cold function is a set of ranges (equal or weighted). A hashed cold function
-spreads rows that TorchRec's contiguous blocks cannot follow without a per-row table: its rows are
-laid out in ID order (the explicitly placed rows still go first to their plan GPU).
+block size)``) when the cold function is a set of ranges (equal or weighted), or a hash over at most
+:data:`HASH_ROW_BY_ROW_ROWS` rows (laid out row by row: a remap entry per row). A larger hashed cold
+function spreads rows that TorchRec's contiguous blocks cannot follow without a per-row table: its
+rows are laid out in ID order (the explicitly placed rows still go first to their plan GPU).
 """
 
 from __future__ import annotations
