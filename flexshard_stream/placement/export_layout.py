@@ -138,7 +138,8 @@ def map_table(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: 
 
     ``cold_sharding``: ``auto``, ``row_wise``, ``table_row_wise`` or ``table_wise``;
     ``node_replicas``: ``hot`` (into the data-parallel table) or ``cold`` (regular rows of the cold
-    function). Memory ``O(replicas + placed rows + GPUs)``.
+    function). Memory ``O(replicas + placed rows + GPUs)``; ``O(rows)`` for a hashed cold function
+    of at most :data:`HASH_ROW_BY_ROW_ROWS` rows (laid out row by row).
     """
     H = tp.table.num_rows
     if tp.replicated:
