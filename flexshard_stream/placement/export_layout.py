@@ -16,9 +16,10 @@ chosen individually (replicas, explicitly placed rows) and the GPUs, never to ``
 4. inside a block: its placed rows (by ID), then its runs of other rows (by ID).
 
 The largest possible number of cold rows stays on its plan GPU (``sum over GPUs of min(plan rows,
-block size)``) when the cold function is a set of ranges (equal or weighted). A hashed cold function
-spreads rows that TorchRec's contiguous blocks cannot follow without a per-row table: its rows are
-laid out in ID order (the explicitly placed rows still go first to their plan GPU).
+block size)``) when the cold function is a set of ranges (equal or weighted), or a hash over at most
+:data:`HASH_ROW_BY_ROW_ROWS` rows (laid out row by row: a remap entry per row). A larger hashed cold
+function spreads rows that TorchRec's contiguous blocks cannot follow without a per-row table: its
+rows are laid out in ID order (the explicitly placed rows still go first to their plan GPU).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..kernels.hashing import mix64_np
 from .id_remap import IdRemap, regular_rank
 from .plan import ColdSharding, TablePlan
 from .topology import Topology
@@ -124,6 +126,11 @@ class TableMapping:
         return self.remap.num_rows - self.hot_rows
 
 
+#: Largest table whose hashed cold function is exported row by row (about a remap entry, 16
+#: bytes, per row: 64 MiB at this size); larger hashed tables are laid out in ID order.
+HASH_ROW_BY_ROW_ROWS = 1 << 22
+
+
 # ----------------------------------------------------------------------------- the mapping
 def map_table(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: str
               ) -> TableMapping:
@@ -131,7 +138,8 @@ def map_table(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: 
 
     ``cold_sharding``: ``auto``, ``row_wise``, ``table_row_wise`` or ``table_wise``;
     ``node_replicas``: ``hot`` (into the data-parallel table) or ``cold`` (regular rows of the cold
-    function). Memory ``O(replicas + placed rows + GPUs)``.
+    function). Memory ``O(replicas + placed rows + GPUs)``; ``O(rows)`` for a hashed cold function
+    of at most :data:`HASH_ROW_BY_ROW_ROWS` rows (laid out row by row).
     """
     H = tp.table.num_rows
     if tp.replicated:
@@ -164,12 +172,17 @@ def map_table(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: 
     exceptions = np.concatenate([hot, np.stack([tp.placed_ids, K + placed], axis=1)])
     exceptions = exceptions[np.argsort(exceptions[:, 0], kind="stable")]
     segments[:, 1] += K
-    cold = ColdLayout(kind, ranks, caps, None if tp.cold.kind == "hash" else layout.kept,
+    in_id_order = tp.cold.kind == "hash" and not layout.row_by_row
+    cold = ColdLayout(kind, ranks, caps, None if in_id_order else layout.kept,
                       layout.placed_kept, np.flatnonzero(counts).tolist(), cnotes)
-    if tp.cold.kind == "hash":
+    if in_id_order:
         cold.notes.append("hashed cold function: TorchRec's blocks are contiguous, so its rows "
                           "are laid out in ID order (explicitly placed rows still go to their "
-                          "plan GPU first)")
+                          f"plan GPU first; tables up to {HASH_ROW_BY_ROW_ROWS:,} rows are laid "
+                          f"out row by row)")
+    elif tp.cold.kind == "hash":
+        cold.notes.append("hashed cold function laid out row by row: each row in its hash GPU's "
+                          "block while the block has room (a remap entry per row)")
     return TableMapping(IdRemap(H, exceptions, _merge_runs(segments)), K, hot_ids,
                         int(tp.global_ids.size), node_hot,
                         int(tp.node_ids.size) - node_hot, cold, notes + cnotes)
@@ -263,13 +276,15 @@ class _ColdFill:
         self.room = caps.astype(np.int64).copy()
         self.kept = 0
         self.placed_kept = 0
+        self.row_by_row = tp.cold.kind == "hash" and tp.table.num_rows <= HASH_ROW_BY_ROW_ROWS
 
     def run(self) -> tuple[np.ndarray, np.ndarray]:
         placed_block = self._keep_placed()
-        pieces, overflow = self._keep_regular()
+        pieces, overflow = self._keep_hashed() if self.row_by_row else self._keep_regular()
         self._fill_placed(placed_block)
-        pieces += self._fill_regular(overflow)
-        return self._layout(placed_block, pieces)
+        filled = self._fill_regular(overflow)
+        both = [np.asarray(x, np.int64).reshape(-1, 3) for x in (pieces, filled)]
+        return self._layout(placed_block, np.concatenate(both))
 
     def _keep_placed(self) -> np.ndarray:
         """Block of each placed row kept on its plan GPU (-1 for the others)."""
@@ -302,6 +317,28 @@ class _ColdFill:
                 overflow.append((r0 + keep, r1 - r0 - keep))
         return pieces, overflow
 
+    def _keep_hashed(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """:meth:`_keep_regular` for a hashed cold function, row by row: each regular row (by
+        rank, i.e. by ID) stays in its hash GPU's block while the block has room; pieces of one
+        row, and the overflow as runs ``(rank start, rows)``."""
+        tp, n, c = self.tp, self.n, self.tp.cold
+        regular = np.setdiff1d(np.arange(tp.table.num_rows, dtype=np.int64), self.exc_ids)
+        gpu = c.gpus[(mix64_np(regular, c.seed) % np.uint64(c.gpus.size)).astype(np.int64)]
+        j = np.where(gpu < self.pos.size, self.pos[np.minimum(gpu, self.pos.size - 1)], n)
+        order = np.argsort(j, kind="stable")          # by block, rank order inside
+        js = j[order]
+        first = np.searchsorted(js, np.arange(n + 1))
+        keep = np.empty(regular.size, np.bool_)
+        keep[order] = np.arange(js.size) - first[js] < np.append(self.room, 0)[js]
+        kept = np.flatnonzero(keep)
+        self.room -= np.bincount(j[kept], minlength=n + 1)[:n]
+        self.kept += int(kept.size)
+        pieces = np.stack([kept, np.ones(kept.size, np.int64), j[kept]], axis=1)
+        lost = np.flatnonzero(~keep)
+        starts = np.flatnonzero(np.diff(lost, prepend=-2) != 1)     # runs of consecutive ranks
+        ends = np.append(starts[1:], lost.size)
+        return pieces, [(int(lost[a]), int(b - a)) for a, b in zip(starts, ends)]
+
     def _fill_placed(self, block: np.ndarray) -> None:
         """Placed rows not kept take the free slots, block by block, by ID (in place)."""
         rest = np.flatnonzero(block < 0)
@@ -326,7 +363,7 @@ class _ColdFill:
                 rows -= take
         return pieces
 
-    def _layout(self, placed_block: np.ndarray, pieces: list[tuple[int, int, int]]
+    def _layout(self, placed_block: np.ndarray, pieces: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
         """Cold indices: each block holds its placed rows (by ID), then its pieces (by rank)."""
         n = self.n
@@ -336,7 +373,7 @@ class _ColdFill:
         placed = np.empty(pb.size, np.int64)
         placed[order] = self.starts[pb] + (np.arange(pb.size) - first[pb])
         per_block = np.bincount(pb, minlength=n).astype(np.int64)
-        if not pieces:
+        if not len(pieces):
             return placed, np.zeros((0, 2), np.int64)
         p = np.asarray(pieces, np.int64).reshape(-1, 3)
         p = p[np.lexsort((p[:, 0], p[:, 2]))]
