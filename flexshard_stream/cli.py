@@ -226,6 +226,8 @@ def _sketch_logs(paths: List[Path], features: Optional[List[str]], read_batch_si
     reader = LogReader([str(p) for p in paths], features=features,
                        read_batch_size=read_batch_size, skip_bad_rows=skip_bad_rows,
                        rows=rows)
+    if not features and _time_like(reader.schema.keys):
+        _warn(_time_column_hint(reader.schema.keys))
     with Progress(TextColumn("[bold]sketching[/]"), BarColumn(), TextColumn("{task.fields[ids]}"),
                   TimeElapsedColumn(), disable=not show_progress, transient=True,
                   console=_stderr_console()) as prog:
@@ -527,17 +529,40 @@ def _resolve_tables(logs: List[Path], tables: Optional[Path], mode: IdMode):
     if tables is not None:
         return load_tables(tables), str(tables)
     tabs = infer_tables([str(p) for p in logs], ids=mode, headroom=DEFAULT_HEADROOM)
+    if _time_like([t.name for t in tabs]):
+        _warn(_time_column_hint([t.name for t in tabs]))
     if mode.rows is not None:
         return tabs, f"inferred from the log, {mode.rows:,} rows each (--ids {mode})"
     return tabs, (f"inferred from the log, num_rows = {DEFAULT_HEADROOM:g} x (largest ID + 1); "
                   f"flexshard-stream tables writes them to a file")
 
 
+_TIME_LIKE = re.compile(r"(?i)^(time|timestamp|datetime|date|epoch|event_?time|"
+                        r".+_(time|timestamp|ts|date|at))$")
+
+
+def _time_like(names: Sequence[str]) -> list[str]:
+    """Feature columns whose name says sample time (``timestamp``, ``event_time``, ...): read as
+    ID columns (tables) unless named ``ts``."""
+    return [n for n in names if _TIME_LIKE.match(n)]
+
+
+def _time_column_hint(names: Sequence[str]) -> str:
+    """How to keep time-like columns ``names`` out of the tables (empty when there are none)."""
+    cols = _time_like(names)
+    if not cols:
+        return ""
+    return (f"{', '.join(repr(c) for c in cols)} looks like the sample time, read here as an ID "
+            f"column (a table): rename it ts (the timestamp column), or name the ID columns with "
+            f"--features (stats, tables) and plan with the tables file `flexshard-stream tables "
+            f"LOG --features A,B --out tables.toml` writes")
+
+
 def _memory_hints(big: Sequence[str], host_memory: bool = False, factor: float = 1.0) -> str:
     """The ways out of a plan that does not fit: hashing the IDs of the ``big`` tables, the host
     memory tier (unless used), more GPUs (unless ``factor``, the excess, is beyond them), smaller
     tables."""
-    ways = []
+    ways = [_time_column_hint(big)] if _time_like(big) else []
     if big:
         ways.append(f"hash the IDs of {', '.join(big)} (--ids hash:ROWS, or size the tables with "
                     f"`flexshard-stream tables LOG --ids hash --out tables.toml`)")

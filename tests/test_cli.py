@@ -250,3 +250,16 @@ def test_example_tables_file_plans_the_default_trace(tmp_path):
     assert doc["settings"]["tables_source"] == str(EXAMPLE_TABLES)
     assert {t["table"] for t in doc["tables"]} == {"item_history", "query_tokens",
                                                    "page_topics", "ad_id"}
+
+
+def test_a_time_like_column_is_named_with_the_way_out(tmp_path):
+    """A log whose time column is called 'timestamp' (MovieLens) reads it as an ID column: the
+    newcomer is told, with how to keep it out; naming the features says nothing."""
+    log = tmp_path / "ratings.csv"
+    log.write_text("userId,movieId,timestamp\n1,10,964982703\n2,11,964981247\n1,12,964982224\n")
+    r = runner.invoke(app, ["stats", str(log)])
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())
+    assert "'timestamp' looks like the sample time" in said and "rename it ts" in said
+    r = runner.invoke(app, ["stats", str(log), "--features", "userId,movieId"])
+    assert r.exit_code == 0 and "looks like the sample time" not in r.output
