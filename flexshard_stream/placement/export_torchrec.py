@@ -87,7 +87,8 @@ __all__ = ["export_torchrec", "load_torchrec_export", "plan_from_export", "Torch
            "torchrec_rw_shard_rows", "check_export_target", "describe_export",
            "PARAMETER_CONSTRAINTS_FIELDS", "COLD_SHARDINGS", "NODE_REPLICAS",
            "EXPORT_SCHEMA_VERSION", "MANIFEST_FILE", "CONSTRAINTS_FILE", "CONFIGS_FILE",
-           "SHARDING_PLAN_FILE", "HOT_SUFFIX", "COLD_SUFFIX"]
+           "SHARDING_PLAN_FILE", "HOT_SUFFIX", "COLD_SUFFIX", "sharding_plan_from_doc",
+           "MODULE_PATHS"]
 
 TORCHREC_VERSION = "1.8.0"
 #: Version 2: the compact remap (IdRemap) and sharding_plan.json; version 1 (a dense int64[H]
@@ -889,6 +890,52 @@ def torchrec_embedding_configs(path: str | os.PathLike) -> list[Any]:
     return out
 
 
+#: Default module paths of the two collections (``torchrec_loader.EmbeddingModules``).
+MODULE_PATHS: dict[str, str] = {"EmbeddingBagCollection": "ebc", "EmbeddingCollection": "ec"}
+
+
+def sharding_plan_from_doc(doc: Mapping[str, Any], *, device: str = "cuda",
+                           module_paths: Mapping[str, str] | None = None,
+                           dense_sequence_hot: bool = False) -> Any:
+    """The ``ShardingPlan`` of a ``sharding_plan.json`` document (see
+    :func:`torchrec_sharding_plan`). TorchRec is imported here, lazily."""
+    from torchrec.distributed.sharding_plan import placement
+    from torchrec.distributed.types import (
+        CacheAlgorithm,
+        CacheParams,
+        EmbeddingModuleShardingPlan,
+        EnumerableShardingSpec,
+        ParameterSharding,
+        ShardingPlan,
+        ShardMetadata,
+    )
+
+    paths = dict(MODULE_PATHS, **(module_paths or {}))
+    local = int(doc["local_world_size"])
+    plans: dict[str, dict[str, Any]] = {}
+    for name, e in doc["tables"].items():
+        if dense_sequence_hot and e["module"] == "EmbeddingCollection" and \
+                e["sharding_type"] == "data_parallel":
+            continue
+        spec = None
+        if e["shards"] is not None:
+            spec = EnumerableShardingSpec([
+                ShardMetadata(shard_offsets=list(s["offsets"]), shard_sizes=list(s["sizes"]),
+                              placement=placement(device, int(s["rank"]), local))
+                for s in e["shards"]])
+        cache = None
+        if e.get("cache_params"):
+            c = e["cache_params"]
+            cache = CacheParams(algorithm=CacheAlgorithm[c["algorithm"]],
+                                load_factor=c["load_factor"])
+        if e["module"] not in paths:
+            raise ConfigError(f"sharding plan table {name!r}: unknown module {e['module']!r}")
+        plans.setdefault(paths[e["module"]], {})[name] = ParameterSharding(
+            sharding_type=e["sharding_type"], compute_kernel=e["compute_kernel"],
+            ranks=list(e["ranks"]), sharding_spec=spec, cache_params=cache)
+    return ShardingPlan({p: EmbeddingModuleShardingPlan(d) for p, d in plans.items()})
+
+
 def torchrec_sharding_plan(path: str | os.PathLike, *, device: str = "cuda",
                            module_paths: Mapping[str, str] | None = None,
                            dense_sequence_hot: bool | None = None) -> Any:
@@ -914,8 +961,6 @@ def torchrec_sharding_plan(path: str | os.PathLike, *, device: str = "cuda",
         sync (the same all-reduce), because fbgemm-gpu-cpu's dense kernel pools sequence lookups
         (docs/TORCHREC_RUNTIME.md). Default: on CPU only.
     """
-    from .torchrec_loader import sharding_plan_from_doc
-
     p = Path(path)
     doc = _read_json(p / SHARDING_PLAN_FILE if p.is_dir() else p, "sharding plan")
     if dense_sequence_hot is None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -38,10 +38,11 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from ..errors import ConfigError
 from .export_torchrec import (
+    MODULE_PATHS,
     TorchRecExport,
     load_torchrec_export,
+    sharding_plan_from_doc,
     torchrec_embedding_configs,
     torchrec_sharding_plan,
 )
@@ -50,8 +51,6 @@ from .id_remap import IdRemap
 __all__ = ["remap_ids", "TableRemap", "KJTRemap", "EmbeddingModules", "exported_embeddings",
            "exported_modules", "sharding_plan_from_doc", "MODULE_PATHS"]
 
-#: Default module paths of the two collections in :class:`EmbeddingModules`.
-MODULE_PATHS: Dict[str, str] = {"EmbeddingBagCollection": "ebc", "EmbeddingCollection": "ec"}
 _INT32_ROWS = 2**31
 
 
@@ -341,48 +340,6 @@ def exported_embeddings(export: "TorchRecExport | str | os.PathLike", device: st
     plain = [c for c in seq if dense_sequence_hot and c.name in dp]
     return EmbeddingModules(pooled, [c for c in seq if c not in plain], plain, is_weighted,
                             device)
-
-
-def sharding_plan_from_doc(doc: Mapping[str, Any], *, device: str = "cuda",
-                           module_paths: Optional[Mapping[str, str]] = None,
-                           dense_sequence_hot: bool = False) -> Any:
-    """The ``ShardingPlan`` of a ``sharding_plan.json`` document (see
-    :func:`~flexshard_stream.placement.export_torchrec.torchrec_sharding_plan`)."""
-    from torchrec.distributed.sharding_plan import placement
-    from torchrec.distributed.types import (
-        CacheAlgorithm,
-        CacheParams,
-        EmbeddingModuleShardingPlan,
-        EnumerableShardingSpec,
-        ParameterSharding,
-        ShardingPlan,
-        ShardMetadata,
-    )
-
-    paths = dict(MODULE_PATHS, **(module_paths or {}))
-    local = int(doc["local_world_size"])
-    plans: Dict[str, Dict[str, Any]] = {}
-    for name, e in doc["tables"].items():
-        if dense_sequence_hot and e["module"] == "EmbeddingCollection" and \
-                e["sharding_type"] == "data_parallel":
-            continue
-        spec = None
-        if e["shards"] is not None:
-            spec = EnumerableShardingSpec([
-                ShardMetadata(shard_offsets=list(s["offsets"]), shard_sizes=list(s["sizes"]),
-                              placement=placement(device, int(s["rank"]), local))
-                for s in e["shards"]])
-        cache = None
-        if e.get("cache_params"):
-            c = e["cache_params"]
-            cache = CacheParams(algorithm=CacheAlgorithm[c["algorithm"]],
-                                load_factor=c["load_factor"])
-        if e["module"] not in paths:
-            raise ConfigError(f"sharding plan table {name!r}: unknown module {e['module']!r}")
-        plans.setdefault(paths[e["module"]], {})[name] = ParameterSharding(
-            sharding_type=e["sharding_type"], compute_kernel=e["compute_kernel"],
-            ranks=list(e["ranks"]), sharding_spec=spec, cache_params=cache)
-    return ShardingPlan({p: EmbeddingModuleShardingPlan(d) for p, d in plans.items()})
 
 
 def exported_modules(path: "str | os.PathLike", *, device: str = "cuda",
