@@ -226,8 +226,8 @@ def _sketch_logs(paths: List[Path], features: Optional[List[str]], read_batch_si
     reader = LogReader([str(p) for p in paths], features=features,
                        read_batch_size=read_batch_size, skip_bad_rows=skip_bad_rows,
                        rows=rows)
-    if not features and _time_like(reader.schema.keys):
-        _warn(_time_column_hint(reader.schema.keys))
+    if not features:
+        _warn_time_columns(reader.schema.keys)
     with Progress(TextColumn("[bold]sketching[/]"), BarColumn(), TextColumn("{task.fields[ids]}"),
                   TimeElapsedColumn(), disable=not show_progress, transient=True,
                   console=_stderr_console()) as prog:
@@ -416,6 +416,8 @@ def tables_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs 
     mode = ids or IdMode()
     try:
         kinds = _table_kinds(logs, feats)
+        if feats is None:
+            _warn_time_columns(list(kinds))
         st, _, _ = _sketch_logs(logs, list(kinds), 65536, show_progress=not json_out)
         sizing = size_tables(st.tables, kinds, headroom=headroom, ids=mode, dim=dim,
                              dtype=dtype.lower(), optimizer_state_bytes=optimizer_state_bytes)
@@ -529,8 +531,7 @@ def _resolve_tables(logs: List[Path], tables: Optional[Path], mode: IdMode):
     if tables is not None:
         return load_tables(tables), str(tables)
     tabs = infer_tables([str(p) for p in logs], ids=mode, headroom=DEFAULT_HEADROOM)
-    if _time_like([t.name for t in tabs]):
-        _warn(_time_column_hint([t.name for t in tabs]))
+    _warn_time_columns([t.name for t in tabs])
     if mode.rows is not None:
         return tabs, f"inferred from the log, {mode.rows:,} rows each (--ids {mode})"
     return tabs, (f"inferred from the log, num_rows = {DEFAULT_HEADROOM:g} x (largest ID + 1); "
@@ -556,6 +557,13 @@ def _time_column_hint(names: Sequence[str]) -> str:
             f"column (a table): rename it ts (the timestamp column), or name the ID columns with "
             f"--features (stats, tables) and plan with the tables file `flexshard-stream tables "
             f"LOG --features A,B --out tables.toml` writes")
+
+
+def _warn_time_columns(names: Sequence[str]) -> None:
+    """The :func:`_time_column_hint` of the feature columns ``names`` as a warning, if any."""
+    hint = _time_column_hint(names)
+    if hint:
+        _warn(hint)
 
 
 def _memory_hints(big: Sequence[str], host_memory: bool = False, factor: float = 1.0) -> str:

@@ -263,3 +263,6 @@ def test_a_time_like_column_is_named_with_the_way_out(tmp_path):
     assert "'timestamp' looks like the sample time" in said and "rename it ts" in said
     r = runner.invoke(app, ["stats", str(log), "--features", "userId,movieId"])
     assert r.exit_code == 0 and "looks like the sample time" not in r.output
+    r = runner.invoke(app, ["tables", str(log), "--out", str(tmp_path / "t.toml")])
+    assert r.exit_code == 0, r.output
+    assert "'timestamp' looks like the sample time" in " ".join(r.output.split())
