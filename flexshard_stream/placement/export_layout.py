@@ -258,6 +258,18 @@ def _regular_runs(cold: ColdSharding, exc_ids: np.ndarray, num_rows: int
             if rb[j + 1] > rb[j]]
 
 
+def _first_in_room(block: np.ndarray, ids: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Which items stay in their block: per block ``j`` (``room.size`` for none), the first
+    ``room[j]`` of its items by ID. A bool mask in the items' order."""
+    n = room.size
+    order = np.lexsort((ids, block))
+    js = block[order]
+    first = np.searchsorted(js, np.arange(n + 1))
+    keep = np.empty(ids.size, np.bool_)
+    keep[order] = np.arange(js.size) - first[np.minimum(js, n)] < np.append(room, 0)[js]
+    return keep
+
+
 class _ColdFill:
     """The cold rows of one table filled into TorchRec's blocks (steps 2-4 of the module
     docstring). :meth:`run` returns the cold index of every placed row and the regular rows'
@@ -290,14 +302,10 @@ class _ColdFill:
         """Block of each placed row kept on its plan GPU (-1 for the others)."""
         tp, n = self.tp, self.n
         pj = self.pos[tp.placed_gpus]
-        order = np.lexsort((tp.placed_ids, pj))
-        js = pj[order]
-        first = np.searchsorted(js, np.arange(n + 1))
-        within = np.arange(js.size) - first[np.minimum(js, n)]
-        keep = within < np.append(self.caps, 0)[js]
+        keep = _first_in_room(pj, tp.placed_ids, self.caps)
         block = np.full(tp.placed_ids.size, -1, np.int64)
-        block[order[keep]] = js[keep]
-        self.room -= np.bincount(js[keep], minlength=n + 1)[:n]
+        block[keep] = pj[keep]
+        self.room -= np.bincount(pj[keep], minlength=n + 1)[:n]
         self.placed_kept = int(keep.sum())
         self.kept += self.placed_kept
         return block
@@ -325,11 +333,7 @@ class _ColdFill:
         regular = np.setdiff1d(np.arange(tp.table.num_rows, dtype=np.int64), self.exc_ids)
         gpu = c.gpus[(mix64_np(regular, c.seed) % np.uint64(c.gpus.size)).astype(np.int64)]
         j = np.where(gpu < self.pos.size, self.pos[np.minimum(gpu, self.pos.size - 1)], n)
-        order = np.argsort(j, kind="stable")          # by block, rank order inside
-        js = j[order]
-        first = np.searchsorted(js, np.arange(n + 1))
-        keep = np.empty(regular.size, np.bool_)
-        keep[order] = np.arange(js.size) - first[js] < np.append(self.room, 0)[js]
+        keep = _first_in_room(j, regular, self.room)
         kept = np.flatnonzero(keep)
         self.room -= np.bincount(j[kept], minlength=n + 1)[:n]
         self.kept += int(kept.size)
