@@ -40,10 +40,15 @@ from flexshard_stream.kernels.traffic import table_traffic  # noqa: E402
 
 from flexshard_stream.placement.baselines import row_wise  # noqa: E402
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
-from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan  # noqa: E402
-from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
-from flexshard_stream.placement.topology import Topology  # noqa: E402
-from flexshard_stream.sources.synth import IdPermutation, sample_lengths, zipf_pmf_head, zipf_ranks  # noqa: E402
+from flexshard_stream.plans.plan import ColdSharding, Plan, TablePlan  # noqa: E402
+from flexshard_stream.plans.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.plans.topology import Topology  # noqa: E402
+from flexshard_stream.sources.synth import (  # noqa: E402
+    IdPermutation,
+    sample_lengths,
+    zipf_pmf_head,
+    zipf_ranks,
+)
 from flexshard_stream.stats.batch import Batch, rebatch  # noqa: E402
 from flexshard_stream.stats.config import TableConfig  # noqa: E402
 from flexshard_stream.stats.stream import validate_batch  # noqa: E402

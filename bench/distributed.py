@@ -4,7 +4,7 @@ in the same run; IDs per second each, and whether the resulting plans are identi
 
 Log: the ``"default"`` synthetic preset (four tables: two sequence features, a pooled bag, one ID;
 about 57 IDs per sample), written with ``synth.write_log`` as ``--files`` parquet files (16). Every
-engine runs :func:`flexshard_stream.online.distributed.window_stats` with ``num_workers=2`` (the same
+engine runs :func:`flexshard_stream.sources.distributed.window_stats` with ``num_workers=2`` (the same
 division of the work), default sketch sizes, every table sketched (row counts not given). Each
 engine's windows are merged into one :class:`StreamStats` and planned with ``plan_flexshard`` on the
 ``2x8`` topology; the plans are compared with ``==``.
@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flexshard_stream import SketchConfig, StreamStats
-from flexshard_stream.online.distributed import window_stats
+from flexshard_stream.sources.distributed import window_stats
 
 
 def write_logs(out: Path, samples: int, files: int, seed: int = 0) -> tuple[list[str], object]:
@@ -61,8 +61,8 @@ def write_logs(out: Path, samples: int, files: int, seed: int = 0) -> tuple[list
 def plan_of(windows, spec):
     """FlexShard plan of the merged windows on the 2x8 topology."""
     from flexshard_stream.placement.planner import plan_flexshard
-    from flexshard_stream.placement.tables import EmbeddingTable
-    from flexshard_stream.placement.topology import Topology
+    from flexshard_stream.plans.tables import EmbeddingTable
+    from flexshard_stream.plans.topology import Topology
     merged = StreamStats.from_bytes(windows[0].stats.to_bytes())
     for w in windows[1:]:
         merged.merge(w.stats)

@@ -56,16 +56,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flexshard_stream.online import resharder as resharder_module  # noqa: E402
 from flexshard_stream.online.resharder import ReshardConfig, Resharder, default_stats  # noqa: E402
 from flexshard_stream.placement.cost import CostModel, evaluate_trace  # noqa: E402
-from flexshard_stream.placement.delta import (  # noqa: E402
+from flexshard_stream.placement.planner import plan_flexshard  # noqa: E402
+from flexshard_stream.plans.delta import (  # noqa: E402
     DEFAULT_PAUSE_S,
     MigrationCost,
     PlanDelta,
     migration_cost,
     plan_fingerprint,
 )
-from flexshard_stream.placement.planner import plan_flexshard  # noqa: E402
-from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
-from flexshard_stream.placement.topology import Topology  # noqa: E402
+from flexshard_stream.plans.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.plans.topology import Topology  # noqa: E402
 from flexshard_stream.sources import drift  # noqa: E402
 from flexshard_stream.sources.synth import TableSpec  # noqa: E402
 from flexshard_stream.stats.batch import Batch, concat_batches, slice_batch  # noqa: E402
@@ -437,8 +437,8 @@ def _pause_rank(rank: int, job: dict) -> None:
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
-    from flexshard_stream.online import torchrec_world as tw
-    from flexshard_stream.online.torchrec_runtime import TableSharding, initial_weights
+    from flexshard_stream.bridge import world as tw
+    from flexshard_stream.bridge.runtime import TableSharding, initial_weights
 
     os.environ.update(LOCAL_WORLD_SIZE=str(PAUSE_LOCAL), LOCAL_RANK=str(rank % PAUSE_LOCAL),
                       RANK=str(rank), WORLD_SIZE=str(PAUSE_WORLD))

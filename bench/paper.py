@@ -65,8 +65,8 @@ from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evalua
 #: The execution profile of every figure here: the paper reproduction is the idealized model.
 PROFILE = "ideal"
 from flexshard_stream.placement.planner import PlannerConfig, plan_flexshard  # noqa: E402
-from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
-from flexshard_stream.placement.topology import Topology  # noqa: E402
+from flexshard_stream.plans.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.plans.topology import Topology  # noqa: E402
 from flexshard_stream.sources.synth import IdPermutation, zipf_pmf_head  # noqa: E402
 from flexshard_stream.stats.batch import Batch  # noqa: E402
 from flexshard_stream.stats.config import SketchConfig  # noqa: E402

@@ -48,9 +48,13 @@ from paper import plan_and_eval
 from flexshard_stream import synth  # noqa: E402
 from flexshard_stream.placement.baselines import row_wise  # noqa: E402
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
-from flexshard_stream.placement.recshard import cold_rows_per_gpu, slow_memory_report, split_cold  # noqa: E402
-from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
-from flexshard_stream.placement.topology import Topology  # noqa: E402
+from flexshard_stream.placement.recshard import (  # noqa: E402
+    cold_rows_per_gpu,
+    slow_memory_report,
+    split_cold,
+)
+from flexshard_stream.plans.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.plans.topology import Topology  # noqa: E402
 
 DIM, DTYPE, STATE_BYTES = 128, "fp32", 4
 SETTINGS = (("dedup_on", True), ("dedup_off", False))

@@ -62,10 +62,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ingest import SAMPLED_STREAM_IDS, as_batches, recall_and_err, zipf_ids
 
 from flexshard_stream.online.resharder import ReshardConfig
-from flexshard_stream.online.ring import ring_throughput
 from flexshard_stream.online.sidecar import Sidecar, read_checkpoint
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
+from flexshard_stream.sources.ring import ring_throughput
 from flexshard_stream.stats.batch import Batch
 from flexshard_stream.stats.stream import StreamStats
 

@@ -45,17 +45,25 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flexshard_stream.online.torchrec_runtime import (  # noqa: E402
-    TRACE_DATASETS, compare_components, expected_export_collectives, run_sharded_cases,
-    run_unsharded, trace_workload)
+from flexshard_stream.bridge.export import (  # noqa: E402
+    export_torchrec,
+    load_torchrec_export,
+    plan_from_export,
+)
+from flexshard_stream.bridge.runtime import (  # noqa: E402
+    TRACE_DATASETS,
+    compare_components,
+    expected_export_collectives,
+    run_sharded_cases,
+    run_unsharded,
+    trace_workload,
+)
 from flexshard_stream.placement import baselines  # noqa: E402
 from flexshard_stream.placement.cost import CostModel  # noqa: E402
-from flexshard_stream.placement.export_torchrec import (  # noqa: E402
-    export_torchrec, load_torchrec_export, plan_from_export)
-from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan  # noqa: E402
 from flexshard_stream.placement.planner import plan_flexshard  # noqa: E402
-from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
-from flexshard_stream.placement.topology import Topology  # noqa: E402
+from flexshard_stream.plans.plan import ColdSharding, Plan, TablePlan  # noqa: E402
+from flexshard_stream.plans.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.plans.topology import Topology  # noqa: E402
 from flexshard_stream.stats.batch import Batch, slice_batch  # noqa: E402
 from flexshard_stream.stats.stream import StreamStats  # noqa: E402
 

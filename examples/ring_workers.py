@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from flexshard_stream.online.ring import Ring
-from flexshard_stream.placement.tables import EmbeddingTable, save_tables
+from flexshard_stream.plans.tables import EmbeddingTable, save_tables
+from flexshard_stream.sources.ring import Ring
 from flexshard_stream.stats.batch import Batch
 
 TABLES = [EmbeddingTable("user", 100_000, 64), EmbeddingTable("item", 50_000, 64)]

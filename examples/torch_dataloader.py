@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from flexshard_stream.online.resharder import ReshardConfig
 from flexshard_stream.online.sidecar import Sidecar
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 
 TABLES = [EmbeddingTable("user", 100_000, 64), EmbeddingTable("item", 50_000, 64)]
 

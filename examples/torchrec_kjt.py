@@ -19,8 +19,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from flexshard_stream.online.resharder import ReshardConfig
 from flexshard_stream.online.sidecar import Sidecar
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 
 TABLES = [EmbeddingTable("history", 200_000, 64), EmbeddingTable("item", 50_000, 64)]
 KEYS = [t.name for t in TABLES]

@@ -410,7 +410,7 @@ def tables_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs 
                                                       "columns (default: every ID column)."),
                json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Size one table per log feature (rows, kind, dim) and write a tables file."""
-    from .placement.tables import save_tables, size_tables
+    from .plans.tables import save_tables, size_tables
 
     feats = [f.strip() for f in features.split(",") if f.strip()] if features else None
     mode = ids or IdMode()
@@ -526,7 +526,7 @@ def _torchrec_issues(plan) -> list[str]:
 def _resolve_tables(logs: List[Path], tables: Optional[Path], mode: IdMode):
     """The tables (a file, or inferred from the log with the default headroom) and a phrase
     saying where they came from."""
-    from .placement.tables import infer_tables, load_tables
+    from .plans.tables import infer_tables, load_tables
 
     if tables is not None:
         return load_tables(tables), str(tables)
@@ -660,7 +660,7 @@ def _memory_policy(tabs, topo, memory_bytes: Optional[float], baseline: str,
 def _warn_sparse_inferred(tabs, st, inferred: bool, mode: IdMode) -> list[str]:
     """Inferred raw tables of sparse IDs (far more rows than distinct IDs, over 1 GB): warned,
     named."""
-    from .placement.tables import SPARSE_FACTOR
+    from .plans.tables import SPARSE_FACTOR
 
     if not inferred or mode.hashed:
         return []
@@ -703,7 +703,7 @@ def _make_plan(strategy: str, tabs, topo, st, summaries, batch_size: int, memory
         result = plan_flexshard(tabs, topo, summaries, batch_size, memory, model, target=target)
         return result, result.plan
     if strategy == "torchrec":
-        from .placement.torchrec_planner import plan_torchrec
+        from .placement.references import plan_torchrec
         return None, plan_torchrec(tabs, topo, batch_size, summaries=summaries, model=model).plan
     from .placement.baselines import build_baseline
 
@@ -743,7 +743,7 @@ def _table_shardings(p) -> list[dict[str, Any]]:
     rows, table bytes."""
     import numpy as np
 
-    from .placement.plan import Plan
+    from .plans.plan import Plan
 
     topo = p.topology
     out = []
@@ -919,8 +919,8 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
          json_out: bool = typer.Option(False, "--json", help="Print the plan summary as JSON.")):
     """Write a plan (FlexShard or a baseline) for the tables of a log."""
     from .placement.cost import CostModel, evaluate_analytic
-    from .placement.tables import row_map, summaries_by_table
-    from .placement.topology import Topology
+    from .plans.tables import row_map, summaries_by_table
+    from .plans.topology import Topology
 
     mode = ids or IdMode()
     model = CostModel(dedup=dedup, profile=profile)
@@ -1007,8 +1007,8 @@ def _common_setting(name: str, flag: str, given: Any, plans: Sequence[tuple[Path
 
 def _check_plan_against(d: Path, p, topology: Optional[str], tables: Optional[Path]) -> None:
     """``evaluate --topology/--tables``: the plan must have been made for them."""
-    from .placement.tables import load_tables
-    from .placement.topology import Topology
+    from .plans.tables import load_tables
+    from .plans.topology import Topology
 
     if topology is not None and Topology.load(topology) != p.topology:
         raise ConfigError(f"plan {d} was made for topology {_topo_name(p.topology)}, not "
@@ -1026,7 +1026,7 @@ def _evaluate_one(d: Path, p, logs: List[Path], B: int, dedup: bool, mode: IdMod
     """Replay ``logs`` through plan ``p``: its cost per iteration (trace mode) as JSON, with the
     settings used and the rows skipped."""
     from .placement.cost import evaluate_trace
-    from .placement.tables import row_map
+    from .plans.tables import row_map
     from .sources.logs import LogReader
 
     tabs = [tp.table for tp in p.tables.values()]
@@ -1099,7 +1099,7 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
              max_iterations: Optional[int] = typer.Option(None, help="Stop after this many."),
              json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Replay logs through plans: bytes per iteration by link class, time, peak memory."""
-    from .placement.plan import Plan
+    from .plans.plan import Plan
 
     if batch_size is not None and batch_size < 1:
         raise typer.BadParameter("must be >= 1 sample per GPU", param_hint="--batch-size")
@@ -1258,7 +1258,7 @@ def _finish_demo(out: Path, report: bool) -> None:
         _say("report skipped: matplotlib is not installed (pip install "
              "'flexshard-stream[report]')")
     if report:
-        from .online.report import build_report
+        from .report import build_report
         html = build_report(out)
         _say(f"Report: {html.resolve()} (open it in a browser; the pictures and summary.json "
              f"are beside it in {where})")
@@ -1273,8 +1273,8 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
     """Topology, tables, ID mode, B and cost model of a replay: the options, else the plan's
     (``--plan``), else the defaults; a topology is needed from one of them."""
     from .placement.cost import CostModel
-    from .placement.plan import Plan
-    from .placement.topology import Topology
+    from .plans.plan import Plan
+    from .plans.topology import Topology
 
     if plan_dir is None:
         if topology is None:
@@ -1449,7 +1449,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
 def report_cmd(directory: Path = typer.Argument(..., help="A directory written by "
                                                 "`flexshard-stream replay`.")):
     """Write DIR/report.html and its PNG pictures from a replay directory (needs matplotlib)."""
-    from .online.report import PICTURES, build_report
+    from .report import PICTURES, build_report
 
     try:
         html = build_report(directory)
@@ -1485,8 +1485,8 @@ def export_command(
         json_out: bool = typer.Option(False, "--json", help="Print the manifest as JSON.")) -> None:
     """Export a plan for TorchRec 1.8: tables, constraints, ShardingPlan, ID remap
     (docs/TORCHREC_EXPORT.md). Needs no torch."""
-    from .placement.export_torchrec import describe_export, export_torchrec
-    from .placement.plan import Plan
+    from .bridge.export import describe_export, export_torchrec
+    from .plans.plan import Plan
 
     manifest = export_torchrec(Plan.load(plan_dir), out, cold_sharding=cold_sharding,
                                node_replicas=node_replicas)
@@ -1502,7 +1502,7 @@ def merge_command(
                                  "not written if any input is incompatible)."),
         json_out: bool = typer.Option(False, "--json", help="Print a JSON summary.")) -> None:
     """Merge statistics snapshots from many sidecars into one (for the planner)."""
-    from .online.distributed import load_snapshot, merge_snapshots
+    from .sources.distributed import load_snapshot, merge_snapshots
 
     t0 = time.perf_counter()
     merged = merge_snapshots(snapshots, out)

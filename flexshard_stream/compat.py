@@ -19,24 +19,50 @@ import importlib.util
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-#: old module name -> new module name, both under ``flexshard_stream``
-MOVED = {
+#: The release in which every old name below stops working.
+REMOVED_IN = "0.3.0"
+
+
+class Moved(NamedTuple):
+    """Where an old module path now lives (``new``, under ``flexshard_stream``) and the release
+    whose first version no longer has the old path (``removed_in``)."""
+
+    new: str
+    removed_in: str = REMOVED_IN
+
+
+#: old module name -> where it lives now, both under ``flexshard_stream``. Flat paths moved into
+#: subpackages in 0.2; the TorchRec bridge, the plan model and the sources' ring and distributed
+#: statistics moved later in 0.2 (CHANGELOG "The TorchRec bridge as one room").
+_FLAT = {
     "container": "formats.container", "interop": "formats.interop",
     "batch": "stats.batch", "config": "stats.config", "table_stats": "stats.table_stats",
     "stream": "stats.stream", "window": "stats.window", "summary": "stats.summary",
     "logs": "sources.logs", "datasets": "sources.datasets", "synth": "sources.synth",
     "drift": "sources.drift",
-    "topology": "placement.topology", "tables": "placement.tables", "plan": "placement.plan",
+    "topology": "plans.topology", "tables": "plans.tables", "plan": "plans.plan",
     "baselines": "placement.baselines", "cost": "placement.cost", "planner": "placement.planner",
-    "recshard": "placement.recshard", "delta": "placement.delta",
-    "torchrec_compat": "placement.torchrec_compat", "export_torchrec": "placement.export_torchrec",
-    "resharder": "online.resharder", "sidecar": "online.sidecar", "ring": "online.ring",
-    "replay": "online.replay", "distributed": "online.distributed", "report": "online.report",
+    "recshard": "placement.recshard", "delta": "plans.delta",
+    "torchrec_compat": "bridge.estimator", "export_torchrec": "bridge.export",
+    "resharder": "online.resharder", "sidecar": "online.sidecar", "ring": "sources.ring",
+    "replay": "online.replay", "distributed": "sources.distributed", "report": "report",
 }
+_BRIDGE = {
+    "placement.topology": "plans.topology", "placement.tables": "plans.tables",
+    "placement.plan": "plans.plan", "placement.delta": "plans.delta",
+    "placement.torchrec_compat": "bridge.estimator",
+    "placement.torchrec_planner": "placement.references",
+    "placement.torchrec_loader": "bridge.loader", "placement.export_torchrec": "bridge.export",
+    "placement.export_layout": "bridge.layout", "placement.id_remap": "bridge.remap",
+    "online.torchrec_runtime": "bridge.runtime", "online.torchrec_world": "bridge.world",
+    "online.ring": "sources.ring", "online.distributed": "sources.distributed",
+    "online.report": "report",
+}
+MOVED: dict[str, Moved] = {old: Moved(new) for old, new in {**_FLAT, **_BRIDGE}.items()}
 _PREFIX = "flexshard_stream."
 
 
@@ -49,8 +75,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        new = _PREFIX + MOVED[spec.name[len(_PREFIX):]]
-        warnings.warn(f"{spec.name} moved to {new}; the old path goes in the next release",
+        moved = MOVED[spec.name[len(_PREFIX):]]
+        new = _PREFIX + moved.new
+        warnings.warn(f"{spec.name} moved to {new}; the old path goes in {moved.removed_in}",
                       DeprecationWarning, stacklevel=2)
         return importlib.import_module(new)
 
@@ -64,18 +91,19 @@ def install() -> None:
         sys.meta_path.append(_MovedModuleFinder())
 
 
-def _renamed(where: str, old: str, new: str) -> None:
+def _renamed(where: str, old: str, new: str, removed_in: str) -> None:
     warnings.warn(f"{where}: {old!r} is deprecated, use {new!r} (same meaning); the old name goes "
-                  f"in the next release", DeprecationWarning, stacklevel=3)
+                  f"in {removed_in}", DeprecationWarning, stacklevel=3)
 
 
-def renamed_keywords(**renames: str) -> Callable[[_F], _F]:
+def renamed_keywords(removed_in: str, **renames: str) -> Callable[[_F], _F]:
     """Decorator: accept each old keyword ``old=new`` of a function (or of a class's constructor)
-    for one release, passing it on as ``new`` with a :class:`DeprecationWarning`.
+    until release ``removed_in``, passing it on as ``new`` with a :class:`DeprecationWarning`
+    that names that release.
 
     Giving both names is a :class:`TypeError`, as for any keyword given twice. Example::
 
-        @renamed_keywords(batch_size="read_batch_size")
+        @renamed_keywords("0.3.0", batch_size="read_batch_size")
         def read_log(paths, features=None, read_batch_size=65536): ...
     """
 
@@ -89,7 +117,7 @@ def renamed_keywords(**renames: str) -> Callable[[_F], _F]:
                 if old in kwargs:
                     if new in kwargs:
                         raise TypeError(f"{where} got both {old!r} (deprecated) and {new!r}")
-                    _renamed(where, old, new)
+                    _renamed(where, old, new, removed_in)
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)
 
@@ -101,13 +129,13 @@ def renamed_keywords(**renames: str) -> Callable[[_F], _F]:
     return decorate
 
 
-def renamed_property(old: str, new: str) -> property:
+def renamed_property(old: str, new: str, removed_in: str) -> property:
     """A read-only attribute ``old`` that returns attribute ``new`` with a
-    :class:`DeprecationWarning` (assign it in the class body: ``batch_size = renamed_property(
-    "batch_size", "read_batch_size")``)."""
+    :class:`DeprecationWarning` naming the release ``removed_in`` that drops it (assign it in the
+    class body: ``batch_size = renamed_property("batch_size", "read_batch_size", "0.3.0")``)."""
 
     def get(self: Any) -> Any:
-        _renamed(type(self).__name__, old, new)
+        _renamed(type(self).__name__, old, new, removed_in)
         return getattr(self, new)
 
-    return property(get, doc=f"Deprecated alias of :attr:`{new}` (goes in the next release).")
+    return property(get, doc=f"Deprecated alias of :attr:`{new}` (goes in {removed_in}).")

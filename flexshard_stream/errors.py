@@ -46,6 +46,8 @@ class LogError(FlexShardError, ValueError):
     """A log file (parquet/CSV) has missing columns, wrong types or bad rows."""
 
 
-class MissingExtraError(FlexShardError, ImportError):
+class MissingExtraError(ConfigError, ImportError):
     """An optional dependency (an extra such as ``torchrec``) is not installed; the message names
-    the extra and how to install it."""
+    the extra and how to install it. Raised only by :mod:`flexshard_stream.optional`, the one gate
+    for optional imports; it is an ``ImportError`` (and a ``ConfigError``: the environment lacks
+    what the call needs)."""

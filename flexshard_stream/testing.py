@@ -17,7 +17,7 @@ Three parts:
   as slow as every baseline that fits the same budget and runs on the same runtime (the FlexShard
   planner's invariant; run it on your own planner's plans);
 - :func:`check_plan` / :func:`assert_plan_ok`: the invariants of ``DESIGN.md`` section 4 on ANY
-  :class:`~flexshard_stream.placement.plan.Plan` (routing from every GPU, replicas staying on their GPU or node,
+  :class:`~flexshard_stream.plans.plan.Plan` (routing from every GPU, replicas staying on their GPU or node,
   tiers as frequency prefixes, the memory budget, the file round trip, bytes conservation). Needs
   numpy only.
 - hypothesis strategies (:func:`topologies`, :func:`tables`, :func:`skewed_summaries`,
@@ -41,15 +41,15 @@ import numpy as np
 from .errors import FlexShardError
 from .placement.baselines import BASELINES, baseline_plans
 from .placement.cost import COMPONENTS, CostModel, evaluate_analytic, evaluate_trace
-from .placement.plan import SHARDING_KINDS, ColdSharding, Plan, TablePlan
 from .placement.profiles import execution_profile
-from .placement.tables import (
+from .plans.plan import SHARDING_KINDS, ColdSharding, Plan, TablePlan
+from .plans.tables import (
     DTYPE_BYTES,
     TABLE_KINDS,
     EmbeddingTable,
     summaries_by_table,
 )
-from .placement.topology import Topology
+from .plans.topology import Topology
 from .sources.synth import IdPermutation, zipf_pmf_head
 from .stats.batch import Batch
 from .stats.summary import FrequencySummary

@@ -533,8 +533,8 @@ class Fixtures:
     """Pristine artifacts, built once per worker under ``base``."""
 
     def __init__(self, base: Path):
-        from flexshard_stream.placement.tables import EmbeddingTable
-        from flexshard_stream.placement.topology import Topology
+        from flexshard_stream.plans.tables import EmbeddingTable
+        from flexshard_stream.plans.topology import Topology
         from flexshard_stream.stats.config import SketchConfig
         self.base = base
         self.small = SketchConfig(cms_epsilon=0.02, cms_delta=0.05, hh_lg_size=6, hll_p=6,
@@ -635,7 +635,7 @@ def target_stats(fx: Fixtures, case: dict, work: Path) -> None:
 
 
 def target_snapshot(fx: Fixtures, case: dict, work: Path) -> None:
-    from flexshard_stream.online.distributed import (
+    from flexshard_stream.sources.distributed import (
         export_datasketches,
         load_snapshot,
         merge_snapshots,
@@ -652,7 +652,7 @@ def target_snapshot(fx: Fixtures, case: dict, work: Path) -> None:
 
 
 def target_delta(fx: Fixtures, case: dict, work: Path) -> None:
-    from flexshard_stream.placement.delta import PlanDelta
+    from flexshard_stream.plans.delta import PlanDelta
     rw, flex, _ = fx.plans()
     src = fx.file("x.delta", lambda p: PlanDelta.between(rw, flex).save(p))
     rng = np.random.default_rng(case["seed"])
@@ -676,10 +676,14 @@ def _dir_copy(fx: Fixtures, key: str, build: Callable[[Path], Any], work: Path) 
 
 
 def target_plan(fx: Fixtures, case: dict, work: Path) -> None:
-    from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace
-    from flexshard_stream.placement.delta import PlanDelta
-    from flexshard_stream.placement.export_torchrec import export_torchrec
-    from flexshard_stream.placement.plan import Plan
+    from flexshard_stream.bridge.export import export_torchrec
+    from flexshard_stream.placement.cost import (
+        CostModel,
+        evaluate_analytic,
+        evaluate_trace,
+    )
+    from flexshard_stream.plans.delta import PlanDelta
+    from flexshard_stream.plans.plan import Plan
     from flexshard_stream.testing import check_plan
     rw, flex, sums = fx.plans()
     d = _dir_copy(fx, "plan", lambda p: flex.save(p), work)
@@ -703,12 +707,12 @@ def target_plan(fx: Fixtures, case: dict, work: Path) -> None:
 
 
 def target_export(fx: Fixtures, case: dict, work: Path) -> None:
-    from flexshard_stream.placement.cost import evaluate_analytic
-    from flexshard_stream.placement.export_torchrec import (
+    from flexshard_stream.bridge.export import (
         export_torchrec,
         load_torchrec_export,
         plan_from_export,
     )
+    from flexshard_stream.placement.cost import evaluate_analytic
     rw, flex, sums = fx.plans()
     d = _dir_copy(fx, "export", lambda p: export_torchrec(flex, p, summaries=sums), work)
     rng = np.random.default_rng(case["seed"])
@@ -725,7 +729,7 @@ def target_export(fx: Fixtures, case: dict, work: Path) -> None:
 
 
 def _reseal_export(d: Path) -> None:
-    from flexshard_stream.placement.export_torchrec import MANIFEST_FILE
+    from flexshard_stream.bridge.export import MANIFEST_FILE
     pj = d / MANIFEST_FILE
     try:
         doc = json.loads(regular_bytes(pj))
@@ -792,7 +796,7 @@ def target_topology(fx: Fixtures, case: dict, work: Path) -> None:
     from flexshard_stream.placement.baselines import row_wise
     from flexshard_stream.placement.cost import evaluate_analytic, evaluate_trace
     from flexshard_stream.placement.planner import plan_flexshard
-    from flexshard_stream.placement.topology import Topology
+    from flexshard_stream.plans.topology import Topology
     _, _, sums = fx.plans()
     src = fx.file("topo.toml", lambda p: Topology.uniform(2, 2).to_toml(p))
     rng = np.random.default_rng(case["seed"])
@@ -810,7 +814,7 @@ def target_topology(fx: Fixtures, case: dict, work: Path) -> None:
 def target_tables(fx: Fixtures, case: dict, work: Path) -> None:
     from flexshard_stream.placement.baselines import build_baseline
     from flexshard_stream.placement.cost import evaluate_analytic
-    from flexshard_stream.placement.tables import load_tables, save_tables
+    from flexshard_stream.plans.tables import load_tables, save_tables
     from flexshard_stream.stats.config import TableConfig
     from flexshard_stream.stats.stream import StreamStats
     _, _, sums = fx.plans()
@@ -903,7 +907,7 @@ def _reseal_checkpoints(d: Path) -> None:
 
 
 def target_ring(fx: Fixtures, case: dict, work: Path) -> None:
-    from flexshard_stream.online.ring import Ring
+    from flexshard_stream.sources.ring import Ring
     from flexshard_stream.stats.stream import StreamStats
     rng = np.random.default_rng(case["seed"])
     name = f"fuzz{os.getpid()}x{case['seed'] % 10**9}"
@@ -952,7 +956,7 @@ def target_ring(fx: Fixtures, case: dict, work: Path) -> None:
 def target_report(fx: Fixtures, case: dict, work: Path) -> None:
     """A replay directory damaged, then drawn by ``build_report``."""
     from flexshard_stream.online.replay import replay
-    from flexshard_stream.online.report import build_report
+    from flexshard_stream.report import build_report
 
     def build(out: Path) -> None:
         log = fx.base / "replay_log.csv"

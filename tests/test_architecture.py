@@ -16,12 +16,15 @@ PKG = ROOT / "flexshard_stream"
 #: Floors, bottom first. A module may import its own floor (same subpackage) or any lower floor.
 FLOORS = {
     "errors": 0, "compat": 0, "kernels": 0, "data": 0,
-    "formats": 1,
+    "formats": 1, "optional": 1,
     "stats": 2,
     "sources": 3,
-    "placement": 4,
-    "online": 5,
-    "cli": 6, "testing": 6,
+    "plans": 4,
+    "bridge": 5,
+    "placement": 6,
+    "online": 7,
+    "report": 8,
+    "cli": 9, "testing": 9,
 }
 MAX_FUNCTION_LINES = 120
 
@@ -118,12 +121,13 @@ def test_old_import_paths_resolve_to_the_moved_module(old, new):
     b = importlib.import_module(f"flexshard_stream.{new}")
     assert a is b
     from flexshard_stream.compat import MOVED
-    assert MOVED[old] == new
+    assert MOVED[old].new == new
     if caught:  # first import in this process warns; later imports hit sys.modules
         assert any(issubclass(w.category, DeprecationWarning) for w in caught)
 
 
 def test_compat_table_names_real_modules():
     from flexshard_stream.compat import MOVED
-    for new in MOVED.values():
-        assert new in MODULES, new
+    for moved in MOVED.values():
+        assert moved.new in MODULES, moved.new
+        assert moved.removed_in == "0.3.0"

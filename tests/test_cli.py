@@ -157,7 +157,7 @@ def test_plan_host_memory_tier(tmp_path):
     from typer.testing import CliRunner
 
     from flexshard_stream.cli import app
-    from flexshard_stream.placement.plan import Plan
+    from flexshard_stream.plans.plan import Plan
     trace = Path(__file__).resolve().parent.parent / "data" / "default_trace.parquet"
     r = CliRunner().invoke(app, ["plan", "--log", str(trace), "--topology", "2x8", "--strategy",
                                  "flexshard", "--out", str(tmp_path / "p"), "--batch-size", "64",
@@ -228,7 +228,12 @@ def test_every_log_command_takes_an_id_mode():
 
 
 def test_units_by_magnitude():
-    from flexshard_stream.formats.units import fmt_bytes, fmt_count, fmt_rows, fmt_seconds
+    from flexshard_stream.formats.units import (
+        fmt_bytes,
+        fmt_count,
+        fmt_rows,
+        fmt_seconds,
+    )
 
     assert [fmt_bytes(x) for x in (0, 812, 2810, 999_700, 20.6e9, 4.72e21)] == \
         ["0 B", "812 B", "2.81 KB", "1.00 MB", "20.6 GB", "4.72e+21 B"]
@@ -240,7 +245,7 @@ def test_units_by_magnitude():
 
 
 def test_example_tables_file_plans_the_default_trace(tmp_path):
-    from flexshard_stream.data import EXAMPLE_TABLES, DEFAULT_TRACE
+    from flexshard_stream.data import DEFAULT_TRACE, EXAMPLE_TABLES
 
     r = runner.invoke(app, ["plan", "--log", str(DEFAULT_TRACE), "--tables", str(EXAMPLE_TABLES),
                             "--topology", "2x8", "--strategy", "twrw", "--batch-size", "32",

@@ -25,9 +25,9 @@ from flexshard_stream.placement.cost import (
     evaluate_analytic,
     evaluate_trace,
 )
-from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
-from flexshard_stream.placement.tables import DTYPE_BYTES, EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.plans.tables import DTYPE_BYTES, EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 from flexshard_stream.stats.summary import FrequencySummary
 
 M64 = (1 << 64) - 1

@@ -13,23 +13,27 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from test_torchrec_runtime import real  # noqa: F401 - the fixture: tables and real batches
-from flexshard_stream.online.torchrec_runtime import (
+
+from flexshard_stream.bridge.export import (
+    export_torchrec,
+    load_torchrec_export,
+    plan_from_export,
+)
+from flexshard_stream.bridge.runtime import (
     TableSharding,
     run_sharded_cases,
     table_shardings,
     torchrec_row_blocks,
 )
-from flexshard_stream.placement.cost import TORCHREC_COMPONENTS, CostModel, evaluate_trace
-from flexshard_stream.placement.export_torchrec import (
-    export_torchrec,
-    load_torchrec_export,
-    plan_from_export,
+from flexshard_stream.placement.cost import (
+    TORCHREC_COMPONENTS,
+    CostModel,
+    evaluate_trace,
 )
-from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 from flexshard_stream.stats.batch import Batch, concat_batches, slice_batch
 
 pytest.importorskip("torchrec")

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from flexshard_stream import testing as fst
 from flexshard_stream.errors import FormatError, IncompatibleError
 from flexshard_stream.formats.container import pack, unpack
-from flexshard_stream.placement.delta import COLD_CODE, PlanDelta, compose, plan_fingerprint
 from flexshard_stream.formats.files import jsonable
-from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.delta import COLD_CODE, PlanDelta, compose, plan_fingerprint
+from flexshard_stream.plans.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 
 HAS_HBM = "hbm_fraction" in {f.name for f in dataclasses.fields(TablePlan)}
 

@@ -19,7 +19,7 @@ from flexshard_stream import (
     SketchConfig,
     StreamStats,
 )
-from flexshard_stream.online.distributed import (
+from flexshard_stream.sources.distributed import (
     export_datasketches,
     hll_image,
     load_snapshot,
@@ -265,7 +265,7 @@ def test_ray_engine_agrees(logs, ray_cluster):
 
 
 def test_import_does_not_import_ray():
-    code = ("import sys, flexshard_stream, flexshard_stream.online.distributed, flexshard_stream.cli; "
+    code = ("import sys, flexshard_stream, flexshard_stream.sources.distributed, flexshard_stream.cli; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -327,8 +327,8 @@ def test_merge_refuses_incompatible(tmp_path, logs, other):
         b = save_snapshot(_host_stats(logs[1:2], {"a": None, "b": None, "c": 400}),
                           tmp_path / "b.snap", host="b")
     elif other == "version":
-        from flexshard_stream.online import distributed
         from flexshard_stream.formats.container import pack, unpack
+        from flexshard_stream.sources import distributed
         meta, arrays = unpack(distributed._snapshot_bytes(st, "b", None, None, None),
                               "StreamSnapshot")
         meta["snapshot_version"] = 2
@@ -381,8 +381,8 @@ def test_merge_command(tmp_path, logs):
 # --------------------------------------------------------------------------- planning
 def test_planner_on_merged_equals_planner_on_concatenated(tmp_path, logs):
     from flexshard_stream.placement.planner import plan_flexshard
-    from flexshard_stream.placement.tables import EmbeddingTable
-    from flexshard_stream.placement.topology import Topology
+    from flexshard_stream.plans.tables import EmbeddingTable
+    from flexshard_stream.plans.topology import Topology
     tabs = [EmbeddingTable("a", 4000, 16), EmbeddingTable("b", 2000, 16, kind="pooled"),
             EmbeddingTable("c", 300, 16, kind="pooled")]
     topo = Topology.preset("2x8")

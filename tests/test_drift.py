@@ -352,8 +352,8 @@ def test_the_bench_charges_every_strategy_transfer_and_pauses():
     from argparse import Namespace
 
     from flexshard_stream.placement.cost import CostModel
-    from flexshard_stream.placement.tables import EmbeddingTable
-    from flexshard_stream.placement.topology import Topology
+    from flexshard_stream.plans.tables import EmbeddingTable
+    from flexshard_stream.plans.topology import Topology
 
     bench = _bench()
     spec = S.TableSpec("items", 20_000, 1.1, "pooled", "fixed", 4)

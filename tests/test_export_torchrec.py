@@ -13,11 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexshard_stream.errors import ConfigError, FormatError
-from flexshard_stream.formats.files import KIND_MARKER
-from flexshard_stream.placement.baselines import data_parallel, row_wise, table_row_wise, table_wise
-from flexshard_stream.placement.cost import CostModel, evaluate_analytic
-from flexshard_stream.placement.export_torchrec import (
+from flexshard_stream.bridge.export import (
     CONFIGS_FILE,
     CONSTRAINTS_FILE,
     MANIFEST_FILE,
@@ -30,12 +26,21 @@ from flexshard_stream.placement.export_torchrec import (
     torchrec_embedding_configs,
     torchrec_rw_shard_rows,
 )
-from flexshard_stream.placement.export_layout import HASH_ROW_BY_ROW_ROWS
-from flexshard_stream.placement.id_remap import IdRemap
-from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.bridge.layout import HASH_ROW_BY_ROW_ROWS
+from flexshard_stream.bridge.remap import IdRemap
+from flexshard_stream.errors import ConfigError, FormatError
+from flexshard_stream.formats.files import KIND_MARKER
+from flexshard_stream.placement.baselines import (
+    data_parallel,
+    row_wise,
+    table_row_wise,
+    table_wise,
+)
+from flexshard_stream.placement.cost import CostModel, evaluate_analytic
 from flexshard_stream.placement.planner import plan_flexshard
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 from flexshard_stream.stats.batch import Batch
 from flexshard_stream.stats.summary import FrequencySummary
 
@@ -786,7 +791,7 @@ def test_torch_remap_equals_the_numpy_twin(tmp_path_factory, plan, node_replicas
     pytest.importorskip("torchrec")
     import torch
 
-    from flexshard_stream.placement.torchrec_loader import KJTRemap, TableRemap
+    from flexshard_stream.bridge.loader import KJTRemap, TableRemap
 
     _, ex = _export(plan, tmp_path_factory.mktemp("p"), node_replicas=node_replicas)
     batch = _random_batch(plan, np.random.default_rng(1))
@@ -826,7 +831,7 @@ def test_torch_remap_runs_in_dataloader_workers(tmp_path):
 
     from torch.utils.data import DataLoader
 
-    from flexshard_stream.placement.torchrec_loader import KJTRemap
+    from flexshard_stream.bridge.loader import KJTRemap
 
     plan = Plan("two", TOPO, list(_tiered_plan("pooled").tables.values())
                 + [TablePlan(EmbeddingTable("s", 64, 8), ColdSharding.hashed(range(8)),
@@ -852,7 +857,7 @@ def test_torch_remap_refuses_ids_out_of_range(tmp_path):
     pytest.importorskip("torchrec")
     import torch
 
-    from flexshard_stream.placement.torchrec_loader import TableRemap
+    from flexshard_stream.bridge.loader import TableRemap
 
     _, ex = _export(_tiered_plan(), tmp_path)
     with pytest.raises(ValueError, match=r"IDs must lie in \[0, 200\), got 0..200"):
@@ -863,9 +868,9 @@ def test_sharding_plan_is_torchrec_generators_own(tmp_path):
     """The ShardingPlan built from sharding_plan.json equals, table by table, what TorchRec's own
     generators (sharding_plan.py row_wise, table_wise, table_row_wise, data_parallel) make."""
     pytest.importorskip("torchrec")
-    from flexshard_stream.online.torchrec_runtime import export_shardings
-    from flexshard_stream.online.torchrec_world import parameter_sharding
-    from flexshard_stream.placement.export_torchrec import torchrec_sharding_plan
+    from flexshard_stream.bridge.export import torchrec_sharding_plan
+    from flexshard_stream.bridge.runtime import export_shardings
+    from flexshard_stream.bridge.world import parameter_sharding
 
     pooled = [EmbeddingTable(f"p{i}", 37 + i, 8, kind="pooled") for i in range(3)]
     seq = EmbeddingTable("s", 53, 8)
@@ -904,10 +909,14 @@ def test_exported_modules_compute_what_the_original_tables_do(tmp_path):
     back onto the original rows."""
     pytest.importorskip("torchrec")
     import torch
-    from torchrec import (EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection,
-                          EmbeddingConfig)
+    from torchrec import (
+        EmbeddingBagCollection,
+        EmbeddingBagConfig,
+        EmbeddingCollection,
+        EmbeddingConfig,
+    )
 
-    from flexshard_stream.placement.torchrec_loader import exported_modules
+    from flexshard_stream.bridge.loader import exported_modules
 
     plan = Plan("two", TOPO, list(_tiered_plan("pooled").tables.values())
                 + [TablePlan(EmbeddingTable("s", 64, 8), ColdSharding.hashed(range(8)),
@@ -975,7 +984,7 @@ def test_command_choices_are_the_library_s():
     """The export command spells the choices itself (the CLI imports nothing heavy at start-up);
     they must stay those of export_torchrec."""
     from flexshard_stream import cli
-    from flexshard_stream.placement.export_torchrec import COLD_SHARDINGS, NODE_REPLICAS
+    from flexshard_stream.bridge.export import COLD_SHARDINGS, NODE_REPLICAS
 
     assert cli.EXPORT_COLD_SHARDINGS == COLD_SHARDINGS
     assert cli.EXPORT_NODE_REPLICAS == NODE_REPLICAS

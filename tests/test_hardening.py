@@ -13,8 +13,8 @@ import pytest
 from flexshard_stream import Batch
 from flexshard_stream.errors import BatchError, ConfigError, FormatError
 from flexshard_stream.formats.container import END, MAGIC, VERSION, pack, unpack
-from flexshard_stream.placement.tables import tables_from_dict
-from flexshard_stream.placement.topology import MAX_GPUS, Topology
+from flexshard_stream.plans.tables import tables_from_dict
+from flexshard_stream.plans.topology import MAX_GPUS, Topology
 from flexshard_stream.sources.windows import parse_window
 
 
@@ -211,7 +211,7 @@ def test_kll_check_accepts_every_image_datasketches_writes():
 
 
 def test_snapshot_meta_is_typed(tmp_path):
-    from flexshard_stream.online.distributed import load_snapshot, save_snapshot
+    from flexshard_stream.sources.distributed import load_snapshot, save_snapshot
     from flexshard_stream.stats.stream import StreamStats
     s = StreamStats(["a"])
     s.update(Batch(["a"], [1, 2], [2]))
@@ -245,7 +245,7 @@ def test_readers_refuse_what_is_not_a_regular_file(tmp_path, special):
     """A FIFO or a symlink to /dev/zero where a saved file goes would block or never end."""
     import os
 
-    from flexshard_stream.placement.topology import Topology
+    from flexshard_stream.plans.topology import Topology
     from flexshard_stream.stats.stream import StreamStats
     for name, load in (("s.fss", StreamStats.load), ("t.toml", Topology.load)):
         p = tmp_path / name
@@ -262,14 +262,14 @@ TOPO2 = Topology.uniform(1, 2, hbm_bytes_per_gpu=1e9)
 
 def _rw_plan():
     from flexshard_stream.placement.baselines import row_wise
-    from flexshard_stream.placement.tables import EmbeddingTable
+    from flexshard_stream.plans.tables import EmbeddingTable
     return row_wise([EmbeddingTable("t", 100, 8)], TOPO2)
 
 
 def test_plan_save_refuses_user_files_and_replaces_its_own(tmp_path):
     from flexshard_stream.errors import ConfigError
     from flexshard_stream.formats.files import KIND_MARKER
-    from flexshard_stream.placement.plan import Plan
+    from flexshard_stream.plans.plan import Plan
     plan = _rw_plan()
     home = tmp_path / "home"
     home.mkdir()
@@ -322,8 +322,8 @@ def test_toml_outputs_replace_only_a_file_of_their_kind(tmp_path):
     from typer.testing import CliRunner
 
     from flexshard_stream.cli import app
-    from flexshard_stream.placement.tables import EmbeddingTable, load_tables, save_tables
-    from flexshard_stream.placement.topology import Topology
+    from flexshard_stream.plans.tables import EmbeddingTable, load_tables, save_tables
+    from flexshard_stream.plans.topology import Topology
     log = tmp_path / "log.csv"
     log.write_text("a,b\n1,2\n3,4\n")
     tables = [EmbeddingTable("a", 10, 8)]
@@ -349,8 +349,8 @@ def test_toml_outputs_replace_only_a_file_of_their_kind(tmp_path):
 
 
 def test_datasketches_export_and_report_write_only_into_their_own_directory(tmp_path):
-    from flexshard_stream.online.distributed import export_datasketches
-    from flexshard_stream.online.report import build_report
+    from flexshard_stream.report import build_report
+    from flexshard_stream.sources.distributed import export_datasketches
     from flexshard_stream.stats.stream import StreamStats
     stats = StreamStats({"a": 100})
     stats.update(Batch(["a"], [1, 2, 2], [1, 1, 1]))
@@ -370,7 +370,7 @@ def test_datasketches_export_and_report_write_only_into_their_own_directory(tmp_
 def test_sidecar_out_dir_must_be_its_own(tmp_path):
     from flexshard_stream.errors import ConfigError
     from flexshard_stream.online.sidecar import Sidecar
-    from flexshard_stream.placement.tables import EmbeddingTable
+    from flexshard_stream.plans.tables import EmbeddingTable
     home = tmp_path / "home"
     (home / "plan").mkdir(parents=True)            # was rmtree'd when the first plan was linked
     (home / "plan" / "mine.txt").write_text("mine")
@@ -383,7 +383,7 @@ def test_sidecar_out_dir_must_be_its_own(tmp_path):
 # plan.json joins the checksum (item 8).
 def test_edited_plan_json_is_refused(tmp_path):
     from flexshard_stream.formats.files import json_digest
-    from flexshard_stream.placement.plan import Plan
+    from flexshard_stream.plans.plan import Plan
     d = _rw_plan().save(tmp_path / "p")
     doc = json.loads((d / "plan.json").read_text())
     doc["topology"]["topology"]["inter_bw_bytes_per_s"] = 1.0
@@ -403,7 +403,7 @@ def test_recorded_plan_settings_are_typed(tmp_path, key, value):
     """What evaluate and replay --plan default to, edited with the checksum recomputed: a
     FormatError naming plan.json and the field (was a TypeError / AttributeError traceback)."""
     from flexshard_stream.formats.files import json_digest
-    from flexshard_stream.placement.plan import Plan
+    from flexshard_stream.plans.plan import Plan
     d = _rw_plan().save(tmp_path / "p")
     doc = json.loads((d / "plan.json").read_text())
     doc["meta"][key] = value
@@ -425,7 +425,7 @@ def test_plans_written_before_the_checksum_still_load(tmp_path):
     """A plan directory written before plan.json carried a checksum (no kind marker either)
     loads; a marked one whose checksum was removed is refused."""
     from flexshard_stream.formats.files import KIND_MARKER
-    from flexshard_stream.placement.plan import Plan
+    from flexshard_stream.plans.plan import Plan
     plan = _rw_plan()
     d = plan.save(tmp_path / "p")
     doc = json.loads((d / "plan.json").read_text())
@@ -539,7 +539,7 @@ def test_parquet_timestamp_statistics_beyond_python_dates(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flexshard_stream.online.distributed import window_stats
+    from flexshard_stream.sources.distributed import window_stats
     log = tmp_path / "log.parquet"
     n = 64
     pq.write_table(pa.table({"a": pa.array(range(n), pa.int64()),
@@ -551,7 +551,7 @@ def test_parquet_timestamp_statistics_beyond_python_dates(tmp_path):
 
 def test_row_id_beyond_int64_row_count_is_a_clear_error(tmp_path):
     from flexshard_stream.errors import ConfigError
-    from flexshard_stream.placement.tables import infer_tables
+    from flexshard_stream.plans.tables import infer_tables
     log = tmp_path / "big.csv"
     log.write_text(f"a\n1\n{2**63 - 1}\n")
     with pytest.raises(ConfigError, match="holds ID 9223372036854775807"):
@@ -564,7 +564,7 @@ def test_trace_evaluation_refuses_huge_matrices_before_allocating():
     from flexshard_stream.errors import ConfigError
     from flexshard_stream.placement.baselines import row_wise
     from flexshard_stream.placement.cost import MATRIX_MAX_GPUS, evaluate_trace
-    from flexshard_stream.placement.tables import EmbeddingTable
+    from flexshard_stream.plans.tables import EmbeddingTable
     big = Topology.uniform(MATRIX_MAX_GPUS // 8 * 2, 8)
     plan = row_wise([EmbeddingTable("t", 10**6, 8)], big)
     with pytest.raises(ConfigError, match="G x G"):
@@ -585,7 +585,7 @@ def test_sidecar_state_json_cannot_point_elsewhere(tmp_path):
     """state.json's 'plan' names plans/NNNNNN of the out_dir: a number (a TypeError at restart)
     or a path elsewhere (loaded and linked to) is the usual fallback, with a warning."""
     from flexshard_stream.online.sidecar import Sidecar, SidecarWarning
-    from flexshard_stream.placement.tables import EmbeddingTable
+    from flexshard_stream.plans.tables import EmbeddingTable
     tables = [EmbeddingTable("t", 100, 8)]
     out = tmp_path / "run"
     Sidecar(tables, TOPO2, 4, out_dir=out, checkpoint_every_s=None).close()

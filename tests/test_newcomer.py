@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 from flexshard_stream.cli import app
 from flexshard_stream.errors import LogError
 from flexshard_stream.formats.units import fmt_bytes
-from flexshard_stream.placement.plan import Plan
-from flexshard_stream.placement.tables import load_tables
+from flexshard_stream.plans.plan import Plan
+from flexshard_stream.plans.tables import load_tables
 from flexshard_stream.sources.ids import IdMode, RowMap
 from flexshard_stream.stats.batch import Batch
 
@@ -346,10 +346,10 @@ def test_ring_sidecar_hashes_raw_ids(tmp_path, ids):
     import threading
     import time
 
-    from flexshard_stream.online.ring import Ring
     from flexshard_stream.online.sidecar.ring_feed import run_ring
-    from flexshard_stream.placement.tables import EmbeddingTable
-    from flexshard_stream.placement.topology import Topology
+    from flexshard_stream.plans.tables import EmbeddingTable
+    from flexshard_stream.plans.topology import Topology
+    from flexshard_stream.sources.ring import Ring
 
     name = f"nc-{os.getpid()}-{secrets.token_hex(3)}"
     tables = [EmbeddingTable("item", 5000, 16)]

@@ -9,9 +9,9 @@ import pytest
 
 from flexshard_stream import FormatError
 from flexshard_stream.placement.baselines import row_wise
-from flexshard_stream.placement.plan import Plan
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.plan import Plan
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 
 TOPO = Topology.uniform(2, 2)
 TABLES = [EmbeddingTable("s", 40, 4), EmbeddingTable("p", 30, 8, "fp16", "pooled")]

@@ -37,17 +37,21 @@ from flexshard_stream.placement.partition import (
     place_permutations,
     table_options,
 )
-from flexshard_stream.placement.profiles import execution_profile
-from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
-from flexshard_stream.placement.planner import MemoryPolicy, PlannerConfig, plan_flexshard
+from flexshard_stream.placement.planner import (
+    MemoryPolicy,
+    PlannerConfig,
+    plan_flexshard,
+)
 from flexshard_stream.placement.pricing import (
     AnalyticPricing,
     Candidate,
     CandidatePricer,
     select_within_budget,
 )
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.placement.profiles import execution_profile
+from flexshard_stream.plans.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 from flexshard_stream.stats.batch import Batch
 from flexshard_stream.stats.stream import StreamStats
 from flexshard_stream.stats.summary import FrequencySummary

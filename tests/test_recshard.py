@@ -12,16 +12,21 @@ from hypothesis import strategies as st
 from flexshard_stream import ConfigError
 from flexshard_stream import testing as fst
 from flexshard_stream.placement.baselines import row_wise, table_wise
-from flexshard_stream.placement.cost import Cost, CostModel, evaluate_analytic, evaluate_trace
-from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.placement.cost import (
+    Cost,
+    CostModel,
+    evaluate_analytic,
+    evaluate_trace,
+)
 from flexshard_stream.placement.recshard import (
     HbmRoom,
     cold_rows_per_gpu,
     slow_memory_report,
     split_cold,
 )
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 from flexshard_stream.stats.batch import Batch, slice_batch
 from flexshard_stream.stats.summary import FrequencySummary
 

@@ -7,14 +7,14 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from flexshard_stream.sources import drift
 from flexshard_stream.cli import app
 from flexshard_stream.errors import ConfigError, LogError
 from flexshard_stream.online.replay import STRATEGIES, WindowSpec, parse_window, replay
 from flexshard_stream.online.resharder import ReshardConfig
 from flexshard_stream.placement.cost import CostModel, evaluate_trace
-from flexshard_stream.placement.plan import Plan
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.plan import Plan
+from flexshard_stream.plans.topology import Topology
+from flexshard_stream.sources import drift
 from flexshard_stream.sources.logs import read_log
 from flexshard_stream.sources.synth import TableSpec, write_log
 from flexshard_stream.stats.batch import concat_batches, rebatch, slice_batch

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from flexshard_stream.sources import drift
 from flexshard_stream.cli import app
 from flexshard_stream.errors import ConfigError
-from flexshard_stream.online.distributed import window_stats
 from flexshard_stream.online.replay import STRATEGIES, replay
 from flexshard_stream.online.resharder import ReshardConfig
 from flexshard_stream.placement.baselines import build_baseline
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic
 from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
+from flexshard_stream.sources import drift
+from flexshard_stream.sources.distributed import window_stats
 from flexshard_stream.sources.synth import TableSpec, write_log
 from flexshard_stream.stats.batch import concat_batches, slice_batch
 from flexshard_stream.stats.config import TableConfig
@@ -188,7 +188,7 @@ def test_cli_engine_ray(tmp_path, ray_cluster):
 
 def test_missing_ray_is_a_clean_error(monkeypatch, logs, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)        # `import ray` raises ImportError
-    with pytest.raises(ConfigError, match=r"flexshard_stream\[ray\]"):
+    with pytest.raises(ConfigError, match=r"flexshard-stream\[ray\]"):
         _run(logs, tmp_path / "out", engine="ray")
     assert not (tmp_path / "out").exists()
     topo = tmp_path / "topo.toml"
@@ -196,7 +196,7 @@ def test_missing_ray_is_a_clean_error(monkeypatch, logs, tmp_path):
     r = CliRunner().invoke(app, ["replay", *logs, "--topology", str(topo), "--out",
                                  str(tmp_path / "cli"), "--engine", "ray"])
     assert r.exit_code == 2, r.output
-    assert r.output.startswith("error: ") and "flexshard_stream[ray]" in r.output
+    assert r.output.startswith("error: ") and "flexshard-stream[ray]" in r.output
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
     assert not (tmp_path / "cli").exists()
 

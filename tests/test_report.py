@@ -8,13 +8,13 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from flexshard_stream.sources import drift
 from flexshard_stream.cli import app
 from flexshard_stream.errors import FlexShardError, FormatError
 from flexshard_stream.formats.files import KIND_MARKER
 from flexshard_stream.online.replay import replay
-from flexshard_stream.online.report import PICTURES, build_report
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.topology import Topology
+from flexshard_stream.report import PICTURES, build_report
+from flexshard_stream.sources import drift
 from flexshard_stream.sources.synth import TableSpec, write_log
 
 pytest.importorskip("matplotlib")
@@ -93,7 +93,7 @@ def test_missing_or_damaged_summary(rep, tmp_path):
 
 def test_matplotlib_is_lazy_and_its_absence_is_a_clear_error(rep, monkeypatch):
     code = ("import sys, flexshard_stream, flexshard_stream.cli, flexshard_stream.online.replay, "
-            "flexshard_stream.online.report; print('matplotlib' in sys.modules)")
+            "flexshard_stream.report; print('matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=False)
     assert out.stdout.strip() == "False", out.stderr
@@ -105,7 +105,7 @@ def test_matplotlib_is_lazy_and_its_absence_is_a_clear_error(rep, monkeypatch):
 # ---------------------------------------------------------------------------- reading it at a glance
 def _captured(monkeypatch):
     """Keep every figure the report saves (name -> figure), still drawable."""
-    from flexshard_stream.online import report
+    from flexshard_stream import report
 
     figs = {}
     real = report._save

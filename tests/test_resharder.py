@@ -7,9 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from flexshard_stream.sources import drift
-from flexshard_stream.errors import ConfigError
-from flexshard_stream.errors import FormatError
+from flexshard_stream.errors import ConfigError, FormatError
 from flexshard_stream.online.resharder import (
     DriftMeter,
     ReshardConfig,
@@ -17,19 +15,20 @@ from flexshard_stream.online.resharder import (
     default_stats,
     plan_share,
 )
+from flexshard_stream.placement.baselines import build_baseline
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic
-from flexshard_stream.placement.delta import (
+from flexshard_stream.placement.planner import MemoryPolicy
+from flexshard_stream.plans.delta import (
     DEFAULT_PAUSE_S,
     MigrationCost,
     PlanDelta,
     migration_cost,
     plan_fingerprint,
 )
-from flexshard_stream.placement.baselines import build_baseline
-from flexshard_stream.placement.plan import Plan
-from flexshard_stream.placement.planner import MemoryPolicy
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.plan import Plan
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
+from flexshard_stream.sources import drift
 from flexshard_stream.sources.synth import TableSpec
 from flexshard_stream.stats.summary import FrequencySummary
 from flexshard_stream.stats.window import DecayedStats, WindowedStats

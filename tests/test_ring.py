@@ -14,9 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from flexshard_stream.online import ring as R
 from flexshard_stream.errors import FormatError
-from flexshard_stream.online.ring import (
+from flexshard_stream.sources import ring as R
+from flexshard_stream.sources.ring import (
     RecordTooLargeError,
     Ring,
     RingBusyError,
@@ -55,7 +55,7 @@ make_batch = _ns["make_batch"]
 
 PRELUDE = GEN + '''
 import os, sys, json, time
-from flexshard_stream.online.ring import Ring
+from flexshard_stream.sources.ring import Ring
 '''
 
 
@@ -318,7 +318,7 @@ def test_producers_in_processes_exactly_once(name):
 def test_producer_killed_between_copy_and_publish(name):
     ring = Ring.create(name, slots=1, capacity_bytes=16384)
     proc = spawn('''
-        from flexshard_stream.online.ring import Producer
+        from flexshard_stream.sources.ring import Producer
         import signal
         p = Ring.attach(sys.argv[1]).producer()
         for s in range(5):

@@ -17,16 +17,16 @@ from flexshard_stream.placement.baselines import (
     table_row_wise,
 )
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic
-from flexshard_stream.placement.delta import PlanDelta
-from flexshard_stream.placement.plan import (
+from flexshard_stream.plans.delta import PlanDelta
+from flexshard_stream.plans.plan import (
     PLAN_SCHEMA_VERSION,
     SHARDING_KINDS,
     ColdSharding,
     Plan,
     TablePlan,
 )
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 
 TOPO = Topology.uniform(2, 4)
 T = EmbeddingTable("t", 100, 16, "fp32", "pooled", optimizer_state_bytes=16)   # 80 bytes a row
@@ -272,8 +272,8 @@ def test_checker_reports_a_broken_column_accounting():
 
 
 def test_column_plans_are_not_exported_as_one_table(tmp_path):
-    from flexshard_stream.online.torchrec_runtime import TableSharding, table_shardings
-    from flexshard_stream.placement.export_torchrec import export_torchrec
+    from flexshard_stream.bridge.export import export_torchrec
+    from flexshard_stream.bridge.runtime import TableSharding, table_shardings
 
     plan = Plan("x", TOPO, [cw(gpus=(1, 6), widths=(8, 8))])
     with pytest.raises(ConfigError, match="column-wise"):
@@ -300,7 +300,8 @@ def test_hashed_rows_per_slot_equals_the_sweep(rows, slots, seed, data):
     """The cached per-slot row counts of a hashed cold function, less the rows held elsewhere
     (IDs beyond the table ignored), equal a full sweep; the cache never hands out a shared array."""
     from flexshard_stream.kernels.routing import hash_owner_counts
-    from flexshard_stream.placement.plan import hashed_rows_per_slot
+
+    from flexshard_stream.plans.plan import hashed_rows_per_slot
     skip = np.sort(np.array(data.draw(st.lists(st.integers(0, rows + 20), max_size=60,
                                                unique=True)), dtype=np.int64))
     want = hash_owner_counts(rows, slots, np.uint64(seed), skip)

@@ -22,7 +22,6 @@ import pytest
 from flexshard_stream.errors import BatchError, ConfigError
 from flexshard_stream.formats.files import KIND_MARKER
 from flexshard_stream.online.resharder import ReshardConfig
-from flexshard_stream.online.ring import Ring, ring_path
 from flexshard_stream.online.sidecar import (
     Sidecar,
     SidecarError,
@@ -31,10 +30,11 @@ from flexshard_stream.online.sidecar import (
     read_checkpoint,
     to_batch,
 )
-from flexshard_stream.placement.delta import PlanDelta, plan_fingerprint
-from flexshard_stream.placement.plan import Plan
-from flexshard_stream.placement.tables import EmbeddingTable, save_tables
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.delta import PlanDelta, plan_fingerprint
+from flexshard_stream.plans.plan import Plan
+from flexshard_stream.plans.tables import EmbeddingTable, save_tables
+from flexshard_stream.plans.topology import Topology
+from flexshard_stream.sources.ring import Ring, ring_path
 from flexshard_stream.stats.batch import Batch
 from flexshard_stream.stats.stream import StreamStats
 from flexshard_stream.testing import check_plan
@@ -504,7 +504,7 @@ def test_ring_workers_example(tmp_path):
 PRODUCER = textwrap.dedent("""
     import os, sys, time, numpy as np
     from flexshard_stream.stats.batch import Batch
-    from flexshard_stream.online.ring import Ring
+    from flexshard_stream.sources.ring import Ring
     name, directory, seed, stop, H = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], \\
         int(sys.argv[5])
     ring = Ring.attach(name, directory)

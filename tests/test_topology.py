@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from flexshard_stream.errors import ConfigError, FormatError
-from flexshard_stream.placement.tables import (
+from flexshard_stream.plans.tables import (
     DTYPE_BYTES,
     EmbeddingTable,
     infer_tables,
@@ -14,7 +14,7 @@ from flexshard_stream.placement.tables import (
     save_tables,
     tables_by_feature,
 )
-from flexshard_stream.placement.topology import Topology, available_presets
+from flexshard_stream.plans.topology import Topology, available_presets
 
 
 def write(tmp_path, text, name="topo.toml"):

@@ -1,4 +1,4 @@
-"""TorchRec-compatible comm cost (flexshard_stream.placement.torchrec_compat) against TorchRec 1.8.0's formulas.
+"""TorchRec-compatible comm cost (flexshard_stream.bridge.estimator) against TorchRec 1.8.0's formulas.
 
 Hand-computed cases quote the TorchRec 1.8.0 line they follow (paths relative to
 ``torchrec/distributed/planner/`` of the ``torchrec==1.8.0`` wheel, git e2a8e5b8). TorchRec's
@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flexshard_stream.errors import ConfigError
-from flexshard_stream.placement.torchrec_compat import (
+from flexshard_stream.bridge.estimator import (
     TORCHREC_BATCHED_COPY_PERF_FACTOR,
     TORCHREC_DDR_MEM_BW,
     TORCHREC_HBM_MEM_BW,
@@ -23,6 +22,7 @@ from flexshard_stream.placement.torchrec_compat import (
     torchrec_default_num_shards,
     torchrec_shard_comm,
 )
+from flexshard_stream.errors import ConfigError
 
 # TorchRec's own constants, in its own unit (bytes per millisecond), constants.py l.16-17, 28-29.
 TR_INTRA_MS = 600 * 1024 * 1024 * 1024 / 1000
@@ -359,11 +359,18 @@ def test_note_and_units_are_reported():
 
 # ------------------------------------------------------------------ plan-level wrapper
 def test_plan_level_torchrec_estimate_matches_shard_formula():
-    from flexshard_stream.placement.baselines import row_wise, table_row_wise, table_wise
-    from flexshard_stream.placement.plan import ColdSharding, TablePlan
-    from flexshard_stream.placement.tables import EmbeddingTable
-    from flexshard_stream.placement.topology import Topology
-    from flexshard_stream.placement.torchrec_compat import torchrec_plan_comm, torchrec_sharding_of
+    from flexshard_stream.bridge.estimator import (
+        torchrec_plan_comm,
+        torchrec_sharding_of,
+    )
+    from flexshard_stream.placement.baselines import (
+        row_wise,
+        table_row_wise,
+        table_wise,
+    )
+    from flexshard_stream.plans.plan import ColdSharding, TablePlan
+    from flexshard_stream.plans.tables import EmbeddingTable
+    from flexshard_stream.plans.topology import Topology
 
     topo = Topology.uniform(2, 8)
     t = EmbeddingTable("s", 1000, 128, "fp32", "sequence")

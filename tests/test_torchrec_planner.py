@@ -1,4 +1,4 @@
-"""TorchRec's own planner as a strategy (placement/torchrec_planner.py, ``plan --strategy
+"""TorchRec's own planner as a strategy (placement/references.py, ``plan --strategy
 torchrec``): its ShardingPlan converted exactly to our plan type and priced under both profiles.
 
 The planner tests skip without the ``torchrec`` extra; the conversion tests feed hand-made
@@ -18,13 +18,17 @@ from typer.testing import CliRunner
 from flexshard_stream.cli import app
 from flexshard_stream.errors import ConfigError, MissingExtraError
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace
-from flexshard_stream.placement.plan import Plan
 from flexshard_stream.placement.profiles import execution_profile
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
-from flexshard_stream.placement.torchrec_planner import (
-    UVM_CACHING_RATIO, module_paths, plan_from_sharding_plan, plan_torchrec,
-    torchrec_topology_config)
+from flexshard_stream.placement.references import (
+    UVM_CACHING_RATIO,
+    module_paths,
+    plan_from_sharding_plan,
+    plan_torchrec,
+    torchrec_topology_config,
+)
+from flexshard_stream.plans.plan import Plan
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 from flexshard_stream.stats.batch import Batch
 from flexshard_stream.stats.stream import StreamStats
 

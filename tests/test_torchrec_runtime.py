@@ -17,20 +17,34 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import SHARED
+
+from flexshard_stream.bridge.export import (
+    export_torchrec,
+    load_torchrec_export,
+    plan_from_export,
+)
+from flexshard_stream.bridge.runtime import (
+    CollectiveCounter,
+    TableSharding,
+    compare_components,
+    expected_collectives,
+    expected_export_collectives,
+    export_shardings,
+    initial_weights,
+    run_sharded_cases,
+    run_unsharded,
+    table_shardings,
+    torchrec_column_block,
+    torchrec_row_blocks,
+    trace_workload,
+)
 from flexshard_stream.errors import ConfigError
-from flexshard_stream.online.torchrec_runtime import (
-    CollectiveCounter, TableSharding, compare_components, expected_collectives,
-    expected_export_collectives, export_shardings, initial_weights, run_sharded_cases,
-    run_unsharded, table_shardings, torchrec_column_block, torchrec_row_blocks, trace_workload)
 from flexshard_stream.placement import baselines
-from flexshard_stream.placement.export_torchrec import (export_torchrec, load_torchrec_export,
-                                                        plan_from_export)
-from flexshard_stream.placement.plan import ColdSharding, Plan, TablePlan
 from flexshard_stream.placement.planner import plan_flexshard
-from flexshard_stream.placement.tables import EmbeddingTable
-from flexshard_stream.placement.topology import Topology
+from flexshard_stream.plans.plan import ColdSharding, Plan, TablePlan
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
 from flexshard_stream.stats.batch import Batch, concat_batches, slice_batch
 from flexshard_stream.stats.stream import StreamStats
 
@@ -350,8 +364,9 @@ def test_fbgemm_cpu_dense_kernel_pools_sequence_lookups():
     pytest.importorskip("torchrec")
     import torch
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import \
-        DenseTableBatchedEmbeddingBagsCodegen
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        DenseTableBatchedEmbeddingBagsCodegen,
+    )
 
     tbe = DenseTableBatchedEmbeddingBagsCodegen([(20, 4)], pooling_mode=PoolingMode.NONE,
                                                 use_cpu=True)
@@ -364,11 +379,16 @@ def test_fbgemm_cpu_dense_kernel_pools_sequence_lookups():
 def test_torchrec_planner_refuses_pooled_row_wise_on_cpu_unless_the_sharder_offers_it():
     pytest.importorskip("torchrec")
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import (EmbeddingShardingPlanner, ParameterConstraints,
-                                              Topology as TRTopology)
+    from torchrec.distributed.planner import (
+        EmbeddingShardingPlanner,
+        ParameterConstraints,
+    )
+    from torchrec.distributed.planner import Topology as TRTopology
 
-    from flexshard_stream.online.torchrec_world import (CpuEmbeddingBagCollectionSharder,
-                                                        build_collections)
+    from flexshard_stream.bridge.world import (
+        CpuEmbeddingBagCollectionSharder,
+        build_collections,
+    )
 
     ebc = build_collections([EmbeddingTable("t", 4000, 8, kind="pooled")], device="meta").ebc
     for st in ("row_wise", "table_row_wise"):
@@ -384,7 +404,7 @@ def test_torchrec_planner_refuses_pooled_row_wise_on_cpu_unless_the_sharder_offe
 
 def test_sharding_plan_of_our_plan_has_ranks_and_offsets():
     pytest.importorskip("torchrec")
-    from flexshard_stream.online.torchrec_runtime import sharding_plan
+    from flexshard_stream.bridge.runtime import sharding_plan
 
     topo = Topology.uniform(2, 2)
     tables = [EmbeddingTable("p", 10, 8, kind="pooled"), EmbeddingTable("s", 7, 8)]
@@ -408,7 +428,7 @@ def test_torch_module_tables_stay_out_of_torchrec():
     pytest.importorskip("torchrec")
     from torch import nn
 
-    from flexshard_stream.online.torchrec_world import build_collections, module_sharding_plan
+    from flexshard_stream.bridge.world import build_collections, module_sharding_plan
 
     s, p = EmbeddingTable("s", 10, 4), EmbeddingTable("p", 12, 4, kind="pooled")
     sh = {"s": TableSharding("data_parallel", compute_kernel="torch_module"),
@@ -509,6 +529,6 @@ def test_expected_collectives_by_hand():
 
 
 def test_module_imports_without_torch():
-    code = ("import sys; import flexshard_stream.online.torchrec_runtime, flexshard_stream.cli; "
+    code = ("import sys; import flexshard_stream.bridge.runtime, flexshard_stream.cli; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

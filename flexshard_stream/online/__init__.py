@@ -1,3 +1,3 @@
-"""Placement kept current while data flows: the re-sharder, the sidecar, the shared-memory ring,
-replay of logged traffic, distributed statistics and reports. Imports ``placement`` and below.
+"""Placement kept current while data flows: the re-sharder, the sidecar and replay of logged
+traffic. Imports ``placement`` and below.
 """

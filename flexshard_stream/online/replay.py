@@ -57,6 +57,7 @@ from ..formats.files import (
     write_atomic,
     write_json,
 )
+from ..optional import import_optional
 from ..placement.baselines import build_baseline
 from ..placement.cost import (
     A2A_COMPONENTS,
@@ -68,12 +69,13 @@ from ..placement.cost import (
     evaluate_analytic,
     evaluate_trace,
 )
-from ..placement.plan import Plan
 from ..placement.planner import MemoryPolicy, plan_flexshard
-from ..placement.tables import EmbeddingTable, infer_tables, load_tables, row_map
-from ..placement.topology import Topology
-from ..sources.logs import REASONS as _REASONS
+from ..plans.plan import Plan
+from ..plans.tables import EmbeddingTable, infer_tables, load_tables, row_map
+from ..plans.topology import Topology
+from ..sources.distributed import ENGINES, WindowStats, window_stats
 from ..sources.ids import IdMode, RowMap
+from ..sources.logs import REASONS as _REASONS
 from ..sources.logs import LogReader
 from ..sources.windows import WindowSpec, parse_window
 from ..stats.batch import Batch, concat_batches, rebatch, slice_batch
@@ -81,7 +83,6 @@ from ..stats.config import TableConfig
 from ..stats.stream import StreamStats
 from ..stats.summary import FrequencySummary
 from ..stats.window import DecayedStats, decay_factor
-from .distributed import ENGINES, WindowStats, window_stats
 from .resharder import Decision, ReshardConfig, Resharder
 
 __all__ = [
@@ -280,11 +281,7 @@ def _decision_json(d: Decision) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the replay
 def _require_ray() -> None:
     """Fail early and clearly when engine "ray" is asked for and Ray is not installed."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise ConfigError("engine 'ray' needs Ray, which is not installed: "
-                          "pip install 'flexshard_stream[ray]' (or 'ray>=2.9')") from None
+    import_optional("ray", extra="ray", purpose="engine 'ray'")
 
 
 def _positive_int(value: Any) -> bool:

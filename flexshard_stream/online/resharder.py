@@ -4,9 +4,9 @@ Fed batches (or pointed at a :class:`~flexshard_stream.stats.window.WindowedStat
 :class:`~flexshard_stream.stats.window.DecayedStats` view; :func:`default_stats` by default), it
 checks every ``check_every`` batches or seconds: it plans the target with the FlexShard planner on
 the current statistics, prices the current plan on the same statistics (one evaluator,
-``evaluate_analytic``), and computes the :class:`~flexshard_stream.placement.delta.PlanDelta`. It
+``evaluate_analytic``), and computes the :class:`~flexshard_stream.plans.delta.PlanDelta`. It
 is judged, and decides, on total cost: communication + migration transfer + a fixed pause per
-applied delta (:func:`~flexshard_stream.placement.delta.migration_cost`; :class:`CostLedger`). A
+applied delta (:func:`~flexshard_stream.plans.delta.migration_cost`; :class:`CostLedger`). A
 change is applied only when its modelled saving over the horizon beats ``(1 + hysteresis)`` times
 its pause and transfer, the horizon and hysteresis following the measured drift rate
 (:class:`DriftMeter`); a change that does not pay waits and goes with the next. When the whole
@@ -30,11 +30,17 @@ import numpy as np
 from ..errors import ConfigError, FlexShardError, FormatError
 from ..placement.baselines import build_baseline
 from ..placement.cost import Cost, CostModel, evaluate_analytic
-from ..placement.delta import DEFAULT_PAUSE_S, MigrationCost, PlanDelta, check_pause, migration_cost
-from ..placement.plan import Plan, TablePlan
 from ..placement.planner import MemoryPolicy, PlannerConfig, plan_flexshard
-from ..placement.tables import EmbeddingTable, summaries_by_table
-from ..placement.topology import Topology
+from ..plans.delta import (
+    DEFAULT_PAUSE_S,
+    MigrationCost,
+    PlanDelta,
+    check_pause,
+    migration_cost,
+)
+from ..plans.plan import Plan, TablePlan
+from ..plans.tables import EmbeddingTable, summaries_by_table
+from ..plans.topology import Topology
 from ..stats.batch import Batch
 from ..stats.config import TableConfig
 from ..stats.state import NUMBER, OPTIONAL_NUMBER, check_state
@@ -57,7 +63,7 @@ class ReshardConfig:
     unit : str                "batches" or "seconds"
     pause_s : float           seconds a training job stalls per applied delta, whatever it moves
                               (barrier, rebuilt lookup modules, refilled pipeline); default
-                              :data:`~flexshard_stream.placement.delta.DEFAULT_PAUSE_S`
+                              :data:`~flexshard_stream.plans.delta.DEFAULT_PAUSE_S`
                               (docs/RESHARDER.md, "The pause")
     iterations_per_check : float | None   training iterations between two checks; None: counted
                               (``check(iterations=...)``, else the samples fed to :meth:`Resharder.update`

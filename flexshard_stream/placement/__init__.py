@@ -1,4 +1,4 @@
-"""Where rows live and what that costs: topology, tables, the one ``Plan`` type, baselines, the one
-cost evaluator, the FlexShard planner in stages, the RecShard host tier, plan deltas, and TorchRec
-estimates and export. Imports ``sources``, ``stats`` and below.
+"""The search and its pricing: execution profiles, the one cost evaluator, the baselines, the
+FlexShard planner in stages (candidates, partition, pricing), the RecShard host tier and TorchRec's
+own plan as a priced reference. Imports ``bridge``, ``plans`` and below.
 """

@@ -21,10 +21,10 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from ..plans.plan import ColdSharding, Plan, TablePlan
+from ..plans.tables import EmbeddingTable, summaries_by_table
+from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
-from .plan import ColdSharding, Plan, TablePlan
-from .tables import EmbeddingTable, summaries_by_table
-from .topology import Topology
 
 __all__ = ["row_wise", "table_wise", "table_row_wise", "column_wise", "table_column_wise",
            "column_widths", "data_parallel", "hugectr_hybrid", "hugectr_threshold",

@@ -18,7 +18,7 @@ Stages, in the order :func:`~flexshard_stream.placement.planner.plan_flexshard` 
 6. :func:`placement_states`: which candidates are also tried with their hottest cold rows placed by
    load;
 7. :class:`PlanBuilder` / :func:`build_plan`: the
-   :class:`~flexshard_stream.placement.plan.Plan` of a candidate: replicas, node replicas spread
+   :class:`~flexshard_stream.plans.plan.Plan` of a candidate: replicas, node replicas spread
    by load (:func:`node_local_gpus`), cold ranges (equal or weighted by bandwidth,
    :func:`cold_layouts`) and optionally the hottest cold rows placed by load
    (:func:`place_by_load_per_bandwidth`).
@@ -33,11 +33,11 @@ import numpy as np
 
 from ..kernels.greedy import greedy_moves
 from ..kernels.routing import place_by_load
+from ..plans.plan import ColdSharding, Plan, TablePlan
+from ..plans.tables import EmbeddingTable
+from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
 from .cost import CostModel
-from .plan import ColdSharding, Plan, TablePlan
-from .tables import EmbeddingTable
-from .topology import Topology
 
 __all__ = ["BenefitCurve", "LoadAwareProxy", "PlanBuilder", "State", "benefit_curves",
            "build_plan", "coarse_search", "cold_layouts", "move_sequence", "node_local_gpus",
@@ -114,7 +114,7 @@ def benefit_curves(tables: Sequence[EmbeddingTable], summaries: Mapping[str, Fre
     """One :class:`BenefitCurve` per table, in table order.
 
     ``summaries`` and ``mean_lengths`` (IDs per sample) are keyed by table name, as
-    :func:`~flexshard_stream.placement.tables.summaries_by_table` resolves them; ``batch_size`` is
+    :func:`~flexshard_stream.plans.tables.summaries_by_table` resolves them; ``batch_size`` is
     samples per GPU per iteration.
     """
     return [BenefitCurve(t, summaries[t.name], topology, batch_size, model, mean_lengths[t.name])
@@ -378,7 +378,7 @@ def place_by_load_per_bandwidth(p: np.ndarray, curve: BenefitCurve, cold: ColdSh
 
 
 class PlanBuilder:
-    """Builds the :class:`~flexshard_stream.placement.plan.Plan` of a candidate's tier sizes.
+    """Builds the :class:`~flexshard_stream.plans.plan.Plan` of a candidate's tier sizes.
 
     Owns two caches: the cold range sharding per (rows, layout) (shared by every table of that
     size), and, with ``reuse_tables``, the TablePlan per (table, tiers, placement, layout), reused

@@ -31,11 +31,13 @@ import numpy as np
 from ..errors import BatchError, ConfigError
 from ..kernels.analytic import analytic_traffic
 from ..kernels.traffic import table_traffic
+from ..plans.plan import Plan, TablePlan
+from ..plans.tables import summaries_by_table
+from ..plans.topology import Topology
 from ..stats.batch import Batch, rebatch
 from ..stats.config import TableConfig
 from ..stats.stream import validate_batch
 from ..stats.summary import FrequencySummary
-from .plan import Plan, TablePlan
 from .profiles import (
     PROFILES,
     TORCHREC_COMPONENTS,
@@ -45,8 +47,6 @@ from .profiles import (
     execution_profile,
     torchrec_row_bytes,
 )
-from .tables import summaries_by_table
-from .topology import Topology
 
 __all__ = ["CostModel", "Cost", "TraceCost", "evaluate_trace", "evaluate_analytic",
            "check_matrix_size", "COMPONENTS", "A2A_COMPONENTS", "PROFILES", "TORCHREC_COMPONENTS",

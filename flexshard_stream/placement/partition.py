@@ -31,12 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..plans.plan import ColdSharding, Plan, TablePlan
+from ..plans.tables import EmbeddingTable
+from ..plans.topology import Topology
 from .baselines import column_widths
 from .cost import A2A_COMPONENTS, Cost
-from .plan import ColdSharding, Plan, TablePlan
 from .profiles import ExecutionProfile
-from .tables import EmbeddingTable
-from .topology import Topology
 
 __all__ = ["KINDS", "TableOption", "table_options", "memory_caps", "partition",
            "partition_plans", "place_permutations"]

@@ -27,6 +27,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from ..plans.plan import ColdSharding, Plan, TablePlan
+from ..plans.tables import EmbeddingTable, summaries_by_table
+from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
 from .baselines import BASELINES, baseline_plans, build_baseline
 from .candidates import (
@@ -44,7 +47,6 @@ from .candidates import (
 )
 from .cost import Cost, CostModel
 from .partition import memory_caps, partition_plans, table_options
-from .plan import ColdSharding, Plan, TablePlan
 from .pricing import (
     AnalyticPricing,
     Candidate,
@@ -53,8 +55,6 @@ from .pricing import (
     select_within_budget,
 )
 from .profiles import execution_profile
-from .tables import EmbeddingTable, summaries_by_table
-from .topology import Topology
 
 __all__ = ["MemoryPolicy", "PlannerConfig", "PlanResult", "plan_flexshard"]
 

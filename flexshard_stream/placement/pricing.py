@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
+from ..plans.plan import Plan
 from ..stats.summary import FrequencySummary
 from .candidates import BenefitCurve, PlanBuilder, State
 from .cost import Cost, CostModel, evaluate_analytic
-from .plan import Plan
 from .recshard import TopRows, split_cold
 
 __all__ = ["AnalyticPricing", "Candidate", "CandidatePricer", "StatisticalMargin", "fits_budget",

@@ -27,8 +27,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..kernels.analytic import torchrec_dense_terms
-from .plan import Plan, TablePlan
-from .topology import Topology
+from ..plans.plan import Plan, TablePlan
+from ..plans.topology import Topology
 
 __all__ = ["PROFILES", "ExecutionProfile", "execution_profile", "TorchRecTerms", "Structured",
            "TORCHREC_COMPONENTS", "SPLIT_BYTES", "torchrec_row_bytes"]

@@ -32,11 +32,11 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..kernels.analytic import cold_rows_by_table, fill_hbm, top_cold_owners
+from ..plans.plan import Plan, TablePlan
+from ..plans.tables import summaries_by_table
+from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
 from .cost import Cost, CostModel, evaluate_analytic
-from .plan import Plan, TablePlan
-from .tables import summaries_by_table
-from .topology import Topology
 
 __all__ = ["HbmRoom", "TopRows", "cold_rows_per_gpu", "slow_memory_report", "split_cold"]
 

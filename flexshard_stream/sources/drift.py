@@ -35,7 +35,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..compat import renamed_keywords
+from ..compat import REMOVED_IN, renamed_keywords
 from ..errors import ConfigError
 from ..stats.batch import Batch
 from .synth import (
@@ -350,7 +350,7 @@ def _sample_ids(maps: _Maps, window: int, n: int, rng: np.random.Generator) -> n
 
 
 # ================================================================== generation
-@renamed_keywords(batch_size="samples_per_batch")
+@renamed_keywords(REMOVED_IN, batch_size="samples_per_batch")
 def generate_windows(tables: Sequence[TableSpec], spec: DriftSpec, num_windows: int,
                      samples_per_window: int, samples_per_batch: int, seed: int = 0, *,
                      start_ts: float = 0.0, samples_per_second: float = 1000.0

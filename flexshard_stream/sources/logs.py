@@ -63,7 +63,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ..compat import renamed_keywords, renamed_property
+from ..compat import REMOVED_IN, renamed_keywords, renamed_property
 from ..errors import LogError
 from ..stats.batch import Batch
 from .ids import ID_MODES, OUT_OF_RANGE, RANGE_FIXES, IdMode, RowMap
@@ -806,7 +806,7 @@ def _fmt_value(v: Any, limit: int = 80) -> str:
 
 
 # ----------------------------------------------------------------------------- reader
-@renamed_keywords(batch_size="read_batch_size")
+@renamed_keywords(REMOVED_IN, batch_size="read_batch_size")
 class LogReader:
     """Stream a log (parquet / CSV files) as :class:`~.batch.Batch` objects.
 
@@ -859,7 +859,7 @@ class LogReader:
         Samples yielded.
     """
 
-    batch_size = renamed_property("batch_size", "read_batch_size")
+    batch_size = renamed_property("batch_size", "read_batch_size", REMOVED_IN)
 
     def __init__(self, paths: Paths, features: FeatureSpec = None, read_batch_size: int = 65536,
                  *, skip_bad_rows: bool = False, null_as_empty: bool = False,
@@ -1204,7 +1204,7 @@ class LogReader:
                                 f"{what}; pass skip_bad_rows=True to drop and count bad rows")
 
 
-@renamed_keywords(batch_size="read_batch_size")
+@renamed_keywords(REMOVED_IN, batch_size="read_batch_size")
 def read_log(paths: Paths, features: FeatureSpec = None, read_batch_size: int = 65536, *,
              skip_bad_rows: bool = False, null_as_empty: bool = False, ts: bool | None = None,
              ignore: Iterable[str] = (), rows: "RowMap | None" = None) -> Iterator[Batch]:

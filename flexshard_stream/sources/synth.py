@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..compat import renamed_keywords, renamed_property
+from ..compat import REMOVED_IN, renamed_keywords, renamed_property
 from ..errors import ConfigError, FormatError, LogError
 from ..stats.batch import Batch
 
@@ -492,7 +492,7 @@ def checked_tables(tables: Any) -> tuple[TableSpec, ...]:
     return tables
 
 
-@renamed_keywords(batch_size="samples_per_batch")
+@renamed_keywords(REMOVED_IN, batch_size="samples_per_batch")
 def generate(tables: Sequence[TableSpec], num_samples: int, samples_per_batch: int, seed: int = 0,
              start_ts: float = 0.0, samples_per_second: float = 1000.0) -> Iterator[Batch]:
     """Generate a seeded synthetic trace as a stream of batches.
@@ -573,7 +573,7 @@ def _generate(tables: tuple[TableSpec, ...], num_samples: int, samples_per_batch
         pending -= start
 
 
-@renamed_keywords(batch_size="samples_per_batch")
+@renamed_keywords(REMOVED_IN, batch_size="samples_per_batch")
 @dataclass(frozen=True)
 class TraceSpec:
     """A named family of tables with its reference batch.
@@ -595,9 +595,9 @@ class TraceSpec:
     samples_per_second: float = 1000.0
     description: str = ""
 
-    batch_size = renamed_property("batch_size", "samples_per_batch")
+    batch_size = renamed_property("batch_size", "samples_per_batch", REMOVED_IN)
 
-    @renamed_keywords(batch_size="samples_per_batch")
+    @renamed_keywords(REMOVED_IN, batch_size="samples_per_batch")
     def generate(self, num_samples: int, samples_per_batch: int | None = None, seed: int = 0,
                  start_ts: float = 0.0) -> Iterator[Batch]:
         """:func:`generate` with this spec's tables (``samples_per_batch`` defaults to the
@@ -810,7 +810,7 @@ class _LogWriter:
 
 
 # ================================================================== published statistics
-@renamed_keywords(batch_size="samples_per_batch")
+@renamed_keywords(REMOVED_IN, batch_size="samples_per_batch")
 @dataclass(frozen=True)
 class PublishedHistogram:
     """Reuse statistics of the published trace batches (``dlrm-locality-stats``), averaged.
@@ -849,7 +849,7 @@ class PublishedHistogram:
     per_batch_rows: np.ndarray = field(repr=False)
     per_batch_lookups: np.ndarray = field(repr=False)
 
-    batch_size = renamed_property("batch_size", "samples_per_batch")
+    batch_size = renamed_property("batch_size", "samples_per_batch", REMOVED_IN)
 
     @property
     def once_fraction(self) -> float:
@@ -1045,7 +1045,7 @@ def _nnls(A: np.ndarray, b: np.ndarray, max_iter: int = 500) -> np.ndarray:
     return x
 
 
-@renamed_keywords(batch_sizes="samples_per_batch")
+@renamed_keywords(REMOVED_IN, batch_sizes="samples_per_batch")
 def fit_table_family(target: PublishedHistogram | None = None,
                      samples_per_batch: Sequence[int] = (1024, 4096, 16384),
                      alphas: Sequence[float] = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4,
@@ -1227,7 +1227,7 @@ def preset(name: str, scale: float = 1.0) -> TraceSpec:
     raise ConfigError(f"unknown preset {name!r}; expected 'production', 'sequence' or 'default'")
 
 
-@renamed_keywords(batch_size="samples_per_batch")
+@renamed_keywords(REMOVED_IN, batch_size="samples_per_batch")
 @dataclass(frozen=True)
 class CalibrationReport:
     """Generated vs published reuse histograms of one batch of the ``"production"`` preset
@@ -1245,7 +1245,7 @@ class CalibrationReport:
     published_lookups: np.ndarray = field(repr=False, default=None)
     tv_lookups: float = 0.0
 
-    batch_size = renamed_property("batch_size", "samples_per_batch")
+    batch_size = renamed_property("batch_size", "samples_per_batch", REMOVED_IN)
 
     @property
     def mean_reuse(self) -> float:
@@ -1293,7 +1293,7 @@ def calibration_distance(scale: float = 1 / 32, seed: int = 0,
 
 
 # ================================================================== default trace and CLI
-@renamed_keywords(batch_size="samples_per_batch")
+@renamed_keywords(REMOVED_IN, batch_size="samples_per_batch")
 def make_default_trace(path: str | Path, num_samples: int = 30000, seed: int = 20240501,
                        samples_per_batch: int = 1024) -> dict[str, int]:
     """Write the embedded default trace (``preset("default")``) to ``path`` (parquet).

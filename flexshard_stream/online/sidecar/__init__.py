@@ -36,7 +36,7 @@ damaged one is skipped with a :class:`SidecarWarning` naming the file) and repor
 :attr:`Sidecar.resume_report` how many batches were lost since it.
 
 Out of process: ``flexshard-stream sidecar --ring NAME ...`` (:func:`run_ring`) reads batches that
-DataLoader workers write into a shared-memory ring (:mod:`flexshard_stream.online.ring`), feeds the
+DataLoader workers write into a shared-memory ring (:mod:`flexshard_stream.sources.ring`), feeds the
 same machinery and shuts down cleanly (final checkpoint) on SIGTERM/SIGINT.
 
 Within a CPU budget (``cpu_budget``, half a core by default) the ingest thread samples one ID

@@ -46,8 +46,8 @@ from ...formats.files import (
     write_atomic,
     write_json,
 )
-from ...placement.delta import plan_fingerprint
-from ...placement.plan import Plan
+from ...plans.delta import plan_fingerprint
+from ...plans.plan import Plan
 from ..resharder import Resharder
 from .common import CHECKPOINT_FORMAT, COUNTER_KEYS, FORMAT_VERSION, log, warn
 from .ingest import IngestWorker

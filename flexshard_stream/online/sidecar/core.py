@@ -15,9 +15,9 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...formats.files import claim_directory
-from ...placement.plan import Plan
-from ...placement.tables import EmbeddingTable, load_tables
-from ...placement.topology import Topology
+from ...plans.plan import Plan
+from ...plans.tables import EmbeddingTable, load_tables
+from ...plans.topology import Topology
 from ...stats.batch import Batch
 from ...stats.stream import StreamStats
 from ...stats.window import DecayedStats, WindowedStats

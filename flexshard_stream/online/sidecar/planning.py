@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...placement.plan import Plan
+from ...plans.plan import Plan
 from ..resharder import Decision, Resharder
 from .common import BackgroundThread, CheckJob, Coordination
 from .publisher import Publisher

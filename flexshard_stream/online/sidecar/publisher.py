@@ -21,8 +21,8 @@ from typing import Any
 from ...errors import ConfigError, FormatError
 from ...formats.fields import field_int, field_str
 from ...formats.files import fsync_directory, jsonable, read_json, write_json
-from ...placement.delta import PlanDelta, plan_fingerprint
-from ...placement.plan import Plan
+from ...plans.delta import PlanDelta, plan_fingerprint
+from ...plans.plan import Plan
 from ..resharder import Decision
 from .common import FORMAT_VERSION, STATE_FORMAT, log, remove_temp_entries, warn
 

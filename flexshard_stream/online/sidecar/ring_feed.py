@@ -1,5 +1,5 @@
 """The sidecar out of process: batches that DataLoader workers write into a shared-memory ring
-(:mod:`flexshard_stream.online.ring`) feed a :class:`Sidecar` until SIGTERM/SIGINT, then a clean
+(:mod:`flexshard_stream.sources.ring`) feed a :class:`Sidecar` until SIGTERM/SIGINT, then a clean
 shutdown (final checkpoint). With the ring the loss after a crash is exact: its read counters live
 in shared memory. The command line is ``flexshard-stream sidecar`` (:mod:`flexshard_stream.cli`).
 """
@@ -20,13 +20,13 @@ from typing import Any
 
 from ...errors import FlexShardError
 from ...formats.files import jsonable, read_json
-from ...placement.tables import load_tables, row_map
-from ...placement.topology import Topology
+from ...plans.tables import load_tables, row_map
+from ...plans.topology import Topology
+from ...sources.ring import Ring
 from ...stats.batch import Batch
 from ...stats.config import TableConfig
 from ...stats.window import DecayedStats
 from ..resharder import ReshardConfig, default_stats
-from ..ring import Ring
 from .common import SidecarError, log
 from .core import Sidecar
 

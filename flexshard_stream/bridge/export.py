@@ -2,9 +2,9 @@
 
 TorchRec cannot place an arbitrary set of rows (``docs/TORCHREC_COMPAT.md``): a table is sharded
 whole (data-parallel, table-wise, column-wise) or in contiguous, equal row blocks (row-wise,
-table-row-wise). A FlexShard plan (:mod:`flexshard_stream.placement.plan`) replicates individually
+table-row-wise). A FlexShard plan (:mod:`flexshard_stream.plans.plan`) replicates individually
 chosen rows. The export therefore splits every table ``T`` of a plan into at most two TorchRec
-tables and renumbers the rows (:mod:`flexshard_stream.placement.export_layout`):
+tables and renumbers the rows (:mod:`flexshard_stream.bridge.layout`):
 
 ``T__hot``
     the replicated rows, sharding type ``"data_parallel"`` (compute kernel ``"dense"``, the only one
@@ -15,18 +15,18 @@ tables and renumbers the rows (:mod:`flexshard_stream.placement.export_layout`):
     every other row, sharding type ``"row_wise"`` (or ``"table_row_wise"`` / ``"table_wise"``, see
     ``cold_sharding``), compute kernel ``"fused"``. Omitted when every row is hot.
 the remap (``T.remap_exceptions.npy``, ``T.remap_segments.npy``)
-    a bijection of ``[0, H)`` (:class:`~flexshard_stream.placement.id_remap.IdRemap`): the
+    a bijection of ``[0, H)`` (:class:`~flexshard_stream.bridge.remap.IdRemap`): the
     replicated and explicitly placed rows in a sorted map, every other row by arithmetic, so its
     size is that of the rows chosen individually, not the table's; ``new < K`` is row ``new`` of
     ``T__hot``, otherwise row ``new - K`` of ``T__cold`` (K = ``hot_rows`` in the manifest). The
     data loader sends hot IDs to feature ``<feature>__hot`` and cold IDs to ``<feature>__cold``
     (:meth:`TorchRecExport.remap_batch` in numpy; the torch module ``KJTRemap`` of
-    :mod:`flexshard_stream.placement.torchrec_loader` on a ``KeyedJaggedTensor``).
+    :mod:`flexshard_stream.bridge.loader` on a ``KeyedJaggedTensor``).
 
 Cold rows are numbered so that TorchRec's equal row blocks (``ceil(C / n)`` rows per rank,
 ``torchrec/distributed/sharding_plan.py`` l.181-237, the same block size the input bucketization
 uses, ``sharding/rw_sharding.py`` l.429-431) hold, as far as their sizes allow, the rows the plan put
-on that GPU (:mod:`~flexshard_stream.placement.export_layout`). For a contiguous-range plan with no
+on that GPU (:mod:`~flexshard_stream.bridge.layout`). For a contiguous-range plan with no
 replicas and block-sized ranges the remap is the identity.
 
 Files written into ``out_dir`` (atomically; an existing export there is replaced, a file or any
@@ -74,13 +74,14 @@ from ..formats.files import (
     write_npy,
 )
 from ..formats.units import fmt_bytes
+from ..optional import optional_imports
+from ..plans.plan import ColdSharding, Plan, TablePlan
+from ..plans.tables import EmbeddingTable, summaries_by_table
+from ..plans.topology import Topology
 from ..stats.batch import Batch
 from ..stats.summary import FrequencySummary
-from .export_layout import TableMapping, map_table, torchrec_rw_shard_rows
-from .id_remap import IdRemap, regular_id
-from .plan import ColdSharding, Plan, TablePlan
-from .tables import EmbeddingTable, summaries_by_table
-from .topology import Topology
+from .layout import TableMapping, map_table, torchrec_rw_shard_rows
+from .remap import IdRemap, regular_id
 
 __all__ = ["export_torchrec", "load_torchrec_export", "plan_from_export", "TorchRecExport",
            "torchrec_constraints", "torchrec_embedding_configs", "torchrec_sharding_plan",
@@ -216,7 +217,7 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
     Notes
     -----
     Memory and time grow with the replicated and explicitly placed rows and the GPUs, not with the
-    tables' rows (:class:`~flexshard_stream.placement.id_remap.IdRemap`): a table of 10^9 rows, or
+    tables' rows (:class:`~flexshard_stream.bridge.remap.IdRemap`): a table of 10^9 rows, or
     of hashed 64-bit IDs, exports like a small one.
     """
     _check_export(plan, cold_sharding, node_replicas)
@@ -496,7 +497,7 @@ class TorchRecExport:
     """A verified export: the manifest and the :class:`IdRemap` of every original table.
 
     The numpy side of the data loader's step (the torch twin is
-    ``flexshard_stream.placement.torchrec_loader.KJTRemap``: identical IDs)."""
+    ``flexshard_stream.bridge.loader.KJTRemap``: identical IDs)."""
 
     path: Path
     manifest: dict[str, Any]
@@ -754,7 +755,7 @@ def _table_plan_of(t: EmbeddingTable, remap: IdRemap, K: int,
 
 # ----------------------------------------------------------------------------- TorchRec loaders
 def _import_torchrec(what: str) -> dict[str, Any]:
-    try:
+    with optional_imports("torchrec", f"{what} (the JSON files can be read without it)"):
         from torchrec.distributed.planner.types import ParameterConstraints
         from torchrec.distributed.types import (
             BoundsCheckMode,
@@ -768,12 +769,6 @@ def _import_torchrec(what: str) -> dict[str, Any]:
             EmbeddingConfig,
             PoolingType,
         )
-    except ImportError as e:
-        raise ImportError(f"{what} needs TorchRec (and torch), which flexshard_stream does not "
-                          f"install by default: install the 'torchrec' extra (torch 2.13, "
-                          f"`pip install torchrec=={TORCHREC_VERSION}` and fbgemm-gpu(-cpu); "
-                          f"docs/TORCHREC_RUNTIME.md). The JSON files can be read without it. "
-                          f"({e})") from e
     return dict(ParameterConstraints=ParameterConstraints, BoundsCheckMode=BoundsCheckMode,
                 CacheAlgorithm=CacheAlgorithm, CacheParams=CacheParams,
                 KeyValueParams=KeyValueParams, DataType=DataType,
@@ -899,16 +894,17 @@ def sharding_plan_from_doc(doc: Mapping[str, Any], *, device: str = "cuda",
                            dense_sequence_hot: bool = False) -> Any:
     """The ``ShardingPlan`` of a ``sharding_plan.json`` document (see
     :func:`torchrec_sharding_plan`). TorchRec is imported here, lazily."""
-    from torchrec.distributed.sharding_plan import placement
-    from torchrec.distributed.types import (
-        CacheAlgorithm,
-        CacheParams,
-        EmbeddingModuleShardingPlan,
-        EnumerableShardingSpec,
-        ParameterSharding,
-        ShardingPlan,
-        ShardMetadata,
-    )
+    with optional_imports("torchrec", "a TorchRec ShardingPlan"):
+        from torchrec.distributed.sharding_plan import placement
+        from torchrec.distributed.types import (
+            CacheAlgorithm,
+            CacheParams,
+            EmbeddingModuleShardingPlan,
+            EnumerableShardingSpec,
+            ParameterSharding,
+            ShardingPlan,
+            ShardMetadata,
+        )
 
     paths = dict(MODULE_PATHS, **(module_paths or {}))
     local = int(doc["local_world_size"])

@@ -45,17 +45,18 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
-from ..compat import renamed_keywords
+from ..compat import REMOVED_IN, renamed_keywords
 from ..errors import ConfigError, FlexShardError, FormatError, IncompatibleError
-from ..sources.windows import WindowSpec, parse_window
+from ..optional import import_optional
+from .windows import WindowSpec, parse_window
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..sources.ids import RowMap
-    from ..sources.logs import LogFileInfo, LogReader
     from ..stats.batch import Batch
     from ..stats.config import SketchConfig, TableConfig
     from ..stats.stream import StreamStats
     from ..stats.table_stats import TableStats
+    from .ids import RowMap
+    from .logs import LogFileInfo, LogReader
 
 __all__ = [
     "ENGINES",
@@ -113,7 +114,7 @@ class WindowStats:
 def _part_reader(job: Mapping[str, Any]) -> LogReader:
     """A :class:`LogReader` over one task's part: one file, or the row groups ``row_groups``
     (contiguous) of a parquet file; bad-row messages keep the row numbers of the whole file."""
-    from ..sources.logs import LogReader
+    from .logs import LogReader
 
     return LogReader([job["path"]], dict(job["features"]), job["read_batch_size"],
                      skip_bad_rows=job["skip_bad_rows"], ts=job["use_ts"],
@@ -291,12 +292,7 @@ class _RayEngine:
     root of every window's merge tree."""
 
     def __init__(self, workers: int | None, address: str | None):
-        try:
-            import ray
-        except ImportError:
-            raise ConfigError("engine='ray' needs Ray: pip install 'flexshard-stream[ray]' "
-                              "(or 'ray>=2.9')") from None
-        self.ray = ray
+        self.ray = ray = import_optional("ray", extra="ray", purpose="engine='ray'")
         self.started = False
         if not ray.is_initialized():
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
@@ -347,7 +343,7 @@ def _engine(engine: str, address: str | None, workers: int | None, executor: Any
 def _parquet_meta(path: Path) -> tuple[list[int], list[tuple[float, float] | None] | None]:
     """Rows per row group, and ``(min, max)`` of ``ts`` per row group from the column statistics
     (None for empty row groups; the whole list None when a non-empty row group lacks them)."""
-    from ..sources.logs import TS_COLUMN, open_parquet
+    from .logs import TS_COLUMN, open_parquet
     pf = open_parquet(path)
     try:
         md = pf.metadata
@@ -439,7 +435,7 @@ def _window_range(unit: str, size: float, origin: float, count: int,
 
 
 # ============================================================================ the driver
-@renamed_keywords(batch_size="read_batch_size")
+@renamed_keywords(REMOVED_IN, batch_size="read_batch_size")
 def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | WindowSpec,
                  features: Any = None, engine: str = "local", address: str | None = None,
                  num_workers: int | None = None, skip_bad_rows: bool = False,
@@ -547,9 +543,9 @@ def _open_log(paths: PathLike | Sequence[PathLike], spec: WindowSpec, features: 
     Raises ConfigError for a duration window on a log without ``ts`` or a feature without a
     table, LogError for an unreadable file.
     """
-    from ..sources.logs import LogReader
     from ..stats.config import TableConfig, normalize_tables
     from ..stats.stream import StreamStats
+    from .logs import LogReader
 
     tconfs = normalize_tables(tables)
     if features is None and tconfs:
@@ -578,7 +574,7 @@ def _assign_windows(eng: Any, tasks: Sequence[dict], jobs: Sequence[dict], spec:
     pass of the engine over every part (``diag["scan_pass"]``) when bad rows are skipped or a
     duration window meets a part without ``ts`` statistics.
     """
-    from ..sources.logs import csv_data_rows
+    from .logs import csv_data_rows
 
     seconds = spec.unit == "seconds"
     need_scan = skip_bad_rows or (seconds and any(t["ts"] == "unknown" for t in tasks))

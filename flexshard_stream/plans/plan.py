@@ -43,7 +43,14 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..formats.fields import field_bool, field_int, field_list, field_mapping, field_str, mapping
+from ..formats.fields import (
+    field_bool,
+    field_int,
+    field_list,
+    field_mapping,
+    field_str,
+    mapping,
+)
 from ..formats.files import (
     check_json_digest,
     directory_kind,

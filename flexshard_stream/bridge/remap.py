@@ -1,6 +1,6 @@
 """A compact bijection of row IDs: explicit rows in a sorted map, every other row by arithmetic.
 
-The TorchRec export (:mod:`flexshard_stream.placement.export_torchrec`) renumbers the rows of a
+The TorchRec export (:mod:`flexshard_stream.bridge.export`) renumbers the rows of a
 table of ``H`` rows: hot rows first (``[0, K)``), then the cold rows in TorchRec's row blocks. A
 dense ``int64[H]`` permutation takes ``8 H`` bytes (8 GB for 10^9 rows, nothing at all for hashed
 64-bit IDs), while only the individually chosen rows (replicas, explicitly placed rows) need an
@@ -24,7 +24,7 @@ Looking an ID up is two binary searches, vectorized::
 
 Memory and time are ``O(E + S)`` to build and verify and ``O(log(E + S))`` per ID, whatever ``H``
 (up to ``2**63 - 1`` rows). :meth:`IdRemap.apply` is the numpy lookup;
-``flexshard_stream.placement.torchrec_loader.TableRemap`` is its torch twin (same arrays, same
+``flexshard_stream.bridge.loader.TableRemap`` is its torch twin (same arrays, same
 searches, identical results, tested); :meth:`IdRemap.original` inverts it.
 """
 

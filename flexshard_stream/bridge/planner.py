@@ -7,7 +7,7 @@ no GPU), a TorchRec ``Topology`` of the same cluster (:func:`torchrec_topology_c
 ``EmbeddingCollectionSharder``) and the mean IDs per sample as ``pooling_factors``. The
 ``ShardingPlan`` it returns is converted exactly (:func:`plan_from_sharding_plan`: sharding type,
 ranks, shard row and column offsets and sizes per table) into a
-:class:`~flexshard_stream.placement.plan.Plan` with strategy ``"torchrec"``, which the one cost
+:class:`~flexshard_stream.plans.plan.Plan` with strategy ``"torchrec"``, which the one cost
 evaluator prices like any other plan. TorchRec's own estimate (its ``Perf`` per shard, in
 milliseconds, and the rating of its ``NoopPerfModel``) is kept beside ours in ``plan.meta``.
 
@@ -29,13 +29,13 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, MissingExtraError
+from ..errors import ConfigError
+from ..optional import optional_imports
+from ..plans.plan import SHARDING_KINDS, ColdSharding, Plan, TablePlan
+from ..plans.tables import EmbeddingTable, summaries_by_table
+from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
-from .cost import Cost, CostModel, evaluate_analytic
-from .plan import SHARDING_KINDS, ColdSharding, Plan, TablePlan
-from .tables import EmbeddingTable, summaries_by_table
-from .topology import Topology
-from .torchrec_compat import TORCHREC_VERSION
+from .estimator import TORCHREC_VERSION
 
 __all__ = ["plan_torchrec", "TorchRecPlanResult", "plan_from_sharding_plan",
            "torchrec_topology_config", "torchrec_estimate", "module_paths",
@@ -48,10 +48,6 @@ TORCHREC_STRATEGY = "torchrec"
 UVM_CACHING_RATIO = 0.2
 _ROW_KINDS = ("table_wise", "row_wise", "table_row_wise")
 _COLUMN_KINDS = ("column_wise", "table_column_wise")
-_EXTRA_HINT = ("plan --strategy torchrec runs TorchRec's own planner, which needs the 'torchrec' "
-               "extra (torch 2.13 CPU, torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0: `make install-dev`, "
-               "see docs/TORCHREC_RUNTIME.md)")
-
 
 @dataclass
 class TorchRecPlanResult:
@@ -71,14 +67,15 @@ class TorchRecPlanResult:
         Wall time of ``EmbeddingShardingPlanner.plan`` (seconds; building the module and the
         topology excluded).
     cost : Cost or None
-        Our analytic cost of the plan (given summaries), under the ``model`` asked for.
+        Our analytic cost of the plan, set by :func:`flexshard_stream.placement.references.
+        plan_torchrec` (the same call, priced by the one evaluator); None here.
     """
 
     plan: Plan
     sharding_plan: Any
     estimate: dict[str, Any]
     seconds: float
-    cost: Cost | None = None
+    cost: Any = None
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -334,22 +331,32 @@ class _BestPlan:
 # ----------------------------------------------------------------------------- planning
 def _torchrec() -> dict[str, Any]:
     """The TorchRec names planning needs (imported here: torch is not a dependency)."""
-    try:
+    with optional_imports("torchrec", "plan --strategy torchrec (TorchRec's own planner)"):
         import torch
         import torchrec
         from torch import nn
-        from torchrec import (EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection,
-                              EmbeddingConfig)
+        from torchrec import (
+            EmbeddingBagCollection,
+            EmbeddingBagConfig,
+            EmbeddingCollection,
+            EmbeddingConfig,
+        )
         from torchrec.distributed.embedding import EmbeddingCollectionSharder
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+        from torchrec.distributed.planner import (
+            EmbeddingShardingPlanner,
+            ParameterConstraints,
+        )
         from torchrec.distributed.planner.stats import EmbeddingStats
-        from torchrec.distributed.planner.types import (CustomTopologyData, HardwareConfig,
-                                                        KernelConfig, PlannerError,
-                                                        TopologyFactory, TrainerConfig)
+        from torchrec.distributed.planner.types import (
+            CustomTopologyData,
+            HardwareConfig,
+            KernelConfig,
+            PlannerError,
+            TopologyFactory,
+            TrainerConfig,
+        )
         from torchrec.modules.embedding_configs import DataType
-    except ImportError as e:
-        raise MissingExtraError(f"{_EXTRA_HINT} ({e})") from e
     return {"torch": torch, "torchrec": torchrec, "nn": nn, "DataType": DataType,
             "EmbeddingBagCollection": EmbeddingBagCollection,
             "EmbeddingBagConfig": EmbeddingBagConfig, "EmbeddingCollection": EmbeddingCollection,
@@ -414,7 +421,7 @@ def _topology(topology: Topology, tr: Mapping[str, Any]) -> tuple[Any, dict[str,
 def plan_torchrec(tables: Sequence[EmbeddingTable], topology: Topology, batch_size: int, *,
                   summaries: Mapping[str, FrequencySummary] | None = None,
                   mean_lengths: Mapping[str, float] | None = None,
-                  model: CostModel | None = None, quiet: bool = True) -> TorchRecPlanResult:
+                  quiet: bool = True) -> TorchRecPlanResult:
     """Run TorchRec 1.8's ``EmbeddingShardingPlanner`` on ``tables`` and ``topology``.
 
     Parameters
@@ -428,11 +435,10 @@ def plan_torchrec(tables: Sequence[EmbeddingTable], topology: Topology, batch_si
         B, samples per GPU per iteration (TorchRec's per-rank ``batch_size``).
     summaries : mapping of table name or feature to FrequencySummary, optional
         Their mean IDs per sample become TorchRec's ``pooling_factors`` (what a user who measured
-        them would set); with them the plan is also priced by our analytic evaluator.
+        them would set). :func:`flexshard_stream.placement.references.plan_torchrec` also prices
+        the plan with our evaluator.
     mean_lengths : mapping of table name to float, optional
         IDs per sample per table, instead of the summaries' (TorchRec's default is 1.0).
-    model : CostModel, optional
-        The cost model of our estimate (default ``CostModel()``: the torchrec profile).
     quiet : bool
         Silence TorchRec's log lines and warnings for the call (they go through the root logger).
 
@@ -480,9 +486,4 @@ def plan_torchrec(tables: Sequence[EmbeddingTable], topology: Topology, batch_si
                                       "EmbeddingCollectionSharder"],
                          "planning_seconds": seconds, "estimate": estimate}}
     plan = plan_from_sharding_plan(sharding_plan, tables, topology, meta)
-    cost = None
-    if summaries is not None:
-        cost = evaluate_analytic(plan, summaries, batch_size, model or CostModel(),
-                                 mean_lengths=mean_lengths)
-        plan.meta["estimates"] = cost.to_json()
-    return TorchRecPlanResult(plan, sharding_plan, estimate, seconds, cost)
+    return TorchRecPlanResult(plan, sharding_plan, estimate, seconds)

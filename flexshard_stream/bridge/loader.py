@@ -1,6 +1,6 @@
 """The torch side of a TorchRec export: the ID remap on a ``KeyedJaggedTensor``, model, plan.
 
-This module imports torch and torchrec at the top; :mod:`flexshard_stream.placement.export_torchrec`
+This module imports torch and torchrec at the top; :mod:`flexshard_stream.bridge.export`
 imports it only inside its loaders, so the package (and ``flexshard-stream export``) works without
 torch. What a training script needs from an export directory ``out``::
 
@@ -11,7 +11,7 @@ torch. What a training script needs from an export directory ``out``::
         outputs = remap.merge(dmp(split), is_hot)             # back to the original features
 
 - :func:`remap_ids` and :class:`TableRemap`: the remap of one table on a tensor of IDs, the torch
-  twin of :meth:`flexshard_stream.placement.id_remap.IdRemap.apply` (same arrays, the same two
+  twin of :meth:`flexshard_stream.bridge.remap.IdRemap.apply` (same arrays, the same two
   ``torch.searchsorted``, identical IDs);
 - :class:`KJTRemap`: every exported feature of a ``KeyedJaggedTensor`` split into its hot and cold
   features (lengths per sample, weights along), and :meth:`KJTRemap.merge` to put the embeddings
@@ -38,7 +38,7 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from .export_torchrec import (
+from .export import (
     MODULE_PATHS,
     TorchRecExport,
     load_torchrec_export,
@@ -46,7 +46,7 @@ from .export_torchrec import (
     torchrec_embedding_configs,
     torchrec_sharding_plan,
 )
-from .id_remap import IdRemap
+from .remap import IdRemap
 
 __all__ = ["remap_ids", "TableRemap", "KJTRemap", "EmbeddingModules", "exported_embeddings",
            "exported_modules", "sharding_plan_from_doc", "MODULE_PATHS"]

@@ -1095,7 +1095,7 @@ def ring_throughput(seconds: float = 1.0, *, batch_ids: int = 1 << 16, num_keys:
     """
     name = f"bench-{os.getpid()}-{secrets.token_hex(4)}"
     ring = Ring.create(name, slots=1, capacity_bytes=capacity_bytes, directory=directory)
-    code = ("import sys; from flexshard_stream.online.ring import _throughput_producer as f; "
+    code = ("import sys; from flexshard_stream.sources.ring import _throughput_producer as f; "
             "f(sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))")
     proc = subprocess.Popen([sys.executable, "-c", code, name, str(ring.directory), str(seconds),
                              str(batch_ids), str(num_keys)])

@@ -1,10 +1,10 @@
 """Where each row of a plan goes in TorchRec: the hot / cold split and the cold rows' blocks.
 
-The TorchRec export (:mod:`flexshard_stream.placement.export_torchrec`) splits a table of ``H``
+The TorchRec export (:mod:`flexshard_stream.bridge.export`) splits a table of ``H``
 rows into a data-parallel hot table (``K`` rows: the plan's replicas) and a cold table (``C = H -
 K`` rows) that TorchRec shards in equal, contiguous row blocks (``ceil(C / n)`` rows on each of its
 ``n`` ranks, :func:`torchrec_rw_shard_rows`). :func:`map_table` chooses the new index of every row
-as an :class:`~flexshard_stream.placement.id_remap.IdRemap`, in memory proportional to the rows
+as an :class:`~flexshard_stream.bridge.remap.IdRemap`, in memory proportional to the rows
 chosen individually (replicas, explicitly placed rows) and the GPUs, never to ``H``:
 
 1. hot rows get ``[0, K)`` in increasing original ID;
@@ -31,9 +31,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..kernels.hashing import mix64_np
-from .id_remap import IdRemap, regular_rank
-from .plan import ColdSharding, TablePlan
-from .topology import Topology
+from ..plans.plan import ColdSharding, TablePlan
+from ..plans.topology import Topology
+from .remap import IdRemap, regular_rank
 
 __all__ = ["ColdLayout", "TableMapping", "map_table", "torchrec_rw_shard_rows",
            "torchrec_block_starts"]

@@ -457,7 +457,7 @@ def _shard_note(sharding: str, kind: str, spans_hosts: bool) -> str:
 
 
 def torchrec_sharding_of(tp: Any, topo: Any) -> str:
-    """TorchRec's sharding type of one :class:`~flexshard_stream.placement.plan.TablePlan`, if it has one.
+    """TorchRec's sharding type of one :class:`~flexshard_stream.plans.plan.TablePlan`, if it has one.
 
     Table-wise: the whole table on one GPU; row-wise: ranges over all GPUs; table-row-wise: ranges
     over the GPUs of one node. Replicas or explicit placements have no TorchRec equivalent.

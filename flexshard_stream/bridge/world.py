@@ -1,4 +1,4 @@
-"""The torch side of :mod:`flexshard_stream.online.torchrec_runtime`: what runs inside each rank.
+"""The torch side of :mod:`flexshard_stream.bridge.runtime`: what runs inside each rank.
 
 This module imports torch and torchrec at the top; only :mod:`torchrec_runtime` imports it, inside
 its functions, so that the package imports without torch. It holds
@@ -10,8 +10,8 @@ its functions, so that the package imports without torch. It holds
   row-wise and table-row-wise on CPU (TorchRec lists them for cuda and mtia only);
 - the model of a run: one ``EmbeddingBagCollection`` (pooled tables) and one
   ``EmbeddingCollection`` (sequence tables) under one module, built from
-  :class:`~flexshard_stream.placement.tables.EmbeddingTable` rows, or an export's model, plan and
-  remap (:mod:`flexshard_stream.placement.torchrec_loader`);
+  :class:`~flexshard_stream.plans.tables.EmbeddingTable` rows, or an export's model, plan and
+  remap (:mod:`flexshard_stream.bridge.loader`);
 - :func:`rank_main`, the entry point of one spawned rank.
 """
 
@@ -37,12 +37,19 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
-from ..placement.export_torchrec import torchrec_sharding_plan
-from ..placement.tables import EmbeddingTable
-from ..placement.torchrec_loader import EmbeddingModules, KJTRemap, exported_embeddings
+from ..plans.tables import EmbeddingTable
 from ..stats.batch import Batch, slice_batch
-from .torchrec_runtime import (OPENED_SHARDING_TYPES, CaseJob, CollectiveRecord, RankJob,
-                               RankResult, RunError, TableSharding, upstream_gradient)
+from .export import torchrec_sharding_plan
+from .jobs import (
+    CaseJob,
+    CollectiveRecord,
+    RankJob,
+    RankResult,
+    RunError,
+    upstream_gradient,
+)
+from .loader import EmbeddingModules, KJTRemap, exported_embeddings
+from .sharding import OPENED_SHARDING_TYPES, TableSharding
 
 __all__ = ["CountingProcessGroup", "BACKEND", "FAKE_WORLD", "register_backend",
            "CpuEmbeddingBagCollectionSharder", "cpu_sharders", "FUSED_PARAMS",
@@ -592,7 +599,7 @@ def rank_main(rank: int, job: RankJob) -> None:
 
 
 def _rank_command(job_path: Path, rank: int) -> list[str]:
-    return [sys.executable, "-m", "flexshard_stream.online.torchrec_world", str(job_path),
+    return [sys.executable, "-m", "flexshard_stream.bridge.world", str(job_path),
             str(rank)]
 
 
@@ -674,6 +681,6 @@ def _main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    from flexshard_stream.online import torchrec_world as _self  # the importable copy
+    from flexshard_stream.bridge import world as _self  # the importable copy
 
     _self._main(sys.argv[1:])

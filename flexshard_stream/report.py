@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FlexShardError, FormatError
-from ..formats.files import check_output_directory, read_npz, write_atomic
-from ..formats.units import byte_scale, fmt_bytes, fmt_seconds, time_scale
+from .errors import FormatError
+from .formats.files import check_output_directory, read_npz, write_atomic
+from .formats.units import byte_scale, fmt_bytes, fmt_seconds, time_scale
+from .optional import import_optional
 
 __all__ = ["PICTURES", "build_report"]
 
@@ -56,12 +57,7 @@ _STYLE = {"rw": {"lw": 4.0, "alpha": 0.55, "marker": "o", "ms": 6, "zorder": 2},
 
 # ----------------------------------------------------------------------------- loading
 def _mpl():
-    try:
-        import matplotlib
-    except ImportError:
-        raise FlexShardError("the report needs matplotlib, which is not installed: "
-                             "pip install 'flexshard-stream[report]' (or pip install matplotlib)"
-                             ) from None
+    matplotlib = import_optional("matplotlib", extra="report", purpose="the report")
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
     return plt

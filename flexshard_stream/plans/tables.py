@@ -256,7 +256,7 @@ def save_tables(tables: Iterable[EmbeddingTable], path: PathLike, *,
         if not isinstance(t, EmbeddingTable):
             raise ConfigError(f"{path}: item {i} is not an EmbeddingTable: {t!r}")
     _check_unique_names(tables, str(path))
-    lines = ["# Embedding tables (flexshard_stream.placement.tables): H = num_rows, D = dim, e = dtype bytes,",
+    lines = ["# Embedding tables (flexshard_stream.plans.tables): H = num_rows, D = dim, e = dtype bytes,",
              "# s = optimizer_state_bytes per row."]
     lines += [f"# {h}" for h in header]
     for t in tables:

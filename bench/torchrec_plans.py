@@ -77,15 +77,15 @@ DIM, DTYPE, STATE_BYTES = _PAPER.DIM, _PAPER.DTYPE, _PAPER.STATE_BYTES
 many_tables, plan_and_eval = _PAPER.many_tables, _PAPER.plan_and_eval
 
 from flexshard_stream import synth  # noqa: E402
+from flexshard_stream.bridge.export import export_torchrec, plan_from_export  # noqa: E402
 from flexshard_stream.errors import ConfigError  # noqa: E402
 from flexshard_stream.formats.files import jsonable  # noqa: E402
 from flexshard_stream.placement.baselines import build_baseline  # noqa: E402
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
-from flexshard_stream.placement.export_torchrec import export_torchrec, plan_from_export  # noqa: E402
 from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard  # noqa: E402
-from flexshard_stream.placement.tables import EmbeddingTable  # noqa: E402
-from flexshard_stream.placement.topology import Topology  # noqa: E402
-from flexshard_stream.placement.torchrec_planner import plan_torchrec  # noqa: E402
+from flexshard_stream.placement.references import plan_torchrec  # noqa: E402
+from flexshard_stream.plans.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.plans.topology import Topology  # noqa: E402
 from flexshard_stream.sources import datasets  # noqa: E402
 from flexshard_stream.stats.batch import Batch, slice_batch  # noqa: E402
 from flexshard_stream.stats.stream import StreamStats  # noqa: E402
@@ -550,7 +550,7 @@ def main(argv=None):
     t_start, cpu_start = time.perf_counter(), time.process_time()
     load = os.getloadavg()
     tr = torchrec_status()
-    log(f"== bench/torchrec.py{' --quick' if args.quick else ''}: TorchRec "
+    log(f"== bench/torchrec_plans.py{' --quick' if args.quick else ''}: TorchRec "
         f"{tr.get('version', 'not installed')}; load average {load[0]:.1f}")
     ws = [] if args.planning_only else workloads(args)
     log(f"  workloads built in {time.perf_counter() - t_start:.1f} s")
