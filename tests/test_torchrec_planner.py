@@ -291,3 +291,22 @@ def test_bad_inputs():
         plan_torchrec(TABLES, TOPO, 0)
     with pytest.raises(ConfigError, match="no tables"):
         plan_torchrec([], TOPO, 4)
+
+
+def test_table_names_torchrec_refuses_are_mapped_and_mapped_back():
+    """A table named like an attribute of nn.ModuleDict (``items``, ``keys``) or holding a dot
+    crashed TorchRec's collections (KeyError "attribute 'items' already exists"): it is planned
+    under a safe name and converted back to ours."""
+    pytest.importorskip("torchrec")
+    tables = [EmbeddingTable("items", 5_000, 16, kind="pooled"),
+              EmbeddingTable("keys", 3_000, 16, kind="sequence"),
+              EmbeddingTable("a.b", 2_000, 16, kind="pooled"),
+              EmbeddingTable("plain", 1_000, 16, kind="pooled")]
+    r = plan_torchrec(tables, TOPO, B, mean_lengths={t.name: 2.0 for t in tables})
+    assert set(r.plan.tables) == {"items", "keys", "a.b", "plain"}
+    renamed = r.plan.meta["torchrec"]["table_names"]
+    assert set(renamed) == {"items", "keys", "a.b"} and "plain" not in renamed
+    planned = {n for mp in r.sharding_plan.plan.values() for n in mp}
+    assert planned == {renamed["items"], renamed["keys"], renamed["a.b"], "plain"}
+    for t in tables:      # every row of every table routes to an owner
+        assert r.plan.route(t.name, np.arange(t.num_rows), 0).min() >= 0

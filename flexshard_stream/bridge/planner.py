@@ -37,7 +37,7 @@ from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
 from .estimator import TORCHREC_VERSION
 
-__all__ = ["plan_torchrec", "TorchRecPlanResult", "plan_from_sharding_plan",
+__all__ = ["plan_torchrec", "TorchRecPlanResult", "plan_from_sharding_plan", "torchrec_table_names",
            "torchrec_topology_config", "torchrec_estimate", "module_paths",
            "UVM_CACHING_RATIO", "TORCHREC_STRATEGY"]
 
@@ -236,10 +236,12 @@ def _table_plan(t: EmbeddingTable, ps: Any, topology: Topology, notes: list[str]
 
 
 def plan_from_sharding_plan(sharding_plan: Any, tables: Sequence[EmbeddingTable],
-                            topology: Topology, meta: Mapping[str, Any] | None = None) -> Plan:
+                            topology: Topology, meta: Mapping[str, Any] | None = None, *,
+                            names: Mapping[str, str] | None = None) -> Plan:
     """A TorchRec ``ShardingPlan`` as our :class:`Plan` (strategy ``"torchrec"``), exactly.
 
-    Per table, found by name under any module path of ``sharding_plan.plan``:
+    Per table, found by name (``names[table]`` when given: the name TorchRec planned it under,
+    :func:`torchrec_table_names`) under any module path of ``sharding_plan.plan``:
 
     - ``data_parallel``: replicated on every GPU;
     - ``table_wise``, ``row_wise``, ``table_row_wise``: contiguous row ranges, the bounds being
@@ -261,15 +263,16 @@ def plan_from_sharding_plan(sharding_plan: Any, tables: Sequence[EmbeddingTable]
     by_name: dict[str, Any] = {}
     for module_plan in sharding_plan.plan.values():
         by_name.update(module_plan.items())
-    missing = [t.name for t in tables if t.name not in by_name]
+    theirs = {t.name: (names or {}).get(t.name, t.name) for t in tables}
+    missing = [t.name for t in tables if theirs[t.name] not in by_name]
     if missing:
         raise ConfigError(f"TorchRec's plan has no entry for table(s) {missing}")
     notes: list[str] = []
-    tps = [_table_plan(t, by_name[t.name], topology, notes) for t in tables]
+    tps = [_table_plan(t, by_name[theirs[t.name]], topology, notes) for t in tables]
     m = dict(meta or {})
     m.setdefault("torchrec", {})
     m["torchrec"] = dict(m["torchrec"], notes=notes,
-                         compute_kernels={t.name: str(by_name[t.name].compute_kernel)
+                         compute_kernels={t.name: str(by_name[theirs[t.name]].compute_kernel)
                                           for t in tables})
     return Plan(TORCHREC_STRATEGY, topology, tps, m)
 
@@ -384,9 +387,34 @@ def _quiet() -> Iterator[None]:
         logging.disable(previous)
 
 
-def _module(tables: Sequence[EmbeddingTable], tr: Mapping[str, Any]) -> Any:
+def torchrec_table_names(tables: Sequence[EmbeddingTable], reserved: Any = None
+                         ) -> dict[str, str]:
+    """Per table, the name TorchRec's collections can hold it under: the table's own name, or
+    ``<name>__t<index>`` when the name is an attribute of ``torch.nn.ModuleDict`` (``items``,
+    ``keys``, ``update``...: TorchRec keeps tables in one, which refuses such keys), holds a dot or
+    is empty. ``reserved``: the names to avoid (default: ``nn.ModuleDict``'s attributes)."""
+    if reserved is None:
+        with optional_imports("torchrec", "plan --strategy torchrec (TorchRec's own planner)"):
+            from torch import nn
+        reserved = set(dir(nn.ModuleDict()))
+    taken = {t.name for t in tables}
+    out = {}
+    for i, t in enumerate(tables):
+        name = t.name
+        if name in reserved or "." in name or not name:
+            name = f"{t.name.replace('.', '_')}__t{i}"
+            while name in taken or name in reserved:
+                name += "_"
+            taken.add(name)
+        out[t.name] = name
+    return out
+
+
+def _module(tables: Sequence[EmbeddingTable], tr: Mapping[str, Any],
+            names: Mapping[str, str]) -> Any:
     """The model TorchRec plans: an ``EmbeddingBagCollection`` of the pooled tables and
-    ``EmbeddingCollection`` s of the sequence tables (:func:`module_paths`), on ``meta``."""
+    ``EmbeddingCollection`` s of the sequence tables (:func:`module_paths`), on ``meta``; each
+    table under ``names[table]`` (:func:`torchrec_table_names`)."""
     meta = tr["torch"].device("meta")
     dtype = {"fp32": tr["DataType"].FP32, "fp16": tr["DataType"].FP16,
              "bf16": tr["DataType"].BF16}
@@ -397,7 +425,7 @@ def _module(tables: Sequence[EmbeddingTable], tr: Mapping[str, Any]) -> Any:
     mods = {}
     for path, ts in children.items():
         cls = tr["EmbeddingBagConfig"] if path == "ebc" else tr["EmbeddingConfig"]
-        configs = [cls(name=t.name, embedding_dim=t.dim, num_embeddings=t.num_rows,
+        configs = [cls(name=names[t.name], embedding_dim=t.dim, num_embeddings=t.num_rows,
                        feature_names=[t.feature], data_type=dtype[t.dtype]) for t in ts]
         coll = tr["EmbeddingBagCollection"] if path == "ebc" else tr["EmbeddingCollection"]
         mods[path] = coll(tables=configs, device=meta)
@@ -461,9 +489,10 @@ def plan_torchrec(tables: Sequence[EmbeddingTable], topology: Topology, batch_si
     tr = _torchrec()
     pooling = _pooling_factors(tables, summaries, mean_lengths)
     with _quiet() if quiet else contextlib.nullcontext():
-        module = _module(tables, tr)
+        names = torchrec_table_names(tables, set(dir(tr["nn"].ModuleDict())))
+        module = _module(tables, tr, names)
         topo, cfg = _topology(topology, tr)
-        constraints = {n: tr["ParameterConstraints"](pooling_factors=[pf])
+        constraints = {names[n]: tr["ParameterConstraints"](pooling_factors=[pf])
                        for n, pf in pooling.items()}
         recorder = _BestPlan()
         planner = tr["EmbeddingShardingPlanner"](
@@ -485,5 +514,7 @@ def plan_torchrec(tables: Sequence[EmbeddingTable], topology: Topology, batch_si
                          "sharders": ["EmbeddingBagCollectionSharder",
                                       "EmbeddingCollectionSharder"],
                          "planning_seconds": seconds, "estimate": estimate}}
-    plan = plan_from_sharding_plan(sharding_plan, tables, topology, meta)
+    if any(k != v for k, v in names.items()):
+        meta["torchrec"]["table_names"] = {k: v for k, v in names.items() if k != v}
+    plan = plan_from_sharding_plan(sharding_plan, tables, topology, meta, names=names)
     return TorchRecPlanResult(plan, sharding_plan, estimate, seconds)
