@@ -112,8 +112,8 @@ def test_flexshard_plans_pass_check_plan(w, model, policy, f):
 
 @given(WORKLOADS, MODELS)
 @PLANNER
-def test_memory_neutral_by_default(w, model):
-    r = plan(w, model=model)
+def test_memory_neutral_against_row_wise_as_an_option(w, model):
+    r = plan(w, MemoryPolicy(baseline="rw"), model=model)
     base = rw_cost(w, model)
     assert r.budget_bytes == pytest.approx(base.peak_memory_bytes, rel=1e-12)
     # the plan's memory by the evaluator itself, not as the planner reports it
@@ -939,3 +939,26 @@ def test_cli_plan_target(tmp_path):
     r = CliRunner().invoke(app, args + ["--target", "tpu", "--out", str(tmp_path / "q")])
     assert r.exit_code != 0 and "torchrec" in r.output and "ideal" in r.output
     assert not (tmp_path / "q").exists()
+
+
+def test_default_budget_is_hbm_less_reservation_and_dense_part():
+    """The default budget is what a user has (TorchRec's default: HBM less 15%), less the dense
+    model the user declares; memory-neutral against row-wise is an option."""
+    topo = Topology.uniform(2, 2, hbm_bytes_per_gpu=4e9)
+    t = EmbeddingTable("items", 20_000, 16, kind="sequence")
+    s = fst.zipf_summary(t, 1.1, total=50_000, top_k=2048, mean_length=20.0)
+    r = plan_flexshard([t], topo, {"items": s}, 32)
+    assert r.budget_bytes == pytest.approx(0.85 * 4e9)
+    assert r.plan.meta["memory_policy"]["kind"] == "hbm"
+    r = plan_flexshard([t], topo, {"items": s}, 32, MemoryPolicy(dense_bytes_per_gpu=1e9,
+                                                                 reservation=0.2))
+    assert r.budget_bytes == pytest.approx(0.8 * 4e9 - 1e9)
+    neutral = plan_flexshard([t], topo, {"items": s}, 32, MemoryPolicy(baseline="rw"))
+    assert neutral.budget_bytes == pytest.approx(neutral.baseline_cost.peak_memory_bytes)
+    assert neutral.cost.peak_memory_bytes <= neutral.budget_bytes * (1 + 1e-9)
+    with pytest.raises(ConfigError, match="no memory left for embeddings"):
+        plan_flexshard([t], topo, {"items": s}, 32, MemoryPolicy(dense_bytes_per_gpu=4e9))
+    for bad in (dict(reservation=1.0), dict(reservation=-0.1), dict(dense_bytes_per_gpu=-1.0),
+                dict(baseline="dp"), dict(bytes_per_gpu=float("inf"))):
+        with pytest.raises(ConfigError):
+            MemoryPolicy(**bad)

@@ -1,4 +1,4 @@
-"""The FlexShard planner: per-row tiered replication on skewed networks, memory-neutral by default.
+"""The FlexShard planner: per-row tiered replication on skewed networks, within the GPUs' memory.
 
 :func:`plan_flexshard` runs three stages (docs/PLANNER.md gives the reasoning and where it departs
 from the paper's abstract; TorchRec's planner separates its stages the same way):
@@ -46,6 +46,7 @@ from .candidates import (
     threshold_states,
 )
 from .cost import Cost, CostModel
+from .holdout import HoldoutChoice, holdout_pricing, select_on_holdout
 from .partition import memory_caps, partition_plans, table_options
 from .pricing import (
     AnalyticPricing,
@@ -56,13 +57,23 @@ from .pricing import (
 )
 from .profiles import execution_profile
 
-__all__ = ["MemoryPolicy", "PlannerConfig", "PlanResult", "plan_flexshard"]
+__all__ = ["MemoryPolicy", "PlannerConfig", "PlanResult", "plan_flexshard", "MEMORY_BASELINES",
+           "TORCHREC_RESERVATION"]
+
+#: The share of HBM TorchRec's planner reserves by default (``HeuristicalStorageReservation``,
+#: ``percentage=0.15``, torchrec/distributed/planner/storage_reservations.py).
+TORCHREC_RESERVATION = 0.15
+#: Baselines a memory-neutral budget may be taken from.
+MEMORY_BASELINES = ("rw", "rw-hash", "twrw", "tw")
 
 
 @dataclass(frozen=True)
 class MemoryPolicy:
-    """Per-GPU memory budget: explicit ``bytes_per_gpu``, or no more peak memory than ``baseline``
-    ("rw", "twrw", "tw") on the same workload, times ``factor``.
+    """Per-GPU memory budget (bytes), in this order: explicit ``bytes_per_gpu``; no more peak
+    memory than ``baseline`` ("rw", "rw-hash", "twrw", "tw") on the same workload, times
+    ``factor`` (the paper's memory-neutral setting); by default what a user has: each GPU's HBM
+    less ``reservation`` (TorchRec's planner reserves 15%, ``HeuristicalStorageReservation``)
+    less ``dense_bytes_per_gpu`` (the dense model and its optimizer state), the least over GPUs.
 
     host_memory : bool   the RecShard tier: a candidate whose peak HBM exceeds the budget keeps its
                          hottest cold rows in HBM and the rest in host memory (frequency-aware,
@@ -71,18 +82,67 @@ class MemoryPolicy:
     """
 
     bytes_per_gpu: float | None = None
-    baseline: str = "rw"
-    factor: float = 1.0
+    baseline: str | None = None
+    factor: float | None = None
     host_memory: bool = False
+    reservation: float = TORCHREC_RESERVATION
+    dense_bytes_per_gpu: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.bytes_per_gpu is not None and not self.bytes_per_gpu > 0:
+        if self.bytes_per_gpu is not None and not (0 < self.bytes_per_gpu < float("inf")):
             raise ConfigError(f"memory budget must be > 0 bytes per GPU, got {self.bytes_per_gpu}")
-        if not self.factor > 0:
+        if self.factor is not None and not 0 < self.factor < float("inf"):
             raise ConfigError(f"memory factor must be > 0, got {self.factor}")
-        if self.baseline not in ("rw", "rw-hash", "twrw", "tw"):
-            raise ConfigError(f"memory baseline must be rw, rw-hash, twrw or tw, got "
-                              f"{self.baseline!r}")
+        if self.baseline is not None and self.baseline not in MEMORY_BASELINES:
+            raise ConfigError(f"memory baseline must be one of {', '.join(MEMORY_BASELINES)} (or "
+                              f"None: the GPUs' HBM less the reservation), got {self.baseline!r}")
+        if not 0 <= self.reservation < 1:
+            raise ConfigError(f"memory reservation must be a share of HBM in [0, 1), got "
+                              f"{self.reservation}")
+        if not 0 <= self.dense_bytes_per_gpu < float("inf"):
+            raise ConfigError(f"dense_bytes_per_gpu must be >= 0 bytes, got "
+                              f"{self.dense_bytes_per_gpu}")
+
+    @property
+    def kind(self) -> str:
+        """``"bytes"`` (explicit), ``"baseline"`` (against a baseline's peak: ``baseline`` or
+        ``factor`` given; a factor alone scales row-wise's) or ``"hbm"`` (the default)."""
+        if self.bytes_per_gpu is not None:
+            return "bytes"
+        return "baseline" if self.baseline is not None or self.factor is not None else "hbm"
+
+    @property
+    def baseline_factor(self) -> float:
+        """The factor on the baseline's peak (1 unless ``factor`` says)."""
+        return 1.0 if self.factor is None else float(self.factor)
+
+    @property
+    def baseline_name(self) -> str:
+        """The baseline the budget is measured against (row-wise unless ``baseline`` says)."""
+        return self.baseline or "rw"
+
+    def hbm_budget(self, topo: Topology) -> float:
+        """The default budget on ``topo``: the least HBM of a GPU less the reservation and the
+        dense part (bytes per GPU); ConfigError when nothing is left."""
+        hbm = float(np.min(topo.hbm_bytes))
+        budget = hbm * (1 - self.reservation) - self.dense_bytes_per_gpu
+        if not budget > 0:
+            raise ConfigError(f"no memory left for embeddings: {hbm:.4g} bytes of HBM per GPU less "
+                              f"the {self.reservation:.0%} reservation less "
+                              f"{self.dense_bytes_per_gpu:.4g} bytes of dense model is "
+                              f"{budget:.4g}")
+        return budget
+
+    def describe(self) -> str:
+        """One line: what the budget is."""
+        if self.kind == "bytes":
+            return f"{self.bytes_per_gpu:.4g} bytes per GPU (set)"
+        if self.kind == "baseline":
+            return (f"no more peak memory than {self.baseline_name}"
+                    + (f" x {self.baseline_factor:g}" if self.baseline_factor != 1 else ""))
+        return (f"HBM less {self.reservation:.0%} reservation"
+                + (f" and {self.dense_bytes_per_gpu:.4g} bytes dense" if self.dense_bytes_per_gpu
+                   else ""))
 
 
 @dataclass(frozen=True)
@@ -106,6 +166,8 @@ class PlannerConfig:
                             plans other than row-wise (not when the search is coarse)
     margin_sigmas : float   standard deviations of the out-of-sample margin of tier candidates
                             (``pricing.StatisticalMargin``; 0: none)
+    holdout_candidates : int with held-out statistics, the tier candidates fastest in sample
+                            priced on them too (every whole plan is)
     """
 
     blocks: int = 64
@@ -117,6 +179,7 @@ class PlannerConfig:
     partition_tables: int = 64
     kind_bases: int = 2
     margin_sigmas: float = 3.0
+    holdout_candidates: int = 16
 
 
 @dataclass
@@ -165,7 +228,9 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
                    summaries: Mapping[str, FrequencySummary], batch_size: int,
                    memory: MemoryPolicy | None = None, model: CostModel | None = None, *,
                    mean_lengths: Mapping[str, float] | None = None,
-                   config: PlannerConfig | None = None, target: str | None = None) -> PlanResult:
+                   config: PlannerConfig | None = None, target: str | None = None,
+                   holdout: Mapping[str, FrequencySummary] | None = None,
+                   references: Mapping[str, Plan] | None = None) -> PlanResult:
     """Plan every table's sharding kind and FlexShard tiers for ``tables`` on ``topo`` from
     per-table frequency summaries: propose (``placement.candidates``, ``placement.partition``)
     -> price -> select (``placement.pricing``), docs/PLANNER.md.
@@ -182,6 +247,12 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     config : the planner's knobs (default ``PlannerConfig()``)
     target : the runtime the plan must run on, "torchrec" or "ideal" (default: the model's
         profile); only plans its capability query accepts are candidates
+    holdout : {table name or feature: FrequencySummary} of a held-out part of the profile (its
+        last quarter in time; ``summaries`` then cover the rest): the candidates are fitted on
+        ``summaries`` and the one fastest on ``holdout`` is chosen (``placement.holdout``); the
+        result's cost is then the held-out cost
+    references : {name: plan} more whole plans to choose among (TorchRec's own plan:
+        ``placement.references.plan_torchrec``), priced like the baselines
 
     Raises ConfigError for an impossible budget (below what the tables need at all), missing
     statistics or an unknown target; nothing is half-built.
@@ -197,19 +268,27 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     base = _Baselines.build(tables, topo, memory, pricing)
     curves = benefit_curves(tables, sums, topo, batch_size, model, ml)
     search = _Search(tables, topo, curves, pricing, base, memory, cfg, runtime)
-    row_wise = search.whole_plans(baseline_plans(tables, topo, sums, batch_size))
+    search.references = tuple(references or ())
+    row_wise = search.whole_plans({**baseline_plans(tables, topo, sums, batch_size),
+                                   **(references or {})})
     moves = search.tiers_on_row_wise()
     search.tiers_on_kinds()
     # select: the fastest candidate the target runs that fits (row-wise first: it wins ties)
     need = min(row_wise.cost.peak_memory_bytes, base.cost.peak_memory_bytes)
-    best = select_within_budget(search.runnable([row_wise, *search.candidates()]),
-                                base.budget_bytes, need_bytes=need,
+    pool = search.runnable([row_wise, *search.candidates()])
+    best = select_within_budget(pool, base.budget_bytes, need_bytes=need,
                                 host_memory=memory.host_memory)
+    choice = None
+    if holdout is not None:
+        choice = select_on_holdout(pool, base.budget_bytes, holdout_pricing(pricing, holdout),
+                                   top=cfg.holdout_candidates)
+        best = choice.candidate if choice is not None else best
     result = _result(best, best is row_wise, base, memory, model, batch_size, len(moves),
-                     runtime.name)
-    fastest = search.best_baseline([row_wise, *search.whole.candidates])
+                     runtime.name, choice)
+    fastest = search.best_baseline([row_wise, *search.whole.candidates],
+                                   None if choice is None else holdout_pricing(pricing, holdout))
     if fastest is not None:
-        result.best_baseline, result.best_baseline_cost = fastest.origin, fastest.cost
+        result.best_baseline, result.best_baseline_cost = fastest
     return result
 
 
@@ -227,6 +306,7 @@ class _Search:
                                         cfg.margin_sigmas)
         self.whole = self._pricer(PlanBuilder(curves, topo, 0), "whole plans")
         self.tier_pricers: list[CandidatePricer] = []
+        self.references: tuple[str, ...] = ()
 
     def _pricer(self, builder: PlanBuilder, origin: str, layouts=None) -> CandidatePricer:
         return CandidatePricer(builder, layouts or [None], self.pricing, self.base.budget_bytes,
@@ -303,11 +383,15 @@ class _Search:
             out += p.candidates
         return out
 
-    def best_baseline(self, cands: Sequence[Candidate]) -> Candidate | None:
-        """The fastest of the baselines among ``cands`` that the target runs and that fit."""
+    def best_baseline(self, cands: Sequence[Candidate], holdout: AnalyticPricing | None = None
+                      ) -> tuple[str, Cost] | None:
+        """The fastest of the baselines (and references) among ``cands`` that the target runs
+        and that fit, with its cost: in sample, or on ``holdout`` when given."""
+        named = (*BASELINES, *self.references)
         fit = [c for c in self.runnable(cands)
-               if c.origin in BASELINES and c.fits(self.base.budget_bytes)]
-        return min(fit, key=lambda c: c.cost.iteration_time_s, default=None)
+               if c.origin in named and c.fits(self.base.budget_bytes)]
+        costs = [(c.origin, c.cost if holdout is None else holdout.cost(c.plan)) for c in fit]
+        return min(costs, key=lambda oc: oc[1].iteration_time_s, default=None)
 
     def runnable(self, cands: Sequence[Candidate]) -> list[Candidate]:
         """The candidates the target runtime executes as planned (a host memory tier is planned
@@ -337,11 +421,12 @@ class _Baselines:
     @classmethod
     def build(cls, tables: Sequence[EmbeddingTable], topo: Topology, memory: MemoryPolicy,
               pricing: AnalyticPricing) -> "_Baselines":
-        baseline = build_baseline(memory.baseline if memory.bytes_per_gpu is None else "rw",
+        baseline = build_baseline(memory.baseline_name if memory.kind == "baseline" else "rw",
                                   tables, topo)
         base_cost = pricing.cost(baseline)
-        budget = (memory.bytes_per_gpu if memory.bytes_per_gpu is not None
-                  else base_cost.peak_memory_bytes * memory.factor)
+        budget = {"bytes": lambda: memory.bytes_per_gpu,
+                  "baseline": lambda: base_cost.peak_memory_bytes * memory.baseline_factor,
+                  "hbm": lambda: memory.hbm_budget(topo)}[memory.kind]()
         if baseline.strategy == "rw":
             return cls(baseline, base_cost, baseline, base_cost, budget)
         rw = build_baseline("rw", tables, topo)
@@ -349,20 +434,31 @@ class _Baselines:
 
 
 def _result(best: Candidate, is_row_wise: bool, base: _Baselines, memory: MemoryPolicy,
-            model: CostModel, batch_size: int, moves_generated: int, target: str) -> PlanResult:
-    """The chosen candidate as the planner's result: its plan renamed and annotated (``meta``)."""
-    cost, budget = best.cost, base.budget_bytes
+            model: CostModel, batch_size: int, moves_generated: int, target: str,
+            choice: HoldoutChoice | None = None) -> PlanResult:
+    """The chosen candidate as the planner's result: its plan renamed and annotated (``meta``);
+    with a held-out choice, its cost is the held-out cost."""
+    cost, budget = (best.cost if choice is None else choice.holdout_cost), base.budget_bytes
     meta = {"planner": "flexshard", "batch_size": batch_size, "dedup": model.dedup,
             "budget_bytes": budget, "memory_policy": {"bytes_per_gpu": memory.bytes_per_gpu,
                                                       "baseline": memory.baseline,
                                                       "factor": memory.factor,
-                                                      "host_memory": memory.host_memory},
+                                                      "host_memory": memory.host_memory,
+                                                      "reservation": memory.reservation,
+                                                      "dense_bytes_per_gpu":
+                                                          memory.dense_bytes_per_gpu,
+                                                      "kind": memory.kind,
+                                                      "budget": memory.describe()},
             "moves_applied": best.moves_applied, "moves_generated": moves_generated,
             "cold_ranges": "bandwidth-weighted" if best.weights is not None else "equal",
             "estimates": cost.to_json(), "baseline_estimates": base.cost.to_json(),
             "memory_room": _memory_room(cost, base.cost, budget),
             "target": target, "chosen_from": best.origin, "margin_bytes": best.margin_bytes,
-            "sharding_kinds": dict(best.plan.sharding_kinds)}
+            "sharding_kinds": dict(best.plan.sharding_kinds),
+            "selection": ("in sample" if choice is None else
+                          {"method": "held-out part of the profile", "priced": choice.priced,
+                           "in_sample_estimates": best.cost.to_json(),
+                           "holdout_iteration_time_s": dict(choice.costs)})}
     plan = Plan("rw" if is_row_wise else "flexshard", best.plan.topology,
                 best.plan.tables.values(), meta)
     return PlanResult(plan, cost, base.plan, base.cost, budget, best.moves_applied,
