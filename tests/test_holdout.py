@@ -93,3 +93,31 @@ def test_out_of_sample_never_slower_than_the_best_baseline_beyond_the_margin(
         if c.peak_memory_bytes <= r.budget_bytes and runtime.can_run(p):
             best = min(best, c.iteration_time_s)
     assert mine <= best * (1 + OUT_OF_SAMPLE_MARGIN), (mine, best, r.plan.meta["chosen_from"])
+
+
+def test_profile_split_in_log_order_with_the_crossing_batch_cut():
+    from flexshard_stream.errors import ConfigError
+    from flexshard_stream.sources.profile import profile_batches
+    from flexshard_stream.stats.batch import Batch
+    from flexshard_stream.stats.config import TableConfig
+
+    def batch(first, n, ts0):   # n samples of one ID each: sample i has ID first + i
+        return Batch(["f"], np.arange(first, first + n, dtype=np.int64), np.ones(n, np.int64),
+                     timestamp=np.arange(ts0, ts0 + n, dtype=np.float64))
+
+    tabs = [TableConfig("f", 1000)]
+    p = profile_batches([batch(0, 30, 0), batch(30, 30, 30), batch(60, 40, 60)], tabs, 100)
+    assert (p.fit.samples, p.holdout.samples, p.samples) == (75, 25, 100)
+    held = p.holdout.summary(k=100)["f"]
+    assert held.top_ids.min() == 75 and held.top_ids.max() == 99      # the last quarter, exactly
+    assert p.fit.summary(k=100)["f"].top_ids.max() == 74 and p.time_ordered
+    assert p.whole.samples == 100 and p.fit.samples == 75       # whole leaves the parts alone
+    back = profile_batches([batch(50, 10, 50), batch(0, 10, 0)], tabs, 20)
+    assert not back.time_ordered
+    small = profile_batches([batch(0, 10, 0)], tabs, 10, min_holdout_samples=8)
+    assert small.holdout is None and small.fit.samples == 10
+    none = profile_batches([batch(0, 10, 0)], tabs, 10, holdout_share=0.0)
+    assert none.holdout is None
+    for bad in (1.0, -0.1, float("nan")):
+        with pytest.raises(ConfigError, match="holdout_share"):
+            profile_batches([], tabs, 10, holdout_share=bad)
