@@ -888,8 +888,8 @@ def test_select_within_budget_fastest_that_fits_and_the_error():
 
 
 def test_memory_neutral_budget_holds_out_of_sample_on_a_real_trace(shared_data):
-    """Planned on the first half of Amazon Beauty's review histories with row-wise's memory (the
-    default policy), the plan's per-GPU peak on the second half (trace mode: buffers as the
+    """Planned on the first half of Amazon Beauty's review histories with row-wise's memory
+    (memory-neutral, ``MemoryPolicy(baseline="rw")``), the plan's per-GPU peak on the second half (trace mode: buffers as the
     held-out batches fill them) is at most row-wise's there, under both profiles; a plan that
     replicates rows keeps its statistical margin free below the budget."""
     from flexshard_stream.sources import datasets
@@ -906,7 +906,7 @@ def test_memory_neutral_budget_holds_out_of_sample_on_a_real_trace(shared_data):
     sums = stats.summary(1 << 20)
     held_out = Batch(["item"], vals[cut:], lens[half:])
     for model in (CostModel(dedup=False, profile="ideal"), CostModel()):
-        r = plan_flexshard([t], topo, sums, 32, model=model)
+        r = plan_flexshard([t], topo, sums, 32, MemoryPolicy(baseline="rw"), model=model)
         mine = evaluate_trace(r.plan, [held_out], 32, model).mean.peak_memory_bytes
         rw = evaluate_trace(row_wise([t], topo), [held_out], 32, model).mean.peak_memory_bytes
         assert mine <= rw * REL, (model.profile, mine / rw, r.plan.meta["chosen_from"])

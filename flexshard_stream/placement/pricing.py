@@ -207,20 +207,26 @@ class StatisticalMargin:
     - the statistics: the buffers the replicas free (against ``reference``, row-wise, at the
       candidate's peak GPU) are proportional to the replicated rows' lookups, estimated from
       ``C`` counted lookups, Poisson relative error ``1 / sqrt(C)``;
-    - the buffers' own variance: a GPU's buffer is a sum of per-lookup items of at most the
-      largest embedding's bytes ``b``; Poisson, standard deviation ``sqrt(buffer * b)``. The
-      out-of-sample peak is the largest over GPUs and iterations, about ``sqrt(2 ln(G I))``
-      standard deviations above the mean: ``sigmas`` (3 by default) covers G I up to ~90.
+    - the buffers' own variance, against what the budget is compared with. A GPU's buffer is a
+      sum of per-lookup items of at most the largest embedding's bytes ``b`` (Poisson). Against a
+      fixed budget (HBM, or bytes) the candidate's whole buffer varies: ``sqrt(buffer * b)``.
+      Against a baseline's own peak (``relative``, memory-neutral), the baseline carries the same
+      lookups' noise and the candidate's buffer is the baseline's less the replicated lookups, so
+      only the difference varies: ``sqrt(freed * b)`` (charging ``sqrt(buffer * b)`` there counted
+      the shared noise as if the baseline had none). The out-of-sample peak is the largest over
+      GPUs and iterations, about ``sqrt(2 ln(G I))`` standard deviations above the mean:
+      ``sigmas`` (3 by default) covers G I up to ~90.
 
     A candidate without replicas gets no margin (it replicates nothing on the statistics).
     """
 
     def __init__(self, curves: Sequence[BenefitCurve], summaries: Mapping[str, FrequencySummary],
-                 reference: Cost, sigmas: float):
+                 reference: Cost, sigmas: float, *, relative: bool = False):
         self.curves = list(curves)
         self.totals = np.array([float(summaries[c.table.name].total) for c in curves])
         self.reference = reference
         self.sigmas = float(sigmas)
+        self.relative = bool(relative)
         self.item_bytes = max((c.eb for c in curves), default=0.0)
 
     def bytes_for(self, state: State, cost: Cost) -> float:
@@ -232,7 +238,8 @@ class StatisticalMargin:
         counted = sum(float(c.P[k0 + k1]) * n
                       for c, (k0, k1), n in zip(self.curves, state, self.totals))
         stat = freed / math.sqrt(counted) if counted > 0 else 0.0
-        noise = math.sqrt(max(0.0, float(cost.buffer_bytes[g])) * self.item_bytes)
+        varying = freed if self.relative else max(0.0, float(cost.buffer_bytes[g]))
+        noise = math.sqrt(varying * self.item_bytes)
         return self.sigmas * math.hypot(stat, noise)
 
 
