@@ -389,3 +389,15 @@ def test_infer_tables_empty_feature(tmp_path):
     pl.DataFrame({"h": pl.Series([[], []], dtype=pl.List(pl.Int64))}).write_parquet(p)
     with pytest.raises(ConfigError, match=r"feature 'h' holds no ID"):
         infer_tables(p)
+
+
+def test_small_presets_and_any_case():
+    """Small presets for local tests, demos and the emulated cluster; a preset name in any case
+    (``--topology 16X8`` was refused while strategies took any case)."""
+    for name, (n, m) in {"1x2": (1, 2), "2x2": (2, 2), "2x4": (2, 4)}.items():
+        t = Topology.preset(name)
+        assert (t.nodes, t.gpus_per_node, t.name) == (n, m, name)
+        assert float(t.hbm_bytes.min()) == 80e9
+    assert Topology.load("16X8").name == "16x8" and Topology.preset("2X4").num_gpus == 8
+    with pytest.raises(ConfigError, match="neither an existing topology file nor a preset"):
+        Topology.load("3x3")

@@ -372,8 +372,11 @@ class Topology:
 
     @classmethod
     def preset(cls, name: str) -> "Topology":
-        """A preset topology: ``data/topologies/<name>.toml`` (e.g. ``"2x8"``, ``"16x8_skewed"``)."""
+        """A preset topology: ``data/topologies/<name>.toml`` (e.g. ``"2x8"``, ``"16x8_skewed"``;
+        any case: ``"16X8"`` is ``"16x8"``)."""
         names = available_presets()
+        if isinstance(name, str) and name not in names and name.lower() in names:
+            name = name.lower()
         if not isinstance(name, str) or name not in names:
             raise ConfigError(f"unknown topology preset {name!r}; available presets: {names} "
                               f"(in {PRESET_DIR})")
@@ -385,7 +388,7 @@ class Topology:
         if os.path.exists(path_or_preset):
             return cls.from_toml(path_or_preset)
         s = os.fspath(path_or_preset)
-        if s in available_presets():
+        if s.lower() in available_presets():
             return cls.preset(s)
         raise ConfigError(f"{s!r} is neither an existing topology file nor a preset; available "
                           f"presets: {available_presets()} (in {PRESET_DIR})")
