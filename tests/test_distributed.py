@@ -349,6 +349,27 @@ def test_merge_refuses_incompatible(tmp_path, logs, other):
     assert not list(tmp_path.glob(".out.snap*"))      # no temp file left behind
 
 
+def test_merge_refuses_the_same_statistics_twice(tmp_path, logs):
+    """`merge s.fss s.fss` doubled every count without a word: the same file, the same bytes
+    under another name, or the same host's same window is refused, and nothing is written."""
+    import shutil
+    st = _host_stats(logs[:1])
+    a = save_snapshot(st, tmp_path / "a.snap", host="h", start=0.0, end=10.0, unit="seconds")
+    shutil.copy(a, tmp_path / "copy.snap")
+    st2 = _host_stats(logs[1:2])
+    again = save_snapshot(st2, tmp_path / "again.snap", host="h", start=0.0, end=10.0,
+                          unit="seconds")
+    out = tmp_path / "out.snap"
+    for other, match in ((a, "the same file"), (tmp_path / "copy.snap", "identical bytes"),
+                         (again, r"same host's \(h\) same window")):
+        with pytest.raises(IncompatibleError, match=match):
+            merge_snapshots([a, other], out)
+        assert not out.exists()
+    later = save_snapshot(st2, tmp_path / "later.snap", host="h", start=10.0, end=20.0,
+                          unit="seconds")
+    assert merge_snapshots([a, later], out).samples == st.samples + st2.samples
+
+
 def test_merge_command(tmp_path, logs):
     import typer
     from typer.testing import CliRunner

@@ -471,6 +471,10 @@ def _sized_rows(feature: str, max_id: int, distinct_hi: float, headroom: float,
     if max_id < 0:
         raise ConfigError(f"feature {feature!r} holds no ID in the log; cannot infer its number "
                           f"of rows")
+    if max_id >= MAX_ROWS:
+        raise ConfigError(f"feature {feature!r} holds ID {max_id}: a table of {max_id + 1} rows "
+                          f"does not fit an int64 row count (IDs must be below {MAX_ROWS}); "
+                          f"hash the IDs (--ids hash, or --ids hash:ROWS)")
     return (_with_headroom(max_id + 1, headroom),
             f"{headroom:g} x (largest ID + 1 = {max_id + 1:,})")
 

@@ -50,6 +50,11 @@ LINK_CLASSES: tuple[str, ...] = ("local", "intra-node", "inter-node")
 #: Largest cluster a topology may describe (GPUs): 4x the largest planned for in the benchmarks.
 MAX_GPUS = 16384
 
+#: Largest accepted value per topology field: far above any machine's, low enough that the
+#: cost model's sums of bytes and seconds stay finite (1e308 bytes of HBM overflowed them).
+_LIMITS = {"hbm_bytes": 1e15, "host_memory_bytes": 1e18, "intra_bw": 1e15, "inter_bw": 1e15,
+           "uvm_bw": 1e15}
+
 #: Folder of the preset topologies: ``<repo>/data/topologies``.
 from ..data import TOPOLOGY_DIR as PRESET_DIR  # noqa: E402  (installed as package data)
 
@@ -211,6 +216,11 @@ class Topology:
                 i = int(bad[0])
                 raise ConfigError(f"Topology.{attr}[{i}] = {float(a[i])!r}: must be a finite number > 0 "
                                   f"({unit})")
+            big = np.flatnonzero(a > _LIMITS[attr])
+            if big.size:
+                i = int(big[0])
+                raise ConfigError(f"Topology.{attr}[{i}] = {float(a[i]):g} {unit}: not a real "
+                                  f"machine's (at most {_LIMITS[attr]:g} {unit}); check the unit")
             a.setflags(write=False)
             object.__setattr__(self, attr, a)
 

@@ -793,6 +793,27 @@ def _incompatibility(a: StreamStats, b: StreamStats) -> str | None:
     return None
 
 
+def _refuse_duplicate(seen: dict, p: Path, s: Snapshot) -> None:
+    """IncompatibleError when snapshot ``s`` (file ``p``) holds the same statistics as one in
+    ``seen`` (key -> file; updated): the same file (also through another name), the same bytes,
+    or the same host's same window. Merging them would count every lookup twice."""
+    import hashlib
+
+    from ..formats.files import read_bytes
+    keys = [("file", p.resolve()),
+            ("bytes", hashlib.sha256(read_bytes(p, "snapshot file")).hexdigest())]
+    if s.host and s.start is not None and s.end is not None and s.sources == 1:
+        keys.append(("window", s.host, s.unit, s.start, s.end))
+    for k in keys:
+        if k in seen:
+            what = {"file": "the same file", "bytes": "the same statistics (identical bytes)",
+                    "window": f"the same host's ({s.host}) same window [{s.start:g}, "
+                              f"{s.end:g}) {s.unit or ''}".rstrip()}[str(k[0])]
+            raise IncompatibleError(f"{p} and {seen[k]} hold {what}: merging them would count "
+                                    f"every lookup twice; give each snapshot once")
+    seen.update({k: p for k in keys})
+
+
 def merge_snapshots(paths: Sequence[PathLike], out: PathLike | None) -> StreamStats:
     """Merge many snapshots (hosts and windows) into one and write it to ``out`` as a snapshot.
 
@@ -808,6 +829,8 @@ def merge_snapshots(paths: Sequence[PathLike], out: PathLike | None) -> StreamSt
     if not paths:
         raise ConfigError("no snapshots to merge")
     first = load_snapshot(paths[0])
+    seen: dict = {}
+    _refuse_duplicate(seen, paths[0], first)
     if first.version != SNAPSHOT_VERSION:
         raise IncompatibleError(f"{first.path}: snapshot version {first.version}; this "
                                 f"flexshard_stream merges version {SNAPSHOT_VERSION}")
@@ -819,6 +842,7 @@ def merge_snapshots(paths: Sequence[PathLike], out: PathLike | None) -> StreamSt
     origin_of: dict[str, Path] = {f: paths[0] for f in merged}  # file that brought each table
     for p in paths[1:]:
         s = load_snapshot(p)
+        _refuse_duplicate(seen, p, s)
         if s.version != first.version:
             raise IncompatibleError(f"cannot merge {p} into {paths[0]}: snapshot versions differ "
                                     f"({s.version} vs {first.version})")

@@ -1,0 +1,34 @@
+"""Issue 26, "the newcomer's second hour" and silent wrong results: each item a regression test."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from flexshard_stream.cli import app
+from flexshard_stream.errors import ConfigError
+from flexshard_stream.plans.topology import Topology
+
+
+def test_tables_refuses_an_id_that_does_not_fit_its_own_table(tmp_path):
+    """An ID of 2^63 - 1 made `tables` write num_rows = 2^63 - 1, a table that ID does not fit."""
+    log = tmp_path / "log.parquet"
+    pl.DataFrame({"item": pl.Series([1, 2**63 - 1], dtype=pl.Int64)}).write_parquet(log)
+    r = CliRunner().invoke(app, ["tables", str(log), "--out", str(tmp_path / "t.toml")])
+    assert r.exit_code == 2, r.output
+    assert "9223372036854775807" in r.output and "--ids hash" in r.output
+    assert not (tmp_path / "t.toml").exists()
+
+
+@pytest.mark.parametrize("field,value", [("hbm_bytes_per_gpu", "1e308"),
+                                         ("inter_node_bandwidth", "1e300")])
+def test_absurd_topology_figures_are_refused(tmp_path, field, value):
+    """`hbm_bytes_per_gpu = 1e308` was accepted and a numpy overflow warning leaked out."""
+    p = tmp_path / "t.toml"
+    p.write_text(f"[topology]\nnodes = 2\ngpus_per_node = 2\n{field} = {value}\n")
+    with pytest.raises(ConfigError, match="not a real machine's"):
+        Topology.from_toml(p)
+    assert Topology.uniform(2, 2, hbm_bytes_per_gpu=80e9).hbm_bytes.max() == 80e9
+    assert np.isfinite(Topology.preset("16x8").hbm_bytes).all()
