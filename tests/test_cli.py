@@ -203,7 +203,7 @@ def test_choices_any_case_and_every_value_listed(tmp_path):
     assert cli.ENGINES == rp.ENGINES and cli.EVALUATIONS == rp.EVALUATIONS
     for b in cli.MEMORY_BASELINES:
         MemoryPolicy(baseline=b)
-    check = cli._choice(cli.STRATEGIES, "--strategy")
+    check = cli.common.choice(cli.STRATEGIES, "--strategy")
     assert check("FlexShard") == "flexshard" and check(" RW-Hash ") == "rw-hash"
     with pytest.raises(Exception) as e:
         check("flex")

@@ -1,0 +1,5 @@
+"""``python -m flexshard_stream.cli ...``: the same as ``flexshard-stream ...``."""
+
+from . import main
+
+main()

@@ -1,0 +1,89 @@
+"""``flexshard-stream demo``: replay the embedded default trace and write its report."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import typer
+
+from ..errors import FlexShardError
+from .common import PROFILE_HELP, PROFILES, choice, fail, say, text_table
+from .replay import ReplayProgress, print_replay
+
+
+def _default_trace() -> Path:
+    """The embedded default trace (``data/``, installed as ``flexshard_stream.data``)."""
+    from ..data import DEFAULT_TRACE
+    if DEFAULT_TRACE.exists():
+        return DEFAULT_TRACE
+    raise FlexShardError("the embedded default trace is missing; regenerate it with `python -m "
+                         "flexshard_stream.sources.synth default data/default_trace.parquet`")
+
+
+def _print_sketch(stats, topk: int) -> None:
+    """A short per-table sketch summary of the whole log."""
+    say(f"the whole log: {stats.ids:,} lookups in {stats.samples:,} samples")
+    rows = []
+    for name, ts in stats.tables.items():
+        sm = ts.summary(max(topk, 1))
+        share = float(sm.top_est[:topk].sum()) / sm.total if sm.total else 0.0
+        rows.append([name, f"{sm.total:,}", f"{sm.distinct_estimate:,.0f}",
+                     f"{sm.mean_length:.1f}", f"{share:.1%}", "exact" if sm.exact else "sketch"])
+    typer.echo(text_table(["table", "lookups", "distinct rows", "IDs/sample", f"top-{topk} share",
+                           "mode"], rows))
+
+
+def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for the replay and its "
+                                  "report (replaced if it holds an earlier replay)."),
+         topk: int = typer.Option(5, help="Top rows whose share of lookups the sketch summary "
+                                  "prints."),
+         topology: str = typer.Option("2x8", help="Topology TOML file or preset name."),
+         batch_size: int = typer.Option(32, help="Samples per GPU per iteration (B)."),
+         window: str = typer.Option("5s", help="Window: a duration on the trace's ts column "
+                                    "('5s') or a number of samples."),
+         dedup: bool = typer.Option(True, help="In-batch de-duplication of IDs (off: TorchRec's "
+                                    "assumption, one request per occurrence)."),
+         profile: str = typer.Option("torchrec", callback=choice(PROFILES, "--profile"),
+                                     help=PROFILE_HELP),
+         report: bool = typer.Option(True, help="Write report.html and the PNGs (matplotlib).")):
+    """Replay the embedded default trace through four placements and write the HTML report."""
+    from ..online.replay import replay as run_replay
+    from ..placement.cost import CostModel
+
+    try:
+        path = _default_trace()
+        say(f"flexshard-stream demo: replaying the embedded default trace {path.name} (seeded "
+            f"synthetic, production-like skew, 30 s of samples) in windows of {window} on "
+            f"{topology}, B = {batch_size}")
+        t0 = time.perf_counter()
+        with ReplayProgress() as prog:
+            res = run_replay([path], topology, window=window, out_dir=out, batch_size=batch_size,
+                             model=CostModel(dedup=dedup, profile=profile), progress=prog)
+        _print_sketch(res.stats, topk)
+        say()
+        print_replay(res)
+        say()
+        _finish_demo(out, report)
+        say(f"{time.perf_counter() - t0:.1f} s. Next: flexshard-stream replay LOG... --topology "
+            f"2x8 --window 30m --out DIR on your own logs, then flexshard-stream report DIR.")
+    except FlexShardError as e:
+        fail(e)
+
+
+def _finish_demo(out: Path, report: bool) -> None:
+    """The demo's report (when matplotlib is installed) and where everything is."""
+    where = out.resolve()
+    if report and importlib.util.find_spec("matplotlib") is None:
+        report = False
+        say("report skipped: matplotlib is not installed (pip install "
+            "'flexshard-stream[report]')")
+    if report:
+        from ..report import build_report
+        html = build_report(out)
+        say(f"Report: {html.resolve()} (open it in a browser; the pictures and summary.json "
+            f"are beside it in {where})")
+    else:
+        say(f"Replay written to {where} (summary.json, cdf.json, plans/, traffic/); "
+            f"`flexshard-stream report {out}` draws it")
