@@ -575,28 +575,55 @@ def _windows_table(summary: dict) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
-def _best_flexshard(summary: dict) -> tuple[str, dict] | None:
-    """The FlexShard strategy (static or re-sharded) with the least comm time per iteration."""
+def _fits(t: dict, summary: dict) -> bool:
+    """Whether a strategy's peak memory per GPU fits its budget (the replay's budget, else the
+    GPUs' HBM when the summary records neither)."""
+    budget = t.get("budget_bytes") or summary.get("budget_bytes")
+    peak = t.get("peak_memory_bytes")
+    return budget is None or peak is None or peak <= float(budget) * (1 + 1e-9)
+
+
+def _fastest(summary: dict, names) -> tuple[str, dict] | None:
+    """Among ``names``, the strategy with the least total cost per iteration (communication plus
+    migrations and pauses: what the re-sharder's moves cost counts) that fits its budget."""
     st = summary["totals"]["strategies"]
-    cands = [(s, st[s]) for s in _BUDGETED
-             if s in st and st[s].get("comm_time_s_per_iter") is not None]
-    return min(cands, key=lambda c: c[1]["comm_time_s_per_iter"]) if cands else None
+    cands = [(s, st[s]) for s in names
+             if s in st and st[s].get("comm_time_s_per_iter") is not None and _fits(st[s], summary)]
+    return min(cands, key=lambda c: _per_iteration_cost(c[1])) if cands else None
+
+
+def _per_iteration_cost(t: dict) -> float:
+    it = max(int(t.get("iterations") or 0), 1)
+    total = t.get("total_cost_s")
+    return float(total) / it if total is not None else float(t["comm_time_s_per_iter"])
+
+
+def _best_flexshard(summary: dict) -> tuple[str, dict] | None:
+    """The FlexShard strategy (static or re-sharded) with the least cost per iteration."""
+    return _fastest(summary, _BUDGETED)
 
 
 def _apply_section(summary: dict) -> str:
-    """The closing section: which plan to take, where it is, and how to run it in TorchRec."""
-    best = _best_flexshard(summary)
+    """The closing section: the fastest plan that fits (FlexShard's or not, said so), where it
+    is, and how to run it in TorchRec."""
+    best = _fastest(summary, _strategies(summary))
     if best is None:
-        return ("<h2>Apply this plan</h2><p>No FlexShard plan was evaluated (no window filled an "
-                "iteration); replay with larger windows or a smaller batch size first.</p>")
+        return ("<h2>Apply this plan</h2><p>No plan that fits its memory budget was evaluated (no "
+                "window filled an iteration, or none fits); replay with larger windows or a "
+                "smaller batch size first.</p>")
     name, t = best
+    fs = _best_flexshard(summary)
+    where = {"static": "the FlexShard plan made on the first window",
+             "resharder": "where the re-sharder ended"}.get(name, f"{_LABELS.get(name, name)}")
     sp = t.get("speedup_vs_rw")
-    where = {"static": "the plan made on the first window",
-             "resharder": "where the re-sharder ended"}[name]
     gain = (f" ({sp:.2f}x less communication time per iteration than row-wise, "
-            f"{_vs_best(t)} over this replay)" if sp is not None else "")
-    if sp is not None and sp < 1:
-        gain += "; row-wise (<code>plans/rw</code>) was faster here, so keep row-wise"
+            f"{_vs_best(t)} over this replay)" if sp is not None and name in _BUDGETED else "")
+    if name not in _BUDGETED:
+        why = (f"; FlexShard's best here ({_LABELS.get(fs[0], fs[0])}) took "
+               f"{_per_iteration_cost(fs[1]) / max(_per_iteration_cost(t), 1e-30):.2f}x its "
+               f"time per iteration" if fs else "; no FlexShard plan fits")
+        gain = (f" (the fastest plan that fits in this replay: FlexShard is not it{why}; "
+                "re-plan with more memory or a longer profile, or keep this one)")
     code = f"flexshard-stream export --plan plans/{name} --out torchrec"
     return (
         "<h2>Apply this plan</h2>"

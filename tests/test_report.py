@@ -180,3 +180,22 @@ def test_epoch_windows_show_dates_and_the_report_says_how_to_apply_it(rep, tmp_p
     best = min(("static", "resharder"),
                key=lambda n: s["totals"]["strategies"][n]["comm_time_s_per_iter"])
     assert f"flexshard-stream export --plan plans/{best} --out torchrec" in html
+
+
+def test_apply_section_recommends_the_fastest_plan_that_fits_and_says_when_it_is_not_flexshard():
+    """The report recommended FlexShard's plan even when another replayed plan was faster (issue
+    22): it names the fastest plan that fits its budget, and says when FlexShard is not it."""
+    from flexshard_stream.report import _apply_section
+
+    def t(ms, peak=1e6, budget=None, **kw):
+        return {"comm_time_s_per_iter": ms * 1e-3, "iterations": 10, "total_cost_s": ms * 1e-2,
+                "peak_memory_bytes": peak, "budget_bytes": budget, "speedup_vs_rw": 2.0, **kw}
+
+    summary = {"strategies": ["rw", "twrw", "static", "resharder"], "budget_bytes": 5e6,
+               "totals": {"strategies": {"rw": t(4.0), "twrw": t(1.0), "static": t(2.0),
+                                         "resharder": t(2.5)}}}
+    html = _apply_section(summary)
+    assert "plans/twrw" in html and "FlexShard is not it" in html and "2.00x" in html
+    summary["totals"]["strategies"]["twrw"] = t(1.0, peak=9e6)      # over the budget
+    html = _apply_section(summary)
+    assert "plans/static" in html and "FlexShard is not it" not in html

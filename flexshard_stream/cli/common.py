@@ -19,7 +19,6 @@ from ..errors import FlexShardError
 from ..formats.units import fmt_bytes, fmt_seconds
 from ..sources.ids import IdMode
 
-
 # ============================================================================ constants
 #: ``--profile`` values: the cost model's execution profiles (placement.profiles).
 PROFILES = ("torchrec", "ideal")
@@ -243,9 +242,28 @@ def profile_label(profile: str) -> str:
     return execution_profile(profile).label
 
 
-def plan_label(requested: str, strategy: str) -> str:
-    """``flexshard (= rw)`` when FlexShard was asked for and row-wise won; else the strategy."""
-    return requested if requested == strategy else f"{requested} (= {strategy})"
+def plan_name(plan) -> str:
+    """What a plan is, in the words of ``plan --strategy``: ``rw-hash`` for hashed row-wise (its
+    plan type says ``rw``), the baseline or TorchRec's plan when FlexShard chose one unchanged
+    (``tw``, ``torchrec``), else its strategy."""
+    if plan.strategy == "rw" and plan.meta.get("mode") == "hash":
+        return "rw-hash"
+    chosen = plan.meta.get("chosen_from")
+    if plan.strategy == "flexshard" and chosen in WHOLE_PLAN_NAMES:
+        return str(chosen)
+    return plan.strategy
+
+
+#: Plans FlexShard may choose unchanged, named as ``plan --strategy`` names them.
+WHOLE_PLAN_NAMES = ("rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "hugectr", "torchrec")
+
+
+def plan_label(requested: str, plan_or_strategy) -> str:
+    """``flexshard (= rw-hash)`` when FlexShard was asked for and chose a plan named otherwise;
+    else the strategy asked for. ``plan_or_strategy``: the plan (:func:`plan_name` says what it
+    is) or its strategy name."""
+    name = plan_or_strategy if isinstance(plan_or_strategy, str) else plan_name(plan_or_strategy)
+    return requested if requested == name else f"{requested} (= {name})"
 
 
 def topology_name(topo) -> str:

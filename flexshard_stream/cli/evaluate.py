@@ -12,9 +12,27 @@ import typer
 from ..errors import ConfigError, FlexShardError
 from ..formats.units import fmt_bytes
 from ..sources.ids import IdMode
-from .common import (CROSSING_NOTE, DEFAULT_BATCH_SIZE, IDS_HELP, PROFILE_HELP, PROFILES, choice,
-                     cost_model, cost_rows, fail, ids_option, note, plan_label, profile_label,
-                     recorded_settings, resolve_setting, say, spell_setting, topology_name, warn)
+from .common import (
+    CROSSING_NOTE,
+    DEFAULT_BATCH_SIZE,
+    IDS_HELP,
+    PROFILE_HELP,
+    PROFILES,
+    choice,
+    cost_model,
+    cost_rows,
+    fail,
+    ids_option,
+    note,
+    plan_label,
+    profile_label,
+    recorded_settings,
+    resolve_setting,
+    say,
+    spell_setting,
+    topology_name,
+    warn,
+)
 
 
 def _common_setting(name: str, flag: str, given: Any, plans: Sequence[tuple[Path, Any]],
@@ -74,7 +92,7 @@ def _evaluate_one(d: Path, p, logs: List[Path], B: int, dedup: bool, mode: IdMod
     r.update({"batch_size": B, "dedup": dedup, "ids": str(mode), "samples": reader.samples,
               "profile": profile,
               "skipped": {k: v for k, v in reader.skipped.items() if v},
-              "label": plan_label(recorded_settings(p)["requested"], p.strategy)})
+              "label": plan_label(recorded_settings(p)["requested"], p)})
     hbm = float(p.topology.hbm_bytes.min())
     if r["peak_memory_bytes"] > hbm:
         warn(f"plan {d}: peak memory {fmt_bytes(r['peak_memory_bytes'])} per GPU exceeds the "
@@ -94,13 +112,39 @@ def _print_evaluation(results: Mapping[str, Mapping[str, Any]], plans) -> None:
     typer.echo(cost_rows([(r["label"] if labels.count(r["label"]) == 1 else k, r)
                           for k, r in results.items()]))
     for k, r in results.items():
-        if r["skipped"]:
-            say(f"{k}: skipped {sum(r['skipped'].values()):,} bad rows ("
-                + ", ".join(f"{why} {n:,}" for why, n in r["skipped"].items()) + ")")
-        if r.get("dropped_samples"):
-            say(f"{k}: the last {r['dropped_samples']:,} samples did not fill an iteration "
-                f"and were not evaluated")
+        vs = r.get("vs_best_other")
+        if vs:
+            say(f"{k}: {vs['speedup']:.2f}x the fastest other plan evaluated, {vs['plan']}"
+                + (" (faster)" if vs["speedup"] > 1 else " (slower)" if vs["speedup"] < 1
+                   else ""))
+    skipped = {k: r["skipped"] for k, r in results.items() if r["skipped"]}
+    for k, sk in (list(skipped.items())[:1] if _same(skipped.values()) else skipped.items()):
+        who = "every plan" if len(skipped) == len(results) > 1 and _same(skipped.values()) else k
+        say(f"{who}: skipped {sum(sk.values()):,} bad rows ("
+            + ", ".join(f"{why} {n:,}" for why, n in sk.items()) + ")")
+    dropped = {k: r.get("dropped_samples") for k, r in results.items() if r.get("dropped_samples")}
+    for k, n in (list(dropped.items())[:1] if _same(dropped.values()) else dropped.items()):
+        who = "every plan" if len(dropped) == len(results) > 1 and _same(dropped.values()) else k
+        say(f"{who}: the last {n:,} samples did not fill an iteration and were not evaluated")
     say(CROSSING_NOTE)
+
+
+def _same(values) -> bool:
+    """Whether every value is equal (True for none)."""
+    vals = list(values)
+    return all(v == vals[0] for v in vals[1:])
+
+
+def _vs_best_other(results: dict[str, dict[str, Any]]) -> None:
+    """Each plan's speed-up against the fastest of the other plans evaluated (communication time
+    per iteration, the other's over its own), named: ``r["vs_best_other"]``."""
+    for k, r in results.items():
+        others = [(o, x["comm_time_s_per_iter"]) for o, x in results.items()
+                  if o != k and x.get("comm_time_s_per_iter")]
+        mine = r.get("comm_time_s_per_iter")
+        if others and mine:
+            name, t = min(others, key=lambda ot: ot[1])
+            r["vs_best_other"] = {"plan": name, "speedup": t / mine}
 
 
 def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan directory (repeat "
@@ -145,6 +189,7 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
             results[key if key not in results else f"{key}:{d}"] = r
     except FlexShardError as e:
         fail(e)
+    _vs_best_other(results)
     if json_out:
         typer.echo(json.dumps(results))
     else:

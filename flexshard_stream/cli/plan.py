@@ -13,10 +13,29 @@ import typer
 from ..errors import ConfigError, FlexShardError
 from ..formats.units import fmt_bytes, fmt_rows, fmt_seconds
 from ..sources.ids import DEFAULT_HEADROOM, IdMode
-from .common import (CROSSING_NOTE, DEFAULT_BATCH_SIZE, IDS_HELP, PROFILE_HELP, PROFILES, choice,
-                     command_hint, cost_rows, fail, ids_option, note, plan_label, profile_label,
-                     say, text_table, time_column_hint, time_like, topology_name, vs_best_text,
-                     warn, warn_time_columns)
+from .common import (
+    CROSSING_NOTE,
+    DEFAULT_BATCH_SIZE,
+    IDS_HELP,
+    PROFILE_HELP,
+    PROFILES,
+    choice,
+    command_hint,
+    cost_rows,
+    fail,
+    ids_option,
+    note,
+    plan_label,
+    profile_label,
+    say,
+    text_table,
+    time_column_hint,
+    time_like,
+    topology_name,
+    vs_best_text,
+    warn,
+    warn_time_columns,
+)
 
 #: ``plan --strategy`` values (FlexShard, the baselines of placement.baselines, and TorchRec's
 #: own planner, placement.torchrec_planner, with the torchrec extra).
@@ -24,6 +43,9 @@ STRATEGIES = ("flexshard", "rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "h
               "torchrec")
 #: Baselines whose peak memory can be FlexShard's budget (planner.MemoryPolicy).
 MEMORY_BASELINES = ("rw", "rw-hash", "twrw", "tw")
+#: Up to this many tables FlexShard also compares TorchRec's own plan (TorchRec's planner took
+#: 1.4 s for 10 tables and 47 s for 100 here).
+TORCHREC_REFERENCE_TABLES = 64
 
 
 # ============================================================================ settings
@@ -132,9 +154,11 @@ def _warn_over_memory(label: str, p, cost) -> None:
              f"TorchRec's own storage model admitted it")
 
 
-def _memory_policy(tabs, topo, memory_bytes: Optional[float], baseline: str,
-                   host_memory: bool):
-    """FlexShard's memory policy. With ``--host-memory`` and no ``--memory-bytes``, tables that
+def _memory_policy(tabs, topo, memory_bytes: Optional[float], baseline: Optional[str],
+                   host_memory: bool, reservation: float = 0.15, dense_bytes: float = 0.0):
+    """FlexShard's memory policy: ``--memory-bytes``, else memory-neutral against
+    ``--memory-baseline``, else each GPU's HBM less ``--reservation`` less ``--dense-bytes``
+    (planner.MemoryPolicy). With ``--host-memory`` and no ``--memory-bytes``, tables that
     row-wise could not fit in HBM get the HBM of a GPU as the budget (the rest to host memory)."""
     from ..placement.planner import MemoryPolicy
 
@@ -145,7 +169,8 @@ def _memory_policy(tabs, topo, memory_bytes: Optional[float], baseline: str,
             memory_bytes = hbm
             note(f"--host-memory: budget = the HBM of a GPU ({fmt_bytes(hbm)}); row-wise would "
                  f"store {fmt_bytes(rw_rows)} of rows per GPU")
-    return MemoryPolicy(bytes_per_gpu=memory_bytes, baseline=baseline, host_memory=host_memory)
+    return MemoryPolicy(bytes_per_gpu=memory_bytes, baseline=baseline, host_memory=host_memory,
+                        reservation=reservation, dense_bytes_per_gpu=dense_bytes)
 
 
 def _warn_sparse_inferred(tabs, st, inferred: bool, mode: IdMode) -> list[str]:
@@ -171,35 +196,83 @@ def _warn_sparse_inferred(tabs, st, inferred: bool, mode: IdMode) -> list[str]:
 
 
 def _profile(logs: List[Path], tables, rows=None, skip_bad_rows: bool = False,
-             read_batch_size: int = 65536):
-    """Sketch the log with the tables' row counts, IDs mapped by ``rows``; returns the
-    StreamStats and the reader (its ``skipped`` counts)."""
+             read_batch_size: int = 65536, *, holdout_share: float = 0.0,
+             min_holdout_samples: int = 1):
+    """Sketch the log with the tables' row counts, IDs mapped by ``rows``, its last
+    ``holdout_share`` of rows held out (``sources.profile``); returns the Profile and the reader
+    (its ``skipped`` counts)."""
     from ..sources.logs import LogReader
+    from ..sources.profile import profile_batches
     from ..stats.config import TableConfig
-    from ..stats.stream import StreamStats
 
-    st = StreamStats([TableConfig(t.name, t.num_rows, t.feature) for t in tables])
     reader = LogReader([str(p) for p in logs], features=[t.feature for t in tables],
                        read_batch_size=read_batch_size, skip_bad_rows=skip_bad_rows, rows=rows)
-    for b in reader:
-        st.update(b)
-    return st, reader
+    total = sum(info.data_rows() for info in reader.file_infos) if holdout_share else 0
+    prof = profile_batches(reader, [TableConfig(t.name, t.num_rows, t.feature) for t in tables],
+                           total, holdout_share, min_holdout_samples=min_holdout_samples)
+    return prof, reader
 
 
 # ============================================================================ the plan
-def _make_plan(strategy: str, tabs, topo, st, summaries, batch_size: int, memory, model,
-               target: Optional[str] = None):
-    """(planner result or None, plan) for ``strategy`` (FlexShard for the ``target`` runtime)."""
+def _note_selection(strategy: str, prof, share: float, per_iteration: int) -> None:
+    """Say how FlexShard's plan is chosen when it is not on a held-out part as asked."""
+    if strategy != "flexshard" or not share:
+        return
+    if prof.holdout is None:
+        note(f"the log's last {share:.0%} holds fewer than one iteration ({per_iteration:,} "
+             f"samples): FlexShard's plan is chosen in sample")
+    elif not prof.time_ordered:
+        note("the log's ts goes back in time: its last rows, not its latest samples, are held "
+             "out")
+
+
+def _torchrec_reference(tabs, topo, summaries, batch_size: int, model, wanted: bool,
+                        target: Optional[str]) -> dict[str, Any]:
+    """``{"torchrec": TorchRec's own plan}`` for FlexShard to choose among, when TorchRec is
+    installed, asked for (``--vs-torchrec``), the target is TorchRec and the tables few enough
+    for TorchRec's planner (it takes minutes from 100 tables); else empty, with a note why."""
+    import importlib.util
+
+    if not wanted or (target or model.profile) != "torchrec":
+        return {}
+    if importlib.util.find_spec("torchrec") is None:
+        note("TorchRec is not installed: its own plan is not among the plans compared "
+             "(the 'torchrec' extra; make install-dev)")
+        return {}
+    if len(tabs) > TORCHREC_REFERENCE_TABLES:
+        note(f"{len(tabs)} tables: TorchRec's own plan is not among the plans compared (its "
+             f"planner takes minutes above {TORCHREC_REFERENCE_TABLES}; --strategy torchrec "
+             f"makes it)")
+        return {}
+    from ..placement.references import plan_torchrec
+    try:
+        return {"torchrec": plan_torchrec(tabs, topo, batch_size, summaries=summaries).plan}
+    except ConfigError as e:
+        note(f"TorchRec's own plan is not among the plans compared: {e}")
+        return {}
+
+
+def _make_plan(strategy: str, tabs, topo, prof, summaries, batch_size: int, memory, model,
+               target: Optional[str] = None, topk: int = 1 << 20, vs_torchrec: bool = True):
+    """(planner result or None, plan) for ``strategy`` (FlexShard for the ``target`` runtime:
+    fitted on the profile's first part, chosen on its held-out part, TorchRec's plan among the
+    whole plans; ``summaries`` are the whole profile's)."""
     if strategy == "flexshard":
         from ..placement.planner import plan_flexshard
-        result = plan_flexshard(tabs, topo, summaries, batch_size, memory, model, target=target)
+        from ..plans.tables import summaries_by_table
+        refs = _torchrec_reference(tabs, topo, summaries, batch_size, model, vs_torchrec, target)
+        fit = summaries_by_table(tabs, prof.fit.summary(k=topk))
+        hold = (summaries_by_table(tabs, prof.holdout.summary(k=topk))
+                if prof.holdout is not None else None)
+        result = plan_flexshard(tabs, topo, fit, batch_size, memory, model, target=target,
+                                holdout=hold, references=refs)
         return result, result.plan
     if strategy == "torchrec":
         from ..placement.references import plan_torchrec
         return None, plan_torchrec(tabs, topo, batch_size, summaries=summaries, model=model).plan
     from ..placement.baselines import build_baseline
 
-    iterations = max(1, st.samples // (topo.num_gpus * batch_size))
+    iterations = max(1, prof.samples // (topo.num_gpus * batch_size))
     lookups = {n: s.total / iterations for n, s in summaries.items()}
     return None, build_baseline(strategy, tabs, topo, summaries=summaries,
                                 iterations=iterations, lookups=lookups)
@@ -330,26 +403,41 @@ def _print_plan(doc: Mapping[str, Any], p, result) -> None:
     entries = [(doc["label"], doc["cost"])]
     if result is not None:
         entries = [(result.baseline.strategy, result.baseline_cost.to_json())] + entries
-        say(f"modelled per iteration (analytic) against {result.baseline.strategy}, at a "
-            f"budget of {fmt_bytes(result.budget_bytes)} per GPU:")
+        sel = doc["estimate"].get("selection") or {}
+        where = ("on the log's held-out last rows (the plan was fitted on the rest)"
+                 if sel.get("holdout") else "in sample")
+        say(f"modelled per iteration (analytic, {where}) against {result.baseline.strategy}, "
+            f"at a budget of {fmt_bytes(result.budget_bytes)} per GPU "
+            f"({doc['estimate']['budget']}):")
     else:
         say("modelled per iteration (analytic):")
     typer.echo(cost_rows(entries))
     if result is not None:
-        c, b = result.cost, result.baseline_cost
-        room = doc["estimate"]["memory_room"]
-        freed, extra = room.get("buffers_freed", 0), room.get("extra_rows", 0)
-        say(f"speed-up {b.iteration_time_s / max(c.iteration_time_s, 1e-30):.2f}x over "
-            f"{result.baseline.strategy}, {vs_best_text(doc['estimate'])} (chosen from "
-            f"{p.meta.get('chosen_from', 'flexshard')}); at the peak GPU: {fmt_bytes(freed)} "
-            f"of buffers freed, {fmt_bytes(extra)} more rows, "
-            f"{fmt_bytes(room.get('headroom', 0))} headroom.")
+        _print_gains(doc, p, result)
     if "torchrec_estimate" in doc:
         _print_torchrec_estimate(doc["torchrec_estimate"], doc["cost"], doc["profile"])
     say(CROSSING_NOTE)
     say()
     command_hint("Next (B, de-duplication and the ID mode default to this plan's):",
                  f"flexshard-stream evaluate --plan {doc['out']} --log OTHER_LOG")
+
+
+def _print_gains(doc: Mapping[str, Any], p, result) -> None:
+    """FlexShard's speed-ups (over the memory baseline, the best baseline, TorchRec's plan),
+    where they were measured, and its peak memory against row-wise's."""
+    c, b = result.cost, result.baseline_cost
+    est = doc["estimate"]
+    room = est["memory_room"]
+    freed, extra = room.get("buffers_freed", 0), room.get("extra_rows", 0)
+    vs_tr = est.get("speedup_vs_torchrec")
+    say(f"speed-up {b.iteration_time_s / max(c.iteration_time_s, 1e-30):.2f}x over "
+        f"{result.baseline.strategy}, {vs_best_text(est)}"
+        + (f", {vs_tr:.2f}x over TorchRec's own plan" if vs_tr else "")
+        + f" (chosen from {p.meta.get('chosen_from', 'flexshard')}).")
+    peak, rw_peak = room.get("plan_peak", 0.0), room.get("baseline_peak", 0.0)
+    say(f"peak memory {fmt_bytes(peak)} per GPU, {peak / max(rw_peak, 1e-30):.0%} of "
+        f"{result.baseline.strategy}'s {fmt_bytes(rw_peak)}; at the peak GPU: "
+        f"{fmt_bytes(freed)} of buffers freed, {fmt_bytes(extra)} more rows.")
 
 
 def _print_torchrec_estimate(e: Mapping[str, Any], cost: Mapping[str, Any], profile: str
@@ -370,7 +458,7 @@ def _print_torchrec_estimate(e: Mapping[str, Any], cost: Mapping[str, Any], prof
 def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile (parquet/CSV)."),
          topology: str = typer.Option(..., help="Topology TOML file or preset name (2x8, 16x8, "
                                       "16x8_skewed)."),
-         strategy: str = typer.Option("rw", callback=choice(STRATEGIES, "--strategy"),
+         strategy: str = typer.Option("flexshard", callback=choice(STRATEGIES, "--strategy"),
                                       help=" | ".join(STRATEGIES) + " (any case)."),
          out: Path = typer.Option(..., help="Plan directory to write."),
          tables: Optional[Path] = typer.Option(None, help="Tables file (TOML; `flexshard-stream "
@@ -389,13 +477,22 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
                                               help="Runtime the flexshard plan must run on: "
                                                    "torchrec | ideal (default: the profile)."),
          memory_bytes: Optional[float] = typer.Option(None, help="Per-GPU memory budget in bytes "
-                                                      "(flexshard; default: no more peak memory "
-                                                      "than row-wise)."),
-         memory_baseline: str = typer.Option("rw", callback=choice(MEMORY_BASELINES,
-                                                                   "--memory-baseline"),
-                                             help="Baseline whose peak memory is the budget "
-                                                  "(flexshard): " + " | ".join(MEMORY_BASELINES)
-                                                  + "."),
+                                                      "(flexshard; default: each GPU's HBM less "
+                                                      "--reservation less --dense-bytes)."),
+         memory_baseline: Optional[str] = typer.Option(
+             None, callback=choice(MEMORY_BASELINES, "--memory-baseline"),
+             help="Memory-neutral (flexshard): no more peak memory per GPU than this baseline, "
+                  + " | ".join(MEMORY_BASELINES) + " (the paper's 'no additional memory')."),
+         reservation: float = typer.Option(0.15, help="Share of each GPU's HBM kept free "
+                                           "(TorchRec's planner reserves 15%)."),
+         dense_bytes: float = typer.Option(0.0, help="Bytes per GPU of the dense model and its "
+                                           "optimizer state, kept out of the budget."),
+         holdout: float = typer.Option(0.25, help="Share of the log, its last rows, held out: "
+                                       "FlexShard's candidates are fitted on the rest and the "
+                                       "fastest on it chosen (0: choose in sample)."),
+         vs_torchrec: bool = typer.Option(True, help="Compare TorchRec's own plan too (when "
+                                          "TorchRec is installed and at most "
+                                          f"{TORCHREC_REFERENCE_TABLES} tables)."),
          topk: int = typer.Option(1 << 20, help="Top rows per table the planner may replicate."),
          host_memory: bool = typer.Option(False, "--host-memory", help="RecShard tier (flexshard):"
                                           " cold rows that do not fit the memory budget (then HBM "
@@ -415,15 +512,20 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
         topo = Topology.load(topology)
         tabs, source = _resolve_tables(log, tables, mode)
         _refuse_impossible(tabs, topo, host_memory and strategy == "flexshard")
-        st, reader = _profile(log, tabs, row_map(tabs, mode), skip_bad_rows)
+        prof, reader = _profile(log, tabs, row_map(tabs, mode), skip_bad_rows,
+                                holdout_share=holdout if strategy == "flexshard" else 0.0,
+                                min_holdout_samples=topo.num_gpus * batch_size)
+        st = prof.whole
         sparse = _warn_sparse_inferred(tabs, st, tables is None, mode)
         summaries = summaries_by_table(tabs, st.summary(k=topk))
-        memory = _memory_policy(tabs, topo, memory_bytes, memory_baseline, host_memory)
-        result, p = _make_plan(strategy, tabs, topo, st, summaries, batch_size, memory, model,
-                               target)
+        memory = _memory_policy(tabs, topo, memory_bytes, memory_baseline, host_memory,
+                                reservation, dense_bytes)
+        _note_selection(strategy, prof, holdout, topo.num_gpus * batch_size)
+        result, p = _make_plan(strategy, tabs, topo, prof, summaries, batch_size, memory, model,
+                               target, topk, vs_torchrec)
         cost = result.cost if result is not None else evaluate_analytic(p, summaries,
                                                                           batch_size, model)
-        label = plan_label(strategy, p.strategy)
+        label = plan_label(strategy, p)
         if strategy == "torchrec":   # TorchRec checked its own plan against its memory model
             _warn_over_memory(label, p, cost)
         else:
@@ -460,6 +562,7 @@ def _plan_doc(p, result, cost, out: Path, label: str, requested: str, reader
         doc["host_bytes_per_gpu"] = {"max": float(hb.max()), "min": float(hb.min())}
     if result is not None:
         doc["estimate"] = result.summary()
+        doc["estimate"]["budget"] = p.meta.get("memory_policy", {}).get("budget", "")
     if "torchrec" in p.meta and "estimate" in p.meta["torchrec"]:
         doc["torchrec_estimate"] = _torchrec_estimate(p.meta["torchrec"])
     return doc

@@ -13,10 +13,27 @@ import typer
 from ..errors import ConfigError, FlexShardError
 from ..formats.units import fmt_bytes
 from ..sources.ids import IdMode
-from .common import (CROSSING_NOTE, DEFAULT_BATCH_SIZE, IDS_HELP, PROFILE_HELP, PROFILES, choice,
-                     cost_model, cost_rows, fail, ids_option, note, profile_label,
-                     recorded_settings, resolve_setting, say, stderr_console, topology_name,
-                     vs_best_text, warn)
+from .common import (
+    CROSSING_NOTE,
+    DEFAULT_BATCH_SIZE,
+    IDS_HELP,
+    PROFILE_HELP,
+    PROFILES,
+    choice,
+    cost_model,
+    cost_rows,
+    fail,
+    ids_option,
+    note,
+    profile_label,
+    recorded_settings,
+    resolve_setting,
+    say,
+    stderr_console,
+    topology_name,
+    vs_best_text,
+    warn,
+)
 
 #: ``replay --engine`` and ``--evaluation`` values (online.replay.ENGINES / EVALUATIONS).
 ENGINES = ("local", "process", "ray")

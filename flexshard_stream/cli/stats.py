@@ -11,7 +11,16 @@ import typer
 
 from ..errors import ConfigError, FlexShardError
 from ..sources.ids import IdMode
-from .common import IDS_HELP, WIDTH, fail, ids_option, say, sketch_logs, text_table, warn
+from .common import (
+    IDS_HELP,
+    WIDTH,
+    fail,
+    ids_option,
+    say,
+    sketch_logs,
+    text_table,
+    warn,
+)
 
 
 def _stats_rows(logs: List[Path], features: Optional[List[str]], mode: Optional[IdMode]):

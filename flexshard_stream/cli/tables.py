@@ -13,8 +13,16 @@ import typer
 from ..errors import FlexShardError
 from ..formats.units import fmt_bytes, fmt_count, fmt_rows
 from ..sources.ids import DEFAULT_HEADROOM, IdMode
-from .common import (IDS_HELP, command_hint, fail, ids_option, say, sketch_logs, text_table,
-                     warn_time_columns)
+from .common import (
+    IDS_HELP,
+    command_hint,
+    fail,
+    ids_option,
+    say,
+    sketch_logs,
+    text_table,
+    warn_time_columns,
+)
 
 
 def _table_kinds(logs: List[Path], features: Optional[List[str]]) -> dict[str, str]:

@@ -208,7 +208,13 @@ class PlanResult:
 
     def summary(self) -> dict[str, Any]:
         c, b, bb = self.cost, self.baseline_cost, self.best_baseline_cost
+        sel = self.plan.meta.get("selection")
+        held = sel.get("holdout_iteration_time_s", {}) if isinstance(sel, dict) else {}
+        tr = held.get("torchrec")
         return {"strategy": self.plan.strategy, "tiers": self.plan.tier_sizes(),
+                "selection": {"holdout": bool(held), **(sel if isinstance(sel, dict) else {})},
+                "speedup_vs_torchrec": (tr / c.iteration_time_s
+                                        if tr and c.iteration_time_s > 0 else None),
                 "budget_bytes": self.budget_bytes, "peak_memory_bytes": c.peak_memory_bytes,
                 "baseline_peak_memory_bytes": b.peak_memory_bytes,
                 "comm_time_s": c.comm_time_s, "baseline_comm_time_s": b.comm_time_s,
@@ -278,15 +284,16 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     pool = search.runnable([row_wise, *search.candidates()])
     best = select_within_budget(pool, base.budget_bytes, need_bytes=need,
                                 host_memory=memory.host_memory)
-    choice = None
+    choice, held = None, None
     if holdout is not None:
-        choice = select_on_holdout(pool, base.budget_bytes, holdout_pricing(pricing, holdout),
-                                   top=cfg.holdout_candidates)
+        held = holdout_pricing(pricing, holdout)
+        choice = select_on_holdout(pool, base.budget_bytes, held, top=cfg.holdout_candidates)
         best = choice.candidate if choice is not None else best
+    base_cost = base.cost if choice is None else held.cost(base.plan)
     result = _result(best, best is row_wise, base, memory, model, batch_size, len(moves),
-                     runtime.name, choice)
+                     runtime.name, choice, base_cost)
     fastest = search.best_baseline([row_wise, *search.whole.candidates],
-                                   None if choice is None else holdout_pricing(pricing, holdout))
+                                   None if choice is None else held)
     if fastest is not None:
         result.best_baseline, result.best_baseline_cost = fastest
     return result
@@ -435,10 +442,11 @@ class _Baselines:
 
 def _result(best: Candidate, is_row_wise: bool, base: _Baselines, memory: MemoryPolicy,
             model: CostModel, batch_size: int, moves_generated: int, target: str,
-            choice: HoldoutChoice | None = None) -> PlanResult:
+            choice: HoldoutChoice | None = None, base_cost: Cost | None = None) -> PlanResult:
     """The chosen candidate as the planner's result: its plan renamed and annotated (``meta``);
-    with a held-out choice, its cost is the held-out cost."""
+    with a held-out choice, its cost and the baseline's (``base_cost``) are the held-out ones."""
     cost, budget = (best.cost if choice is None else choice.holdout_cost), base.budget_bytes
+    base_cost = base.cost if base_cost is None else base_cost
     meta = {"planner": "flexshard", "batch_size": batch_size, "dedup": model.dedup,
             "budget_bytes": budget, "memory_policy": {"bytes_per_gpu": memory.bytes_per_gpu,
                                                       "baseline": memory.baseline,
@@ -451,8 +459,8 @@ def _result(best: Candidate, is_row_wise: bool, base: _Baselines, memory: Memory
                                                       "budget": memory.describe()},
             "moves_applied": best.moves_applied, "moves_generated": moves_generated,
             "cold_ranges": "bandwidth-weighted" if best.weights is not None else "equal",
-            "estimates": cost.to_json(), "baseline_estimates": base.cost.to_json(),
-            "memory_room": _memory_room(cost, base.cost, budget),
+            "estimates": cost.to_json(), "baseline_estimates": base_cost.to_json(),
+            "memory_room": _memory_room(cost, base_cost, budget),
             "target": target, "chosen_from": best.origin, "margin_bytes": best.margin_bytes,
             "sharding_kinds": dict(best.plan.sharding_kinds),
             "selection": ("in sample" if choice is None else
@@ -461,7 +469,7 @@ def _result(best: Candidate, is_row_wise: bool, base: _Baselines, memory: Memory
                            "holdout_iteration_time_s": dict(choice.costs)})}
     plan = Plan("rw" if is_row_wise else "flexshard", best.plan.topology,
                 best.plan.tables.values(), meta)
-    return PlanResult(plan, cost, base.plan, base.cost, budget, best.moves_applied,
+    return PlanResult(plan, cost, base.plan, base_cost, budget, best.moves_applied,
                       moves_generated)
 
 
