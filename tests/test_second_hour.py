@@ -32,3 +32,34 @@ def test_absurd_topology_figures_are_refused(tmp_path, field, value):
         Topology.from_toml(p)
     assert Topology.uniform(2, 2, hbm_bytes_per_gpu=80e9).hbm_bytes.max() == 80e9
     assert np.isfinite(Topology.preset("16x8").hbm_bytes).all()
+
+
+def test_csv_with_comma_joined_ids_names_the_separator(tmp_path):
+    """A CSV whose sequence cells join IDs with commas got an error that did not say how IDs are
+    separated."""
+    from flexshard_stream.errors import LogError
+    from flexshard_stream.sources.logs import LogReader
+
+    log = tmp_path / "log.csv"
+    log.write_text('hist,user\n"3 4",1\n"12,7,40",2\n')
+    with pytest.raises(LogError, match=r"separated by spaces, not ',': write '12 7 40'"):
+        list(LogReader([str(log)], features={"hist": "sequence", "user": "single"}))
+
+
+@pytest.mark.parametrize("argv", [["plan", "--log", "nosuch.parquet", "--topology", "2x8",
+                                   "--out", "x"],
+                                  ["stats", "nosuch.csv"], ["tables", "nope/*.parquet"],
+                                  ["evaluate", "--plan", "p", "--log", "nosuch.parquet"],
+                                  ["replay", "nosuch.parquet", "--topology", "2x8", "--out", "o"]])
+def test_a_missing_log_is_refused_before_the_heavy_imports(tmp_path, argv):
+    """An error for a missing file took 3-5 s to appear: polars and Numba were imported first."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom flexshard_stream.cli import app\n"
+            f"r = CliRunner().invoke(app, {argv!r})\n"
+            "print(r.exit_code, 'numba' in sys.modules, 'polars' in sys.modules)\n"
+            "print(r.output)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120).stdout.splitlines()
+    assert out[0] == "2 False False", out
+    assert "no such log file" in "\n".join(out) or "no log file matches" in "\n".join(out)

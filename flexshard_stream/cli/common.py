@@ -94,6 +94,17 @@ def fail(e: BaseException | str, flags: Optional[Sequence[str]] = None) -> None:
     raise typer.Exit(2)
 
 
+def require_logs(paths) -> None:
+    """Fail at once (before polars and Numba are imported) when ``paths`` name no log file: a
+    missing file, a glob matching nothing, a directory without logs, an unknown extension."""
+    from ..errors import LogError
+    from ..sources.paths import expand_log_paths
+    try:
+        expand_log_paths([str(x) for x in paths])
+    except LogError as e:
+        fail(e)
+
+
 def warn(msg: str) -> None:
     """A warning on stderr, wrapped at 80 columns."""
     typer.echo(_wrap(f"warning: {msg}", "  "), err=True)

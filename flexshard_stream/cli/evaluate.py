@@ -27,6 +27,7 @@ from .common import (
     plan_label,
     profile_label,
     recorded_settings,
+    require_logs,
     resolve_setting,
     say,
     spell_setting,
@@ -170,6 +171,7 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
              max_iterations: Optional[int] = typer.Option(None, help="Stop after this many."),
              json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Replay logs through plans: bytes per iteration by link class, time, peak memory."""
+    require_logs(log)
     from ..plans.plan import Plan
 
     if batch_size is not None and batch_size < 1:

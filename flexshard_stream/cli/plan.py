@@ -27,6 +27,7 @@ from .common import (
     note,
     plan_label,
     profile_label,
+    require_logs,
     say,
     text_table,
     time_column_hint,
@@ -502,6 +503,7 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
                                             "the tables' range included) instead of stopping."),
          json_out: bool = typer.Option(False, "--json", help="Print the plan summary as JSON.")):
     """Write a plan (FlexShard or a baseline) for the tables of a log."""
+    require_logs(log)
     from ..placement.cost import CostModel, evaluate_analytic
     from ..plans.tables import row_map, summaries_by_table
     from ..plans.topology import Topology

@@ -27,6 +27,7 @@ from .common import (
     note,
     profile_label,
     recorded_settings,
+    require_logs,
     resolve_setting,
     say,
     stderr_console,
@@ -257,6 +258,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                json_out: bool = typer.Option(False, "--json", help="Print the totals as one JSON "
                                              "object.")):
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder."""
+    require_logs(logs)
     from ..online.replay import replay as run_replay
 
     if batch_size is not None and batch_size < 1:

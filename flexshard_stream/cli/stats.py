@@ -16,6 +16,7 @@ from .common import (
     WIDTH,
     fail,
     ids_option,
+    require_logs,
     say,
     sketch_logs,
     text_table,
@@ -90,6 +91,7 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
                                              "rows (reported on stderr) instead of stopping at "
                                              "the first.")):
     """Sketch logs and print per-table statistics."""
+    require_logs(logs)
     feats = [f.strip() for f in features.split(",") if f.strip()] if features else None
     if topk < 0:
         raise typer.BadParameter("--topk must be >= 0")

@@ -18,6 +18,7 @@ from .common import (
     command_hint,
     fail,
     ids_option,
+    require_logs,
     say,
     sketch_logs,
     text_table,
@@ -89,6 +90,7 @@ def tables_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs 
                                                       "columns (default: every ID column)."),
                json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Size one table per log feature (rows, kind, dim) and write a tables file."""
+    require_logs(logs)
     from ..plans.tables import save_tables, size_tables
 
     feats = [f.strip() for f in features.split(",") if f.strip()] if features else None

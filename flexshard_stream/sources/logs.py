@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import atexit
 import csv
-import glob
 import io
 import os
 import sys
@@ -67,6 +66,7 @@ from ..compat import REMOVED_IN, renamed_keywords, renamed_property
 from ..errors import LogError
 from ..stats.batch import Batch
 from .ids import ID_MODES, OUT_OF_RANGE, RANGE_FIXES, IdMode, RowMap
+from .paths import PARQUET_EXT, expand_log_paths, log_format
 
 __all__ = ["LogSchema", "LogFileInfo", "LogReader", "inspect_log", "read_log", "log_max_ids",
            "REASONS", "TS_COLUMN", "ID_MODES", "OUT_OF_RANGE", "IdMode", "RowMap"]
@@ -80,8 +80,6 @@ TS_COLUMN = "ts"
 #: Reasons a row can be bad, in the order in which a row is attributed to one of them.
 REASONS: tuple[str, ...] = ("malformed", "bad_ts", "bad_id", "null_id", "negative_id")
 _KINDS = ("single", "sequence")
-_PARQUET_EXT = (".parquet", ".pq")
-_CSV_DELIM = {".csv": ",", ".tsv": "\t"}
 _SAMPLE_ROWS = 1000            # rows sampled to infer the kind of a CSV / text column
 _CSV_BLOCK = 4 << 20           # bytes per CSV block
 _PQ_BUFFER = 1 << 20           # bytes of read buffer per parquet column
@@ -152,43 +150,6 @@ class _FileInfo:
 
 def _fail(path: Path | str, msg: str) -> LogError:
     return LogError(f"{path}: {msg}")
-
-
-def _expand_paths(paths: Paths) -> list[Path]:
-    items: list[Any] = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    out: list[Path] = []
-    for item in items:
-        s = os.fspath(item)
-        if any(ch in s for ch in "*?["):
-            found = sorted(glob.glob(s))
-            if not found:
-                raise LogError(f"no log file matches {s!r}")
-            out.extend(Path(f) for f in found)
-        elif os.path.isdir(s):
-            found = sorted(p for p in Path(s).iterdir()
-                           if p.is_file() and p.suffix.lower() in _PARQUET_EXT + tuple(_CSV_DELIM))
-            if not found:
-                raise LogError(f"{s}: directory holds no .parquet, .pq, .csv or .tsv file")
-            out.extend(found)
-        else:
-            out.append(Path(s))
-    if not out:
-        raise LogError("no log files given")
-    for p in out:
-        _format_of(p)
-        if not p.is_file():
-            raise _fail(p, "no such log file")
-    return out
-
-
-def _format_of(path: Path) -> tuple[str, str]:
-    ext = path.suffix.lower()
-    if ext in _PARQUET_EXT:
-        return "parquet", ""
-    if ext in _CSV_DELIM:
-        return "csv", _CSV_DELIM[ext]
-    raise _fail(path, f"unknown log file extension {ext or '(none)'!r}; expected .parquet, .pq, "
-                      ".csv or .tsv")
 
 
 def _is_int(t: pa.DataType) -> bool:
@@ -397,7 +358,7 @@ def _inspect_csv(path: Path, delimiter: str) -> _FileInfo:
 
 
 def _inspect_file(path: Path) -> _FileInfo:
-    fmt, delim = _format_of(path)
+    fmt, delim = log_format(path)
     return _inspect_parquet(path) if fmt == "parquet" else _inspect_csv(path, delim)
 
 
@@ -544,7 +505,7 @@ def inspect_log(paths: Paths, features: FeatureSpec = None, *,
     LogError
         Unknown extension, damaged file, requested column missing or not integer-typed.
     """
-    infos = [_inspect_file(p) for p in _expand_paths(paths)]
+    infos = [_inspect_file(p) for p in expand_log_paths(paths)]
     return _schema_of(infos, features, ignore)
 
 
@@ -653,6 +614,20 @@ def _parse_ints(tokens: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
         s = pl.Series(tokens).cast(pl.Int64, strict=False)
         bad = s.is_null().to_numpy()
         return s.fill_null(0).to_numpy().astype(np.int64, copy=False), bad
+
+
+def _separator_hint(token: str | None) -> str:
+    """When a bad token is IDs joined by another separator (``"12,7,40"``): say how a cell
+    separates IDs."""
+    if not token:
+        return ""
+    for sep in (",", ";", "|", ":", "/"):
+        parts = token.split(sep)
+        if len(parts) > 1 and all(x.strip().isascii() and x.strip().isdigit() for x in parts):
+            return (f"; IDs in a cell are separated by spaces, not {sep!r}: write "
+                    f"{' '.join(x.strip() for x in parts[:3])!r}"
+                    + (" ..." if len(parts) > 3 else ""))
+    return ""
 
 
 def _convert_text(arr: pa.Array) -> _Col:
@@ -869,11 +844,11 @@ class LogReader:
                 or read_batch_size < 1:
             raise LogError(f"read_batch_size must be a positive integer (samples per batch read), "
                            f"got {read_batch_size!r}")
-        self.files = _expand_paths(paths)
+        self.files = expand_log_paths(paths)
         self._infos = [_inspect_file(p) for p in self.files]
         self.row_groups = None if row_groups is None else [int(g) for g in row_groups]
         if self.row_groups is not None and (
-                len(self._infos) != 1 or self._infos[0].path.suffix.lower() not in _PARQUET_EXT):
+                len(self._infos) != 1 or self._infos[0].path.suffix.lower() not in PARQUET_EXT):
             raise LogError(f"row_groups needs exactly one parquet file, got {self.files}")
         self.schema = _schema_of(self._infos, features, ignore)
         have = [TS_COLUMN in i.types for i in self._infos]
@@ -1193,7 +1168,8 @@ class LogReader:
                 else:
                     what = (f"{shown} is not {'an integer ID' if kind == 'single' else 'a list of IDs'}"
                             + (f" ({_fmt_value(badtok)} is not a decimal integer)"
-                               if badtok is not None else " (ID does not fit in int64)"))
+                               if badtok is not None else " (ID does not fit in int64)")
+                            + _separator_hint(badtok))
             elif isinstance(raw, list) and kind == "single":
                 what = (f"{shown} holds {len(raw)} IDs but feature {column!r} is declared "
                         f"'single'")
@@ -1243,7 +1219,7 @@ def log_max_ids(paths: Paths, features: FeatureSpec = None, *,
         Rows are not validated (use :func:`read_log` for that): unparseable CSV tokens and nulls
         are ignored.
     """
-    files = _expand_paths(paths)
+    files = expand_log_paths(paths)
     infos = [_inspect_file(p) for p in files]
     schema = _schema_of(infos, features, ignore)
     frames = []
