@@ -84,6 +84,7 @@ from flexshard_stream.placement.baselines import build_baseline  # noqa: E402
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
 from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard  # noqa: E402
 from flexshard_stream.placement.references import plan_torchrec  # noqa: E402
+from flexshard_stream.placement.workload import Workload as PricedWorkload  # noqa: E402
 from flexshard_stream.plans.tables import EmbeddingTable  # noqa: E402
 from flexshard_stream.plans.topology import Topology  # noqa: E402
 from flexshard_stream.sources import datasets  # noqa: E402
@@ -224,10 +225,10 @@ def sharding_of(plan) -> dict[str, str]:
 
 def fixed_plans(w: Workload, topo: Topology, B: int, torchrec_ok: bool) -> tuple[dict, dict]:
     """The baselines and TorchRec's plan (plans, and per plan how it was made)."""
-    iterations = max(1, w.plan_samples // (topo.num_gpus * B))
-    lookups = {n: s.total / iterations for n, s in w.summaries.items()}
-    plans = {b: build_baseline(b, w.tables, topo, summaries=w.summaries, iterations=iterations,
-                               lookups=lookups) for b in BASELINES}
+    # the planner's iterations profiled and lookups per iteration (one definition)
+    work = PricedWorkload.from_stats(w.tables, topo, w.summaries, B)
+    plans = {b: build_baseline(b, w.tables, topo, summaries=w.summaries, workload=work)
+             for b in BASELINES}
     info = {}
     if torchrec_ok:
         try:

@@ -41,6 +41,7 @@ import numpy as np
 from .errors import FlexShardError
 from .placement.baselines import BASELINES, baseline_plans
 from .placement.cost import COMPONENTS, CostModel, evaluate_analytic, evaluate_trace
+from .placement.workload import workload_of
 from .placement.profiles import execution_profile
 from .plans.plan import SHARDING_KINDS, ColdSharding, Plan, TablePlan
 from .plans.tables import (
@@ -971,22 +972,23 @@ def check_never_worse(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     whose analytic peak per-GPU memory fits ``budget_bytes`` must not have a smaller modelled
     ``iteration_time_s`` (seconds, relative slack 1e-9) than ``plan`` under the same ``model``
     and ``mean_lengths`` (IDs per sample, default the summaries'). The plan itself must fit the
-    budget too.
+    budget too. ``batch_size`` may be a :class:`~flexshard_stream.placement.workload.Workload`
+    (B, model and mean lengths in one; ``model`` and ``mean_lengths`` then stay None).
     """
-    model = model or CostModel()
+    work = workload_of(batch_size, model, mean_lengths, where="check_never_worse")
+    model = work.model
     runtime = execution_profile(model.profile if target is None else target)
     tables = [tp.table for tp in plan.tables.values()]
 
     def cost(p: Plan):
-        return evaluate_analytic(p, summaries, batch_size, model, mean_lengths=mean_lengths,
-                                 want_matrices=False)
+        return evaluate_analytic(p, summaries, workload=work, want_matrices=False)
 
     mine = cost(plan)
     out = []
     if mine.peak_memory_bytes > budget_bytes * (1 + _RTOL):
         out.append(f"the plan's peak memory {mine.peak_memory_bytes:.6g} bytes per GPU exceeds "
                    f"the budget of {budget_bytes:.6g}")
-    for name, base in baseline_plans(tables, plan.topology, summaries, batch_size,
+    for name, base in baseline_plans(tables, plan.topology, summaries, work,
                                      strategies).items():
         if not runtime.can_run(base):
             continue

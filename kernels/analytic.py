@@ -15,34 +15,53 @@ GPU, the owner included, requests a row as above, so a host row costs ``G`` time
 requests in host lookups at its owner.
 """
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit, uint64
 
 from .hashing import host_u, mix64
 from .routing import range_bound, range_slot, weighted_range_slot
 
+#: The plan side of :func:`analytic_traffic` (``Plan.flat``'s arrays of the same names), per table
+#: ``t``: special rows sorted by ID with their routing codes (``sp_ids[sp_off[t]:sp_off[t + 1]]``,
+#: ``sp_codes``: -1 global replica, ``-2 - m`` node replica on local GPU ``m``, else the owner
+#: GPU), the cold layout ``layout[t]``, rows, embedding bytes ``D e``, pooled; per cold layout
+#: ``l``: its kind (0 hash, 1 explicit ranges, 2 replicated, 3 weighted ranges, 4 column shards),
+#: GPUs and row weights (``lay_gpus[lay_off[l]:lay_off[l + 1]]``, ``lay_w``), range bounds
+#: (``lay_bounds[lay_boff[l]:lay_boff[l + 1]]``) and hash seed.
+AnalyticPlan = namedtuple("AnalyticPlan", [
+    "sp_off", "sp_ids", "sp_codes", "layout", "num_rows", "emb_bytes", "pooled",
+    "lay_kind", "lay_off", "lay_gpus", "lay_w", "lay_boff", "lay_bounds", "lay_seed"])
+#: The summaries, per table ``t``: top rows sorted by ID within each table
+#: (``top_ids[top_off[t]:top_off[t + 1]]``) with their probabilities per ID drawn, the
+#: probability of one tail row, the tail rows and the mean IDs per sample.
+AnalyticSummaries = namedtuple("AnalyticSummaries", [
+    "top_off", "top_ids", "top_p", "tail_p", "tail_rows", "mean_len"])
+#: The host memory tier (``Plan.flat``): table ``t``'s HBM fractions ``hf[hf_off[t]:hf_off[t + 1]]``
+#: (G values, or none without a tier) and the UVM bytes per host lookup.
+AnalyticHostTier = namedtuple("AnalyticHostTier", ["hf_off", "hf", "uvm_lookup_bytes"])
+#: What :func:`analytic_traffic` accumulates into (float64 arrays, see its docstring).
+AnalyticOutputs = namedtuple("AnalyticOutputs", [
+    "idx_cold", "idx_node", "emb_cold", "emb_node", "s_node", "host_lk", "uvm_b"])
+
 
 @njit(nogil=True, cache=True)
-def analytic_traffic(G, M, B, dedup,
-                     # plan, per table t: special rows (sorted) with routing codes, layout, sizes
-                     sp_off, sp_ids, sp_codes, layout, num_rows, emb_bytes, pooled,
-                     # cold layouts l: kind, GPUs and row weights, range bounds, hash seed
-                     lay_kind, lay_off, lay_gpus, lay_w, lay_boff, lay_bounds, lay_seed,
-                     # summaries, per table t (top rows sorted by ID within each table)
-                     top_off, top_ids, top_p, tail_p, tail_rows, mean_len,
-                     # outputs (accumulated)
-                     idx_cold, idx_node, emb_cold, emb_node, s_node,
-                     # host memory tier: per-table fractions (hf[hf_off[t]:hf_off[t+1]], G values or
-                     # none), UVM bytes per host lookup; outputs host lookups and UVM bytes per GPU
-                     hf_off, hf, uvm_lb, host_lk, uvm_b, torchrec=False):
-    """Accumulate expected requests per iteration into the outputs; return the global-replica
+def analytic_traffic(G, M, B, dedup, torchrec, plan, sums, host, out):
+    """Accumulate expected requests per iteration into ``out``; return the global-replica
     gradient bytes (all-reduced over all GPUs).
 
-    idx_cold[G]: requests each other GPU sends to GPU g (cold and placed rows); idx_node[M]: requests
-    each other GPU of a node sends to its local GPU m (node replicas); emb_cold[G], emb_node[G]:
-    embedding bytes likewise (weighted by D * e); s_node[M]: node-replica gradient bytes.
-    host_lk[G]: expected lookups served from GPU g's host memory (all requesters, the owner
-    included); uvm_b[G]: the same weighted by ``uvm_lb[t]`` bytes per lookup.
+    ``G`` GPUs, ``M`` per node, ``B`` samples per GPU per iteration (float), ``dedup``
+    in-batch de-duplication, ``torchrec`` the TorchRec execution profile; ``plan``
+    (:data:`AnalyticPlan`), ``sums`` (:data:`AnalyticSummaries`), ``host``
+    (:data:`AnalyticHostTier`) and ``out`` (:data:`AnalyticOutputs`) are named arrays.
+
+    out.idx_cold[G]: requests each other GPU sends to GPU g (cold and placed rows);
+    out.idx_node[M]: requests each other GPU of a node sends to its local GPU m (node replicas);
+    out.emb_cold[G], out.emb_node[G]: embedding bytes likewise (weighted by D * e);
+    out.s_node[M]: node-replica gradient bytes. out.host_lk[G]: expected lookups served from GPU
+    g's host memory (all requesters, the owner included); out.uvm_b[G]: the same weighted by
+    ``host.uvm_lookup_bytes[t]`` bytes per lookup.
 
     Column shards (layout kind 4, ``lay_w`` the widths): every cold request goes to each shard's
     GPU, with ``w / D`` of the embedding bytes; pooled tables one partial sum per (sample, shard).
@@ -53,6 +72,15 @@ def analytic_traffic(G, M, B, dedup,
     node, data-parallel tables) send nothing and are not summed (their all-reduce is dense);
     pooled tables contribute IDs only, never de-duplicated (their outputs are dense); returns 0.
     """
+    sp_off, sp_ids, sp_codes, layout = plan.sp_off, plan.sp_ids, plan.sp_codes, plan.layout
+    num_rows, emb_bytes, pooled = plan.num_rows, plan.emb_bytes, plan.pooled
+    lay_kind, lay_off, lay_gpus, lay_w = plan.lay_kind, plan.lay_off, plan.lay_gpus, plan.lay_w
+    lay_boff, lay_bounds, lay_seed = plan.lay_boff, plan.lay_bounds, plan.lay_seed
+    top_off, top_ids, top_p = sums.top_off, sums.top_ids, sums.top_p
+    tail_p, tail_rows, mean_len = sums.tail_p, sums.tail_rows, sums.mean_len
+    hf_off, hf, uvm_lb = host.hf_off, host.hf, host.uvm_lookup_bytes
+    idx_cold, idx_node, emb_cold, emb_node = out.idx_cold, out.idx_node, out.emb_cold, out.emb_node
+    s_node, host_lk, uvm_b = out.s_node, out.host_lk, out.uvm_b
     T = sp_off.shape[0] - 1
     nl = lay_off.shape[0] - 1
     lay_idx = np.zeros(nl)     # tail requests per layout, spread by row share at the end

@@ -70,6 +70,7 @@ from ..placement.cost import (
     evaluate_trace,
 )
 from ..placement.planner import MemoryPolicy, plan_flexshard
+from ..placement.workload import Workload, workload_of
 from ..plans.plan import Plan
 from ..plans.tables import EmbeddingTable, infer_tables, load_tables, row_map
 from ..plans.topology import Topology
@@ -108,6 +109,8 @@ SUMMARY_VERSION = 1
 #: Evaluation modes of :func:`replay`.
 EVALUATIONS = ("trace", "analytic")
 _MAX_MATRIX_GPUS = 512            # analytic mode keeps G x G traffic matrices up to this many GPUs
+#: B when neither ``batch_size`` nor ``workload`` is given (samples per GPU per iteration).
+DEFAULT_BATCH_SIZE = 512
 _MAX_CHUNK_SAMPLES = 1 << 20      # whole iterations evaluated per evaluate_trace call, at most
 
 
@@ -289,14 +292,10 @@ def _positive_int(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1
 
 
-def _check_replay_args(batch_size: Any, top_k: Any, checks_per_window: Any,
-                       half_life_windows: Any, engine: str, evaluation: str,
-                       address: str | None, num_workers: Any) -> None:
-    """The scalar arguments of :func:`replay`, checked in signature order (ConfigError naming
-    the first bad one); engine "ray" needs Ray installed."""
-    if not _positive_int(batch_size):
-        raise ConfigError(f"batch_size must be a positive number of samples per GPU, got "
-                          f"{batch_size!r}")
+def _check_replay_args(top_k: Any, checks_per_window: Any, half_life_windows: Any, engine: str,
+                       evaluation: str, address: str | None, num_workers: Any) -> None:
+    """The scalar arguments of :func:`replay` after the workload (which checks B itself), in
+    signature order (ConfigError naming the first bad one); engine "ray" needs Ray installed."""
     if not _positive_int(top_k):
         raise ConfigError(f"top_k must be a positive number of rows, got {top_k!r}")
     if not _positive_int(checks_per_window):
@@ -390,12 +389,21 @@ class _Run:
 
     topo: Topology
     spec: WindowSpec
-    B: int                      # samples per GPU per iteration
+    workload: Workload          # B and the cost model (mean lengths: each window's statistics)
     Q: int                      # re-sharder checks (quarters) per window, trace evaluation
     top_k: int                  # rows per table summarized
-    model: CostModel
     analytic: bool
     half_life_windows: float
+
+    @property
+    def B(self) -> int:
+        """Samples per GPU per iteration (the workload's)."""
+        return self.workload.batch_size
+
+    @property
+    def model(self) -> CostModel:
+        """The cost model of every evaluation and plan (the workload's)."""
+        return self.workload.model
 
     @property
     def G(self) -> int:
@@ -521,37 +529,35 @@ def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
     balanced by window 0's lookups per iteration, rw; the re-sharder from the static plan (its
     default configuration: pause, horizon and hysteresis from the measured drift rate)."""
     sums0 = st0.summary(run.top_k)
-    it0 = st0.samples / run.spi
+    work0 = run.workload.for_stats(tabs, run.topo, sums0)   # window 0's lengths and iterations
     try:
-        static_res = plan_flexshard(tabs, run.topo, sums0, run.B, MemoryPolicy(), run.model)
+        static_res = plan_flexshard(tabs, run.topo, sums0, memory=MemoryPolicy(), workload=work0)
     except FlexShardError as e:
         raise type(e)(f"the static FlexShard plan on the first window failed: {e}") from None
     budget = float(static_res.budget_bytes)
-    by_feat = {t.feature: t for t in tabs}
-    lookups = {by_feat[f].name: s.total / max(it0, 1.0) for f, s in sums0.items()}
     plans: dict[str, Plan] = {
         "rw": build_baseline("rw", tabs, run.topo),
-        "twrw": build_baseline("twrw", tabs, run.topo, lookups=lookups),
+        "twrw": build_baseline("twrw", tabs, run.topo, summaries=sums0, workload=work0),
         "static": static_res.plan}
     base_cfg = reshard_config or ReshardConfig()
     rs_cfg = dataclasses.replace(base_cfg, check_every=float("inf"), unit=run.unit,
                                  top_k=run.top_k)
-    rs = Resharder(tabs, run.topo, run.B, stats=decayed,
-                   memory=MemoryPolicy(bytes_per_gpu=budget), model=run.model, config=rs_cfg,
-                   plan=static_res.plan)
+    rs = Resharder(tabs, run.topo, stats=decayed, memory=MemoryPolicy(bytes_per_gpu=budget),
+                   config=rs_cfg, plan=static_res.plan, workload=run.workload)
     return _Start(plans, budget, rs, rs_cfg, decayed)
 
 
 def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
            tables: Sequence[EmbeddingTable] | PathLike | None = None,
            window: str | int | WindowSpec | None = None, out_dir: PathLike = "replay",
-           batch_size: int = 512, model: CostModel | None = None, *,
+           batch_size: int | None = None, model: CostModel | None = None, *,
            skip_bad_rows: bool = False, top_k: int = 4096, checks_per_window: int = 4,
            half_life_windows: float = 1.0, reshard_config: ReshardConfig | None = None,
            read_batch_size: int = 65536,
            progress: Callable[[dict[str, Any]], None] | None = None,
            engine: str = "local", evaluation: str = "trace", address: str | None = None,
-           num_workers: int | None = None, ids: IdMode | str | None = None) -> ReplayResult:
+           num_workers: int | None = None, ids: IdMode | str | None = None,
+           workload: Workload | None = None) -> ReplayResult:
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder.
 
     Parameters
@@ -565,8 +571,11 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
         parquet footers or CSV line counts)
     out_dir : directory to write (replaced whole, atomically; refused if it exists, is not empty
         and holds no ``summary.json``)
-    batch_size : B, samples per GPU per iteration (an iteration is ``G * B`` samples)
+    batch_size : B, samples per GPU per iteration (an iteration is ``G * B`` samples; default 512)
     model : the cost model of every evaluation and plan (default ``CostModel()``: de-duplication on)
+    workload : the :class:`~flexshard_stream.placement.workload.Workload` instead of
+        ``batch_size`` and ``model``; the mean lengths and iterations profiled it leaves out come
+        from each window's statistics (window 0's for the static plans)
     skip_bad_rows : drop and count bad rows instead of raising :class:`LogError`
     top_k : rows per table summarized for the planner and the re-sharder, and in ``cdf.json``
     checks_per_window : re-sharder checks per window (one after each 1/checks_per_window of it);
@@ -602,8 +611,10 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     Nothing is written unless the whole replay succeeds.
     """
     t_start = time.perf_counter()
-    _check_replay_args(batch_size, top_k, checks_per_window, half_life_windows, engine,
-                       evaluation, address, num_workers)
+    work = workload_of(DEFAULT_BATCH_SIZE if batch_size is None and workload is None
+                       else batch_size, model, None, workload, where="replay")
+    _check_replay_args(top_k, checks_per_window, half_life_windows, engine, evaluation, address,
+                       num_workers)
     out = Path(out_dir)
     _check_out_dir(out)
     spec = parse_window(window) if window is not None else None
@@ -611,8 +622,8 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     if evaluation == "trace":
         check_matrix_size(topo, "replay's trace evaluation")
     log = _open_log(logs, tables, read_batch_size, skip_bad_rows, ids)
-    run = _Run(topo, _window_spec(spec, log), int(batch_size), int(checks_per_window),
-               int(top_k), model or CostModel(), evaluation == "analytic", half_life_windows)
+    run = _Run(topo, _window_spec(spec, log), work, int(checks_per_window), int(top_k),
+               evaluation == "analytic", half_life_windows)
     report = _Progress(progress, log.total_rows)
     diag: dict[str, Any] = {}
     wins = (_engine_windows(log, run.spec, engine, address, num_workers, diag, report)
@@ -852,10 +863,11 @@ def _analytic_costs(run: _Run, start: _Start, sums: Mapping[str, FrequencySummar
     """Every strategy's expected cost per iteration on one window's summaries (the re-sharder's
     is the static plan's while it has not moved)."""
     plans, rs = start.plans, start.resharder
-    costs = {s: evaluate_analytic(plans[s], sums, run.B, run.model, want_matrices=want_matrices)
+    costs = {s: evaluate_analytic(plans[s], sums, workload=run.workload,
+                                  want_matrices=want_matrices)
              for s in ("rw", "twrw", "static")}
     costs["resharder"] = (costs["static"] if rs.plan is plans["static"] else
-                          evaluate_analytic(rs.plan, sums, run.B, run.model,
+                          evaluate_analytic(rs.plan, sums, workload=run.workload,
                                             want_matrices=want_matrices))
     return costs
 
@@ -958,10 +970,10 @@ class _TracePass:
         if not self.chunk:
             return
         win, chunk, plans, run = self.win, self.chunk, self.start.plans, self.run
-        costs = {s: evaluate_trace(plans[s], chunk, run.B, run.model, keep_matrices=False)
+        costs = {s: evaluate_trace(plans[s], chunk, workload=run.workload, keep_matrices=False)
                  for s in ("rw", "twrw", "static")}
         costs["resharder"] = (costs["static"] if self.rs.plan is plans["static"]
-                              else evaluate_trace(self.rs.plan, chunk, run.B, run.model))
+                              else evaluate_trace(self.rs.plan, chunk, workload=run.workload))
         for s, tc in costs.items():
             win.accs[s].add(tc)
             self.tot[s].add(tc)

@@ -30,6 +30,7 @@ import numpy as np
 from ..errors import ConfigError, FlexShardError, FormatError
 from ..placement.baselines import build_baseline
 from ..placement.cost import Cost, CostModel, evaluate_analytic
+from ..placement.workload import Workload, workload_of
 from ..placement.planner import MemoryPolicy, PlannerConfig, plan_flexshard
 from ..plans.delta import (
     DEFAULT_PAUSE_S,
@@ -533,6 +534,9 @@ class Resharder:
     ----------
     tables, topology, batch_size : as for :func:`~flexshard_stream.placement.planner.plan_flexshard`
         (``batch_size``: samples per GPU per iteration)
+    workload : the :class:`~flexshard_stream.placement.workload.Workload` instead of
+        ``batch_size`` and ``model`` (built from them otherwise), the same at every check; the
+        mean lengths and iterations profiled it leaves out come from each check's statistics
     stats : DecayedStats | WindowedStats | StreamStats   where the statistics come from; default
         :func:`default_stats`. :meth:`update` feeds it.
     memory, model, planner : planner options (memory policy, cost model, planner knobs)
@@ -547,19 +551,17 @@ class Resharder:
     called back). ``state()`` / ``restore(state)`` carry the re-sharder across a restart.
     """
 
-    def __init__(self, tables: Sequence[EmbeddingTable], topology: Topology, batch_size: int, *,
+    def __init__(self, tables: Sequence[EmbeddingTable], topology: Topology,
+                 batch_size: int | None = None, *,
                  stats: DecayedStats | WindowedStats | StreamStats | None = None,
                  memory: MemoryPolicy | None = None, model: CostModel | None = None,
                  planner: PlannerConfig | None = None, config: ReshardConfig | None = None,
-                 plan: Plan | None = None):
-        if batch_size <= 0:
-            raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
+                 plan: Plan | None = None, workload: Workload | None = None):
+        self.workload = workload_of(batch_size, model, None, workload, where="Resharder")
         self.tables = list(tables)
         self.topology = topology
-        self.batch_size = int(batch_size)
         self.config = config or ReshardConfig()
         self.memory = memory or MemoryPolicy()
-        self.model = model or CostModel()
         self.planner = planner
         self.stats = stats if stats is not None else default_stats(self.tables, self.config)
         self.plan = plan if plan is not None else build_baseline("rw", self.tables, topology)
@@ -578,6 +580,16 @@ class Resharder:
                                            if self.memory.bytes_per_gpu is not None else None)
         self._prev_target: Plan | None = None
         self._checks_before = 0       # checks run before a restore (decision numbers go on)
+
+    @property
+    def batch_size(self) -> int:
+        """B, samples per GPU per iteration (the workload's)."""
+        return self.workload.batch_size
+
+    @property
+    def model(self) -> CostModel:
+        """The cost model (the workload's)."""
+        return self.workload.model
 
     # ------------------------------------------------------------------ feeding
     def update(self, batch: Batch) -> Decision | None:
@@ -707,7 +719,7 @@ class Resharder:
                 self.cost.unpriced_iterations += its
                 return self._record(Decision(n, pos, "skipped", "no lookups seen yet",
                                              iterations=its), sums)
-            cur_cost = evaluate_analytic(self.plan, sums, self.batch_size, self.model,
+            cur_cost = evaluate_analytic(self.plan, sums, workload=self.workload,
                                          want_matrices=False)
             self._price_iterations(cur_cost.iteration_time_s, its)
             priced = True
@@ -715,8 +727,8 @@ class Resharder:
             # then): a memory-neutral budget recomputed every check would move with sketch noise
             memory = (self.memory if self.budget_bytes is None
                       else MemoryPolicy(bytes_per_gpu=self.budget_bytes))
-            res = plan_flexshard(self.tables, self.topology, sums, self.batch_size, memory,
-                                 self.model, config=self.planner)
+            res = plan_flexshard(self.tables, self.topology, sums, memory=memory,
+                                 config=self.planner, workload=self.workload)
         except FlexShardError as e:
             if not priced:
                 self.cost.unpriced_iterations += its
@@ -741,7 +753,7 @@ class Resharder:
             return float(iterations)
         if self.config.iterations_per_check is not None:
             return float(self.config.iterations_per_check)
-        return samples / (self.topology.num_gpus * self.batch_size)
+        return samples / self.workload.samples_per_iteration(self.topology)
 
     def _price_iterations(self, seconds_per_iteration: float, iterations: float) -> None:
         """The plan in force ran ``iterations`` at ``seconds_per_iteration`` (modelled)."""
@@ -824,8 +836,8 @@ class Resharder:
             if (not over and cfg.migration_budget_bytes is not None
                     and mb > cfg.migration_budget_bytes):
                 continue
-            sc = res.cost if step is tgt else evaluate_analytic(step, sums, self.batch_size,
-                                                                self.model, want_matrices=False)
+            sc = res.cost if step is tgt else evaluate_analytic(
+                step, sums, workload=self.workload, want_matrices=False)
             if (sc.peak_memory_bytes > budget * (1 + 1e-9)
                     or not (over or sc.iteration_time_s < cur_s)):
                 continue
@@ -857,8 +869,8 @@ class Resharder:
                delta: PlanDelta | None = None, cost: Cost | None = None,
                forced: bool = False) -> Decision:
         delta = delta if delta is not None else PlanDelta.between(self.plan, new)
-        cost = cost if cost is not None else evaluate_analytic(new, sums, self.batch_size,
-                                                               self.model, want_matrices=False)
+        cost = cost if cost is not None else evaluate_analytic(
+            new, sums, workload=self.workload, want_matrices=False)
         applied = delta.apply(self.plan)   # through the delta: what a training job would apply
         if applied != new:
             raise FlexShardError("internal error: applying the delta did not give the step plan")

@@ -10,7 +10,8 @@
 - ``data_parallel``: every row of every table on every GPU;
 - ``hugectr_hybrid``: HugeCTR's hybrid embedding rule: replicate every row whose profiled count
   reaches ``iterations * N * (a2a_bw / ar_bw) * efficiency * N / (N - 1)``, the number of frequent
-  rows rounded up to a multiple of G; the rest row-wise.
+  rows rounded up to a multiple of G; the rest row-wise. ``iterations`` is the workload's
+  ``iterations_profiled`` (``placement.workload.iterations_from_samples``, the one definition).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..plans.plan import ColdSharding, Plan, TablePlan
 from ..plans.tables import EmbeddingTable, summaries_by_table
 from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
+from .workload import Workload, iterations_from_samples, profiled_samples, workload_of
 
 __all__ = ["row_wise", "table_wise", "table_row_wise", "column_wise", "table_column_wise",
            "column_widths", "data_parallel", "hugectr_hybrid", "hugectr_threshold",
@@ -210,9 +212,21 @@ STRATEGIES: dict[str, Callable[..., Plan]] = {
 
 def build_baseline(strategy: str, tables: Sequence[EmbeddingTable], topo: Topology, *,
                    summaries: Mapping[str, FrequencySummary] | None = None,
-                   iterations: int | None = None, lookups: Mapping[str, float] | None = None
-                   ) -> Plan:
-    """Dispatch by name ("rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "hugectr")."""
+                   iterations: int | None = None, lookups: Mapping[str, float] | None = None,
+                   workload: Workload | None = None) -> Plan:
+    """Dispatch by name ("rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "hugectr").
+
+    With ``workload`` (and ``summaries``), ``iterations`` defaults to its ``iterations_profiled``
+    and ``lookups`` to its lookups per iteration per table (``total / iterations_profiled``),
+    as the planner's baselines take them (:func:`baseline_plans`); a workload not yet profiled is
+    bound to ``summaries`` first (``Workload.for_stats``).
+    """
+    if workload is not None and summaries is not None:
+        by_name = summaries_by_table(tables, summaries)
+        if workload.iterations_profiled is None:
+            workload = workload.for_stats(tables, topo, by_name)
+        iterations = workload.iterations_profiled if iterations is None else iterations
+        lookups = workload.lookups_per_iteration(by_name) if lookups is None else lookups
     if strategy in ("rw", "rw-range"):
         return row_wise(tables, topo)
     if strategy == "rw-hash":
@@ -241,22 +255,23 @@ BASELINES: tuple[str, ...] = ("rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp",
 
 def profiled_iterations(summaries: Mapping[str, FrequencySummary], topo: Topology,
                         batch_size: int) -> int:
-    """Iterations of ``batch_size`` samples per GPU on ``topo`` the summaries were counted over
-    (at least 1): the most samples any table saw (or its lookups over its mean length) over the
-    samples of one iteration."""
-    seen = [float(s.samples) if s.samples else s.total / max(s.mean_length or 1.0, 1e-12)
-            for s in summaries.values()]
-    return max(1, int(round(max(seen, default=0.0) / (topo.num_gpus * batch_size))))
+    """Iterations of ``batch_size`` samples per GPU on ``topo`` the summaries were counted over:
+    :func:`~flexshard_stream.placement.workload.iterations_from_samples` of their samples
+    (:func:`~flexshard_stream.placement.workload.profiled_samples`), the one definition that
+    ``Workload.iterations_profiled`` holds."""
+    return iterations_from_samples(profiled_samples(summaries), topo.num_gpus * batch_size)
 
 
 def baseline_plans(tables: Sequence[EmbeddingTable], topo: Topology,
-                   summaries: Mapping[str, FrequencySummary], batch_size: int,
+                   summaries: Mapping[str, FrequencySummary], workload: Workload | int,
                    strategies: Sequence[str] = BASELINES) -> dict[str, Plan]:
     """Every baseline of ``strategies`` as the planner and the never-worse check build it: tables
-    balanced by their lookups per iteration (``total / iterations``), HugeCTR's threshold over the
-    :func:`profiled_iterations` with ``batch_size`` samples per GPU."""
+    balanced by their lookups per iteration (``total / iterations_profiled``), HugeCTR's
+    threshold over the workload's ``iterations_profiled`` (a workload not yet profiled, or a
+    batch size, is bound to ``summaries``: ``Workload.for_stats``)."""
     by_name = summaries_by_table(tables, summaries)
-    iterations = profiled_iterations(by_name, topo, batch_size)
-    lookups = {n: s.total / iterations for n, s in by_name.items()}
-    return {s: build_baseline(s, tables, topo, summaries=by_name, iterations=iterations,
-                              lookups=lookups) for s in strategies}
+    work = workload_of(workload, where="baseline_plans")
+    if work.iterations_profiled is None:
+        work = work.for_stats(tables, topo, by_name)
+    return {s: build_baseline(s, tables, topo, summaries=by_name, workload=work)
+            for s in strategies}

@@ -37,7 +37,7 @@ from ..plans.plan import ColdSharding, Plan, TablePlan
 from ..plans.tables import EmbeddingTable
 from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
-from .cost import CostModel
+from .workload import CostModel, Workload, workload_of
 
 __all__ = ["BenefitCurve", "LoadAwareProxy", "PlanBuilder", "State", "benefit_curves",
            "build_plan", "coarse_search", "cold_layouts", "move_sequence", "node_local_gpus",
@@ -75,11 +75,19 @@ class BenefitCurve:
     L : float            IDs per sample; ``B``: samples per GPU per iteration
     pooled : bool        pooled table (its embeddings are reduced per sample)
     eb, rb : float       bytes of one embedding (``D e``) and of one stored row (``D e + s``)
+
+    ``workload`` gives B, the table's mean length and the de-duplication; the form before the
+    :class:`~flexshard_stream.placement.workload.Workload`, ``BenefitCurve(table, summary,
+    topology, batch_size, model, mean_length)``, is accepted too.
     """
 
     def __init__(self, table: EmbeddingTable, summary: FrequencySummary, topology: Topology,
-                 batch_size: int, model: CostModel, mean_length: float):
-        t, s, B, L = table, summary, batch_size, mean_length
+                 workload: Workload | int, model: CostModel | None = None,
+                 mean_length: float | None = None):
+        work = workload_of(workload, model, None if mean_length is None
+                           else {table.name: mean_length}, where="BenefitCurve")
+        t, s, B, L = table, summary, work.batch_size, work.mean_length(table.name, summary)
+        dedup = work.dedup
         G = topology.num_gpus
         ok = (s.top_ids >= 0) & (s.top_ids < t.num_rows)
         ids, est = s.top_ids[ok], s.top_est[ok]
@@ -89,14 +97,14 @@ class BenefitCurve:
         self.p = p
         self.table = t
         lam = G * B * L * p
-        req = -np.expm1(-lam / G) if model.dedup else lam / G
+        req = -np.expm1(-lam / G) if dedup else lam / G
         self.req = req
         self.R = np.concatenate([[0.0], np.cumsum(req)])
         self.U = np.concatenate([[0.0], np.cumsum(-np.expm1(-lam))])
         self.P = np.concatenate([[0.0], np.cumsum(p)])
         pt = s.tail_probability()
         lt = G * B * L * pt
-        tail_req = s.tail_rows * (-math.expm1(-lt / G) if model.dedup else lt / G)
+        tail_req = s.tail_rows * (-math.expm1(-lt / G) if dedup else lt / G)
         self.R_tot = self.R[-1] + tail_req
         self.tail_req1 = tail_req / s.tail_rows if s.tail_rows > 0 else 0.0
         self.P_tot = self.P[-1] + (s.tail_rows * pt if s.total else 0.0)
@@ -109,16 +117,17 @@ class BenefitCurve:
 
 
 def benefit_curves(tables: Sequence[EmbeddingTable], summaries: Mapping[str, FrequencySummary],
-                   topology: Topology, batch_size: int, model: CostModel,
-                   mean_lengths: Mapping[str, float]) -> list[BenefitCurve]:
-    """One :class:`BenefitCurve` per table, in table order.
+                   topology: Topology, workload: Workload | int, model: CostModel | None = None,
+                   mean_lengths: Mapping[str, float] | None = None) -> list[BenefitCurve]:
+    """One :class:`BenefitCurve` per table, in table order, under ``workload`` (B, mean lengths,
+    de-duplication; or the loose ``batch_size``, ``model``, ``mean_lengths`` of
+    :func:`~flexshard_stream.placement.workload.workload_of`).
 
-    ``summaries`` and ``mean_lengths`` (IDs per sample) are keyed by table name, as
-    :func:`~flexshard_stream.plans.tables.summaries_by_table` resolves them; ``batch_size`` is
-    samples per GPU per iteration.
+    ``summaries`` (and mean lengths) are keyed by table name, as
+    :func:`~flexshard_stream.plans.tables.summaries_by_table` resolves them.
     """
-    return [BenefitCurve(t, summaries[t.name], topology, batch_size, model, mean_lengths[t.name])
-            for t in tables]
+    work = workload_of(workload, model, mean_lengths, where="benefit_curves")
+    return [BenefitCurve(t, summaries[t.name], topology, work) for t in tables]
 
 
 # ----------------------------------------------------------------------------- 2. move sequence

@@ -29,7 +29,13 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..errors import BatchError, ConfigError
-from ..kernels.analytic import analytic_traffic
+from ..kernels.analytic import (
+    AnalyticHostTier,
+    AnalyticOutputs,
+    AnalyticPlan,
+    AnalyticSummaries,
+    analytic_traffic,
+)
 from ..kernels.traffic import table_traffic
 from ..plans.plan import Plan, TablePlan
 from ..plans.tables import summaries_by_table
@@ -41,14 +47,14 @@ from ..stats.summary import FrequencySummary
 from .profiles import (
     PROFILES,
     TORCHREC_COMPONENTS,
-    ExecutionProfile,
     Structured,
     TorchRecTerms,
     execution_profile,
     torchrec_row_bytes,
 )
+from .workload import CostModel, Workload, workload_of
 
-__all__ = ["CostModel", "Cost", "TraceCost", "evaluate_trace", "evaluate_analytic",
+__all__ = ["CostModel", "Cost", "TraceCost", "Workload", "evaluate_trace", "evaluate_analytic",
            "check_matrix_size", "COMPONENTS", "A2A_COMPONENTS", "PROFILES", "TORCHREC_COMPONENTS",
            "MATRIX_MAX_GPUS"]
 
@@ -70,62 +76,6 @@ def check_matrix_size(topo: Topology, what: str = "trace evaluation") -> None:
                           f"GiB for G = {G:,} GPUs); at most {MATRIX_MAX_GPUS:,} GPUs: use the "
                           "analytic evaluation (evaluate_analytic, replay --evaluation analytic), "
                           "which keeps per-GPU sums")
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Options of the cost model.
-
-    dedup : bool            in-batch de-duplication: a GPU requests each distinct (table, row) once
-                            per iteration (default); off: once per occurrence. Under ``torchrec``
-                            it is TorchRec's index de-duplication of sequence tables
-                            (``EmbeddingCollectionSharder(use_index_dedup=True)``; TorchRec's own
-                            default is off); pooled tables are never de-duplicated there
-    index_bytes : int       bytes per ID (8: int64): the index exchange (``ideal``), the KJT's
-                            values (``torchrec``)
-    allreduce : str         "hierarchical" (intra-node reduce-scatter, inter-node ring, intra-node
-                            all-gather) or "ring" (one flat ring over all GPUs)
-    reservation_bytes : float  per-GPU memory reserved for everything else (bytes)
-    profile : str           execution profile, "torchrec" (default) or "ideal"
-                            (:mod:`~flexshard_stream.placement.profiles`)
-    length_bytes : int      bytes per KJT length (``torchrec``; 8: int64, TorchRec keeps the
-                            input's dtype)
-    """
-
-    dedup: bool = True
-    index_bytes: int = 8
-    allreduce: str = "hierarchical"
-    reservation_bytes: float = 0.0
-    profile: str = "torchrec"
-    length_bytes: int = 8
-
-    @property
-    def execution(self) -> ExecutionProfile:
-        """The execution profile: its label and what it can run
-        (:meth:`~flexshard_stream.placement.profiles.ExecutionProfile.can_run`)."""
-        return execution_profile(self.profile)
-
-    @property
-    def torchrec(self) -> bool:
-        """Whether figures are TorchRec 1.8's (``profile == "torchrec"``)."""
-        return self.profile == "torchrec"
-
-    def __post_init__(self) -> None:
-        execution_profile(self.profile)
-        for name in ("index_bytes", "length_bytes", "reservation_bytes"):  # e.g. from plan.json
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) \
-                    or not np.isfinite(v):
-                raise ConfigError(f"{name} must be a finite number, got {v!r}")
-        if self.length_bytes not in (4, 8):
-            raise ConfigError(f"length_bytes must be 4 (int32) or 8 (int64), got "
-                              f"{self.length_bytes}")
-        if self.allreduce not in ("hierarchical", "ring"):
-            raise ConfigError(f"allreduce must be 'hierarchical' or 'ring', got {self.allreduce!r}")
-        if self.index_bytes <= 0:
-            raise ConfigError(f"index_bytes must be > 0, got {self.index_bytes}")
-        if self.reservation_bytes < 0:
-            raise ConfigError(f"reservation_bytes must be >= 0, got {self.reservation_bytes}")
 
 
 @dataclass
@@ -405,14 +355,19 @@ def _table_for_features(plan: Plan) -> dict[str, TablePlan]:
     return out
 
 
-def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
+def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int | None = None,
                    model: CostModel | None = None, *, keep_matrices: bool = False,
-                   max_iterations: int | None = None, progress=None) -> TraceCost:
+                   max_iterations: int | None = None, progress=None,
+                   workload: Workload | None = None) -> TraceCost:
     """Replay ``batches`` through ``plan``: iterations of ``G * batch_size`` samples in order.
+
+    The workload: ``workload=`` (its B and cost model), or ``batch_size`` (B, samples per GPU per
+    iteration) and ``model`` (default ``CostModel()``); :func:`~.workload.workload_of`.
 
     A trailing partial iteration is not evaluated (``dropped_samples``), but checked like the
     others. Features without a table in the plan, IDs out of range or negative, raise
-    :class:`BatchError` before anything is counted for that iteration. ``progress(iterations_done)`` is called after each iteration when given.
+    :class:`BatchError` before anything is counted for that iteration. ``progress(iterations_done)``
+    is called after each iteration when given.
 
     Each iteration goes through three steps: the trace kernel counts, per table, what every
     component moves (:class:`_TraceKernel`); the counts become the iteration's traffic by component
@@ -421,13 +376,12 @@ def evaluate_trace(plan: Plan, batches: Iterable[Batch], batch_size: int,
     :class:`~flexshard_stream.placement.profiles.TorchRecTerms`) and its :class:`Cost`; the costs
     are summed (:class:`_TraceSums`).
     """
-    model = model or CostModel()
-    if batch_size <= 0:
-        raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
+    work = workload_of(batch_size, model, None, workload, where="evaluate_trace")
+    model = work.model
     topo = plan.topology
     check_matrix_size(topo)
-    spi = topo.num_gpus * batch_size
-    kernel = _TraceKernel(plan, batch_size, model)
+    spi = work.samples_per_iteration(topo)
+    kernel = _TraceKernel(plan, work)
     sums = _TraceSums(topo.num_gpus, keep_matrices)
     masks = _class_masks(topo)
     row_bytes = torchrec_row_bytes(plan) if model.torchrec else plan.row_bytes_per_gpu
@@ -478,9 +432,9 @@ class _TraceKernel:
     a router and a touch-mark array per feature, reusable hash-set scratch and, under
     ``torchrec``, the collectives that do not depend on the IDs (as G x G matrices)."""
 
-    def __init__(self, plan: Plan, batch_size: int, model: CostModel):
+    def __init__(self, plan: Plan, workload: Workload):
         topo = plan.topology
-        self.plan, self.B, self.model = plan, batch_size, model
+        self.plan, self.B, self.model = plan, workload.batch_size, workload.model
         self.G, self.M = topo.num_gpus, topo.gpus_per_node
         self.by_feature = _table_for_features(plan)
         self.configs = {f: TableConfig(tp.name, tp.table.num_rows, f)
@@ -490,7 +444,7 @@ class _TraceKernel:
         self.width = {f: _width_bytes(tp, self.G) for f, tp in self.by_feature.items()}
         self.scratch = _Scratch(self.G)
         self.host_cnt = np.zeros(self.G, np.int64)
-        self.dense = _TorchRecDense(plan, batch_size, model) if model.torchrec else None
+        self.dense = _TorchRecDense(plan, workload) if workload.model.torchrec else None
 
     def iteration(self, it: Batch) -> _IterationTraffic:
         """The traffic of one iteration (``G * B`` samples, sample ``i`` on GPU ``i // B``)."""
@@ -559,9 +513,9 @@ class _TorchRecDense:
     per TorchRec component (built once per :func:`evaluate_trace` call), and which tables'
     IDs are distributed (``counted``, by table name)."""
 
-    def __init__(self, plan: Plan, batch_size: int, model: CostModel):
+    def __init__(self, plan: Plan, workload: Workload):
         topo = plan.topology
-        self.terms = TorchRecTerms.of(plan, batch_size, model.length_bytes)
+        self.terms = TorchRecTerms.of(plan, workload)
         self.parts = {c: s.matrix(topo) for c, s in self.terms.parts.items()}
         self.index = self.parts["input_splits"] + self.parts["input_lengths"]
         self.forward = self.parts["pooled_all_to_all"] + self.parts["pooled_reduce_scatter"]
@@ -732,10 +686,16 @@ def _sorted_tops(sums: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return val
 
 
-def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size: int,
-                      model: CostModel | None = None, *, mean_lengths: Mapping[str, float] | None
-                      = None, want_matrices: bool | None = None) -> Cost:
+def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary],
+                      batch_size: int | None = None, model: CostModel | None = None, *,
+                      mean_lengths: Mapping[str, float] | None = None,
+                      want_matrices: bool | None = None,
+                      workload: Workload | None = None) -> Cost:
     """Expected cost per iteration from frequency summaries (keyed by table name or feature).
+
+    The workload: ``workload=`` (B, cost model, mean lengths), or ``batch_size`` (B, samples per
+    GPU per iteration), ``model`` (default ``CostModel()``) and ``mean_lengths`` (IDs per sample
+    per table, default the summaries'); :func:`~.workload.workload_of`.
 
     Per row ``r``: ``lambda_r = G * B * L * p_r`` expected lookups per iteration, spread evenly over
     the GPUs. With de-duplication GPU ``src`` requests row ``r`` with probability
@@ -743,8 +703,8 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     share the tail mass evenly and are spread over the cold GPUs in proportion to the rows each
     holds. Pooled tables send one partial sum per (sample, owner) pair: ``B * (1 - exp(-L * q_dst))``
     with ``q_dst`` the probability mass owned by ``dst``. All tables go through one Numba call
-    (``kernels/analytic.py``); matrices are built only for G <= 512 (or when asked), the per-GPU sums
-    come from closed forms in O(G) per table.
+    (``kernels/analytic.py``, fed named arrays: :func:`_kernel_inputs`); matrices are built only
+    for G <= 512 (or when asked), the per-GPU sums come from closed forms in O(G) per table.
 
     Host memory tier: a host row ``r`` owned by ``g`` adds ``G * (1 - exp(-lambda_r / G))`` host
     lookups at ``g`` with de-duplication (every GPU, ``g`` included, requests it), ``lambda_r``
@@ -755,63 +715,73 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary], bat
     :class:`~flexshard_stream.placement.profiles.TorchRecTerms` the collectives that do not
     depend on the IDs (:func:`_assemble_torchrec`).
     """
-    model = model or CostModel()
+    work = workload_of(batch_size, model, mean_lengths, workload, where="evaluate_analytic")
+    model = work.model
     topo = plan.topology
     G, M = topo.num_gpus, topo.gpus_per_node
-    if batch_size <= 0:
-        raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
     want = G <= 512 if want_matrices is None else want_matrices
     if want:
         check_matrix_size(topo, "evaluate_analytic(want_matrices=True)")
+    kplan, ksums, khost, out = _kernel_inputs(plan, summaries, work)
+    s_global = analytic_traffic(G, M, float(work.batch_size), model.dedup, model.torchrec, kplan,
+                                ksums, khost, out)
+    host = (out.host_lk, out.uvm_b, plan.host_bytes_per_gpu)
+    if model.torchrec:
+        return _assemble_torchrec(plan, work, out.idx_cold, out.emb_cold, host, want)
+    ib = float(model.index_bytes)
+    idx_node_g = out.idx_node[np.arange(G) % M]
+    a2a = {"index": _structured(topo, out.idx_cold * ib, idx_node_g * ib),
+           "forward": _structured(topo, out.emb_cold, out.emb_node, transpose=True),
+           "backward": _structured(topo, out.emb_cold, out.emb_node)}
+    matrices = None
+    if want:
+        matrices = {"index": _structured_matrix(topo, out.idx_cold * ib, idx_node_g * ib),
+                    "backward": _structured_matrix(topo, out.emb_cold, out.emb_node)}
+        matrices["forward"] = matrices["backward"].T.copy()
+    ss, sr, st, smat = _sync_traffic(topo, s_global, out.s_node, model, want_matrix=want)
+    if matrices is not None:
+        matrices["sync"] = smat
+    sync_buf = np.full(G, s_global) + out.s_node[np.arange(G) % M]
+    return _finish(topo, a2a, (ss, sr, st), sync_buf, plan.row_bytes_per_gpu, model, matrices,
+                   "analytic", host)
+
+
+def _kernel_inputs(plan: Plan, summaries: Mapping[str, FrequencySummary], workload: Workload
+                   ) -> tuple[AnalyticPlan, AnalyticSummaries, AnalyticHostTier,
+                              AnalyticOutputs]:
+    """The named arrays ``kernels/analytic.analytic_traffic`` reads (the plan's layout, the
+    summaries in plan order with the workload's mean lengths, the host tier) and the zeroed
+    outputs it accumulates into."""
+    topo = plan.topology
+    G, M = topo.num_gpus, topo.gpus_per_node
     T = len(plan.tables)
     tail_p, tail_rows, mean_len = np.zeros(T), np.zeros(T), np.zeros(T)
     by_name = summaries_by_table([tp.table for tp in plan.tables.values()], summaries)
     sums = []
-    for i, (name, tp) in enumerate(plan.tables.items()):
+    for i, name in enumerate(plan.tables):
         s = by_name[name]
         sums.append(s)
         tail_p[i] = s.tail_probability()
         tail_rows[i] = s.tail_rows if s.total else 0.0
-        mean_len[i] = (mean_lengths or {}).get(name, s.mean_length) or 1.0
+        mean_len[i] = workload.mean_length(name, s)
     f = plan.flat
-    idx_cold, emb_cold, emb_node = np.zeros(G), np.zeros(G), np.zeros(G)
-    idx_node, s_node = np.zeros(M), np.zeros(M)
-    host_lk, uvm_b = np.zeros(G), np.zeros(G)
-    s_global = analytic_traffic(
-        G, M, float(batch_size), model.dedup, f["sp_off"], f["sp_ids"], f["sp_codes"],
-        f["layout"], f["num_rows"], f["emb_bytes"], f["pooled"], f["lay_kind"], f["lay_off"],
-        f["lay_gpus"], f["lay_w"], f["lay_boff"], f["lay_bounds"], f["lay_seed"],
-        *_sorted_tops(sums), tail_p, tail_rows, mean_len, idx_cold, idx_node, emb_cold, emb_node, s_node,
-        f["hf_off"], f["hf"], f["uvm_lookup_bytes"], host_lk, uvm_b, model.torchrec)
-    host = (host_lk, uvm_b, plan.host_bytes_per_gpu)
-    if model.torchrec:
-        return _assemble_torchrec(plan, batch_size, model, idx_cold, emb_cold, host, want)
-    ib = float(model.index_bytes)
-    idx_node_g = idx_node[np.arange(G) % M]
-    a2a = {"index": _structured(topo, idx_cold * ib, idx_node_g * ib),
-           "forward": _structured(topo, emb_cold, emb_node, transpose=True),
-           "backward": _structured(topo, emb_cold, emb_node)}
-    matrices = None
-    if want:
-        matrices = {"index": _structured_matrix(topo, idx_cold * ib, idx_node_g * ib),
-                    "backward": _structured_matrix(topo, emb_cold, emb_node)}
-        matrices["forward"] = matrices["backward"].T.copy()
-    ss, sr, st, smat = _sync_traffic(topo, s_global, s_node, model, want_matrix=want)
-    if matrices is not None:
-        matrices["sync"] = smat
-    sync_buf = np.full(G, s_global) + s_node[np.arange(G) % M]
-    return _finish(topo, a2a, (ss, sr, st), sync_buf, plan.row_bytes_per_gpu, model, matrices,
-                   "analytic", (host_lk, uvm_b, plan.host_bytes_per_gpu))
+    kplan = AnalyticPlan(*(f[k] for k in AnalyticPlan._fields))
+    ksums = AnalyticSummaries(*_sorted_tops(sums), tail_p, tail_rows, mean_len)
+    khost = AnalyticHostTier(f["hf_off"], f["hf"], f["uvm_lookup_bytes"])
+    out = AnalyticOutputs(np.zeros(G), np.zeros(M), np.zeros(G), np.zeros(G), np.zeros(M),
+                          np.zeros(G), np.zeros(G))
+    return kplan, ksums, khost, out
 
 
-def _assemble_torchrec(plan: Plan, batch_size: int, model: CostModel, values: np.ndarray,
-                       rows: np.ndarray, host: tuple, want: bool) -> Cost:
+def _assemble_torchrec(plan: Plan, workload: Workload, values: np.ndarray, rows: np.ndarray,
+                       host: tuple, want: bool) -> Cost:
     """The analytic :class:`Cost` under ``torchrec``: ``values[g]`` IDs and ``rows[g]`` sequence
     row bytes every GPU exchanges with owner ``g`` (``analytic_traffic``), plus the collectives
     that do not depend on the IDs."""
+    model = workload.model
     topo = plan.topology
     G, M = topo.num_gpus, topo.gpus_per_node
-    terms = TorchRecTerms.of(plan, batch_size, model.length_bytes)
+    terms = TorchRecTerms.of(plan, workload)
     z = np.zeros(G)
     parts = {**terms.parts,
              "input_values": Structured(values * float(model.index_bytes), z, z, z),

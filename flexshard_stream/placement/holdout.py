@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..stats.summary import FrequencySummary
 from .cost import Cost
 from .pricing import AnalyticPricing, Candidate, fits_budget
+from .workload import Workload
 
 __all__ = ["HoldoutChoice", "select_on_holdout", "HOLDOUT_SHARE", "holdout_pricing"]
 
@@ -46,15 +47,16 @@ class HoldoutChoice:
 
 def holdout_pricing(pricing: AnalyticPricing,
                     holdout: Mapping[str, FrequencySummary]) -> AnalyticPricing:
-    """The fitted part's pricing (B, cost model) on the held-out summaries (one per table name,
-    as ``pricing.summaries``), with the held-out mean lengths."""
+    """The fitted part's pricing (its workload's B and cost model) on the held-out summaries (one
+    per table name, as ``pricing.summaries``), with the held-out mean lengths (the fitted ones
+    where the held-out part saw none)."""
     missing = sorted(set(pricing.summaries) - set(holdout))
     if missing:
         raise ConfigError(f"held-out statistics miss table(s) {missing}")
     sums = {n: holdout[n] for n in pricing.summaries}
     lengths = {n: float(s.mean_length or pricing.mean_lengths.get(n, 1.0) or 1.0)
                for n, s in sums.items()}
-    return AnalyticPricing(sums, pricing.batch_size, pricing.model, lengths)
+    return AnalyticPricing(sums, Workload(pricing.batch_size, pricing.model, lengths))
 
 
 def _shortlist(candidates: Sequence[Candidate], budget_bytes: float, top: int

@@ -56,6 +56,7 @@ from .pricing import (
     select_within_budget,
 )
 from .profiles import execution_profile
+from .workload import Workload, workload_of
 
 __all__ = ["MemoryPolicy", "PlannerConfig", "PlanResult", "plan_flexshard", "MEMORY_BASELINES",
            "TORCHREC_RESERVATION"]
@@ -231,12 +232,13 @@ class PlanResult:
 
 
 def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
-                   summaries: Mapping[str, FrequencySummary], batch_size: int,
+                   summaries: Mapping[str, FrequencySummary], batch_size: int | None = None,
                    memory: MemoryPolicy | None = None, model: CostModel | None = None, *,
                    mean_lengths: Mapping[str, float] | None = None,
                    config: PlannerConfig | None = None, target: str | None = None,
                    holdout: Mapping[str, FrequencySummary] | None = None,
-                   references: Mapping[str, Plan] | None = None) -> PlanResult:
+                   references: Mapping[str, Plan] | None = None,
+                   workload: Workload | None = None) -> PlanResult:
     """Plan every table's sharding kind and FlexShard tiers for ``tables`` on ``topo`` from
     per-table frequency summaries: propose (``placement.candidates``, ``placement.partition``)
     -> price -> select (``placement.pricing``), docs/PLANNER.md.
@@ -259,23 +261,26 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
         result's cost is then the held-out cost
     references : {name: plan} more whole plans to choose among (TorchRec's own plan:
         ``placement.references.plan_torchrec``), priced like the baselines
+    workload : the :class:`~flexshard_stream.placement.workload.Workload` instead of
+        ``batch_size``, ``model`` and ``mean_lengths`` (loose arguments given beside it must
+        agree); bound to ``summaries`` here (``Workload.for_stats``: every table's mean length,
+        the iterations profiled, unless it has them) and passed down to every stage
 
     Raises ConfigError for an impossible budget (below what the tables need at all), missing
     statistics or an unknown target; nothing is half-built.
     """
-    memory, model, cfg = memory or MemoryPolicy(), model or CostModel(), config or PlannerConfig()
-    if batch_size <= 0:
-        raise ConfigError(f"batch_size must be > 0 samples per GPU, got {batch_size}")
-    runtime = execution_profile(model.profile if target is None else target)
+    memory, cfg = memory or MemoryPolicy(), config or PlannerConfig()
+    work = workload_of(batch_size, model, mean_lengths, workload, where="plan_flexshard")
     sums = summaries_by_table(tables, summaries)
-    ml = {t.name: float((mean_lengths or {}).get(t.name, sums[t.name].mean_length) or 1.0)
-          for t in tables}
-    pricing = AnalyticPricing(sums, batch_size, model, ml)
+    work = work.for_stats(tables, topo, sums)
+    model = work.model
+    runtime = execution_profile(model.profile if target is None else target)
+    pricing = AnalyticPricing(sums, work)
     base = _Baselines.build(tables, topo, memory, pricing)
-    curves = benefit_curves(tables, sums, topo, batch_size, model, ml)
+    curves = benefit_curves(tables, sums, topo, work)
     search = _Search(tables, topo, curves, pricing, base, memory, cfg, runtime)
     search.references = tuple(references or ())
-    row_wise = search.whole_plans({**baseline_plans(tables, topo, sums, batch_size),
+    row_wise = search.whole_plans({**baseline_plans(tables, topo, sums, work),
                                    **(references or {})})
     moves = search.tiers_on_row_wise()
     search.tiers_on_kinds()
@@ -290,8 +295,8 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
         choice = select_on_holdout(pool, base.budget_bytes, held, top=cfg.holdout_candidates)
         best = choice.candidate if choice is not None else best
     base_cost = base.cost if choice is None else held.cost(base.plan)
-    result = _result(best, best is row_wise, base, memory, model, batch_size, len(moves),
-                     runtime.name, choice, base_cost)
+    result = _result(best, best is row_wise, base, memory, work, len(moves), runtime.name,
+                     choice, base_cost)
     fastest = search.best_baseline([row_wise, *search.whole.candidates],
                                    None if choice is None else held)
     if fastest is not None:
@@ -441,13 +446,13 @@ class _Baselines:
 
 
 def _result(best: Candidate, is_row_wise: bool, base: _Baselines, memory: MemoryPolicy,
-            model: CostModel, batch_size: int, moves_generated: int, target: str,
+            workload: Workload, moves_generated: int, target: str,
             choice: HoldoutChoice | None = None, base_cost: Cost | None = None) -> PlanResult:
     """The chosen candidate as the planner's result: its plan renamed and annotated (``meta``);
     with a held-out choice, its cost and the baseline's (``base_cost``) are the held-out ones."""
     cost, budget = (best.cost if choice is None else choice.holdout_cost), base.budget_bytes
     base_cost = base.cost if base_cost is None else base_cost
-    meta = {"planner": "flexshard", "batch_size": batch_size, "dedup": model.dedup,
+    meta = {"planner": "flexshard", "batch_size": workload.batch_size, "dedup": workload.dedup,
             "budget_bytes": budget, "memory_policy": {"bytes_per_gpu": memory.bytes_per_gpu,
                                                       "baseline": memory.baseline,
                                                       "factor": memory.factor,

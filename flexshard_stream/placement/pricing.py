@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from ..stats.summary import FrequencySummary
 from .candidates import BenefitCurve, PlanBuilder, State
 from .cost import Cost, CostModel, evaluate_analytic
 from .recshard import TopRows, split_cold
+from .workload import Workload, workload_of
 
 __all__ = ["AnalyticPricing", "Candidate", "CandidatePricer", "StatisticalMargin", "fits_budget",
            "select_within_budget"]
@@ -42,26 +43,54 @@ def fits_budget(cost: Cost, budget_bytes: float) -> bool:
     return cost.peak_memory_bytes <= budget_bytes * (1 + _REL)
 
 
-@dataclass(frozen=True)
 class AnalyticPricing:
-    """The workload candidates are priced on.
+    """The workload candidates are priced on: the statistics and the one :class:`Workload`.
 
     summaries : {table name: FrequencySummary}, one per table
-    batch_size : samples per GPU per iteration
-    model : the cost model options
-    mean_lengths : {table name: IDs per sample}
+    workload : the :class:`~flexshard_stream.placement.workload.Workload` (B, cost model, mean
+        lengths, iterations profiled); ``AnalyticPricing(summaries, batch_size, model,
+        mean_lengths)``, the form before it, builds one
+        (:func:`~flexshard_stream.placement.workload.workload_of`)
+
+    ``batch_size``, ``model`` and ``mean_lengths`` read the workload's.
     """
 
-    summaries: Mapping[str, FrequencySummary]
-    batch_size: int
-    model: CostModel
-    mean_lengths: Mapping[str, float]
-    _top_rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    def __init__(self, summaries: Mapping[str, FrequencySummary], workload: Workload | int,
+                 model: CostModel | None = None,
+                 mean_lengths: Mapping[str, float] | None = None):
+        self._summaries = summaries
+        self._workload = workload_of(workload, model, mean_lengths, where="AnalyticPricing")
+        self._top_rows: dict = {}
+
+    @property
+    def summaries(self) -> Mapping[str, FrequencySummary]:
+        """{table name: FrequencySummary} the candidates are priced on."""
+        return self._summaries
+
+    @property
+    def workload(self) -> Workload:
+        """The workload the candidates are priced on."""
+        return self._workload
+
+    @property
+    def batch_size(self) -> int:
+        """B, samples per GPU per iteration (the workload's)."""
+        return self._workload.batch_size
+
+    @property
+    def model(self) -> CostModel:
+        """The cost model (the workload's)."""
+        return self._workload.model
+
+    @property
+    def mean_lengths(self) -> Mapping[str, float]:
+        """{table name: IDs per sample} (the workload's)."""
+        return self._workload.mean_lengths
 
     def cost(self, plan: Plan) -> Cost:
         """The analytic evaluator's cost of ``plan`` (no per-GPU traffic matrices)."""
-        return evaluate_analytic(plan, self.summaries, self.batch_size, self.model,
-                                 mean_lengths=self.mean_lengths, want_matrices=False)
+        return evaluate_analytic(plan, self._summaries, workload=self._workload,
+                                 want_matrices=False)
 
     def split_cold(self, plan: Plan, budget_bytes: float, cost: Cost) -> Plan:
         """``recshard.split_cold`` of ``plan`` (analytic ``cost``) under ``budget_bytes`` per GPU,
@@ -71,10 +100,9 @@ class AnalyticPricing:
         top = self._top_rows.get(names)
         if top is None:
             top = self._top_rows[names] = TopRows.gather(
-                list(plan.tables.values()), self.summaries, self.batch_size, self.model,
-                self.mean_lengths)
-        return split_cold(plan, self.summaries, self.batch_size, budget_bytes, self.model,
-                          mean_lengths=self.mean_lengths, cost=cost, top_rows=top)
+                list(plan.tables.values()), self._summaries, self._workload)
+        return split_cold(plan, self._summaries, hbm_budget=budget_bytes, cost=cost,
+                          top_rows=top, workload=self._workload)
 
 
 @dataclass

@@ -22,6 +22,7 @@ both into per-GPU bytes by link class (:class:`Structured`). docs/COST_MODEL.md 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from ..errors import ConfigError
 from ..kernels.analytic import torchrec_dense_terms
 from ..plans.plan import Plan, TablePlan
 from ..plans.topology import Topology
+
+if TYPE_CHECKING:  # the workload module builds on this one (its CostModel names a profile)
+    from .workload import Workload
 
 __all__ = ["PROFILES", "ExecutionProfile", "execution_profile", "TorchRecTerms", "Structured",
            "TORCHREC_COMPONENTS", "SPLIT_BYTES", "torchrec_row_bytes"]
@@ -211,9 +215,15 @@ class TorchRecTerms:
     counted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
 
     @classmethod
-    def of(cls, plan: Plan, batch_size: int, length_bytes: int) -> "TorchRecTerms":
-        """The terms of ``plan`` with ``batch_size`` samples per GPU and KJT lengths of
-        ``length_bytes`` bytes."""
+    def of(cls, plan: Plan, workload: "Workload | int",
+           length_bytes: int | None = None) -> "TorchRecTerms":
+        """The terms of ``plan`` under ``workload``: its B samples per GPU and its cost model's
+        KJT lengths of ``length_bytes`` bytes (or, as before the Workload, ``workload`` the
+        batch size and ``length_bytes`` given)."""
+        if hasattr(workload, "model"):
+            batch_size, length_bytes = workload.batch_size, workload.model.length_bytes
+        else:
+            batch_size = workload
         topo = plan.topology
         G, N, M = topo.num_gpus, topo.nodes, topo.gpus_per_node
         f = plan.flat

@@ -36,7 +36,8 @@ from ..plans.plan import Plan, TablePlan
 from ..plans.tables import summaries_by_table
 from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
-from .cost import Cost, CostModel, evaluate_analytic
+from .cost import Cost, evaluate_analytic
+from .workload import CostModel, Workload, workload_of
 
 __all__ = ["HbmRoom", "TopRows", "cold_rows_per_gpu", "slow_memory_report", "split_cold"]
 
@@ -92,10 +93,12 @@ def _summary(summaries: Mapping[str, FrequencySummary], tp: TablePlan) -> Freque
     return summaries_by_table([tp.table], summaries)[tp.table.name]
 
 
-def split_cold(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size: int,
-               hbm_budget: Any, model: CostModel | None = None, *, frequency_aware: bool = True,
+def split_cold(plan: Plan, summaries: Mapping[str, FrequencySummary],
+               batch_size: int | Workload | None = None, hbm_budget: Any = None,
+               model: CostModel | None = None, *, frequency_aware: bool = True,
                mean_lengths: Mapping[str, float] | None = None,
-               cost: Cost | None = None, top_rows: "TopRows | None" = None) -> Plan:
+               cost: Cost | None = None, top_rows: "TopRows | None" = None,
+               workload: Workload | None = None) -> Plan:
     """A new plan whose cold rows overflow to host memory so that every GPU's peak HBM fits.
 
     Steps: the HBM room each GPU has for its cold rows (:class:`HbmRoom`), the split of the
@@ -106,9 +109,11 @@ def split_cold(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size
     ----------
     plan : Plan
         The placement to split (left untouched; any host tier it has is replaced).
-    summaries, batch_size, model, mean_lengths
-        As for :func:`~flexshard_stream.placement.cost.evaluate_analytic`: they give the communication buffers
-        and reservation (peak memory) and, frequency-aware, the expected lookups of each row.
+    summaries, batch_size, model, mean_lengths, workload
+        As for :func:`~flexshard_stream.placement.cost.evaluate_analytic` (``workload=``, or
+        the loose ``batch_size``, ``model``, ``mean_lengths``): they give the communication
+        buffers and reservation (peak memory) and, frequency-aware, the expected lookups of
+        each row.
     hbm_budget : float or float64[G]
         HBM bytes per GPU for rows + buffers + reservation.
     frequency_aware : bool
@@ -119,7 +124,7 @@ def split_cold(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size
         already (saves that evaluation; the split does not change routing or buffers).
     top_rows : TopRows, optional
         The summaries' top rows gathered once (:meth:`TopRows.gather`) with the same
-        ``summaries``, ``batch_size``, ``model`` and ``mean_lengths``, for a caller that splits
+        ``summaries`` and workload, for a caller that splits
         many plans of the same tables (a planner); saves gathering, ranking and routing them again.
 
     Returns
@@ -136,13 +141,12 @@ def split_cold(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size
         GPU and the bytes); the rows sent to host memory overflow a node's ``host_memory_bytes``;
         a missing summary; a malformed budget.
     """
-    model = model or CostModel()
+    work = workload_of(batch_size, model, mean_lengths, workload, where="split_cold")
     topo = plan.topology
     budget = _budget(hbm_budget, topo.num_gpus)
     base = _strip(plan)
     if cost is None:
-        cost = evaluate_analytic(base, summaries, batch_size, model, mean_lengths=mean_lengths,
-                                 want_matrices=False)
+        cost = evaluate_analytic(base, summaries, workload=work, want_matrices=False)
     room = HbmRoom.measure(base, cost, budget)
     meta = dict(plan.meta)
     info: dict[str, Any] = {"frequency_aware": bool(frequency_aware),
@@ -153,8 +157,7 @@ def split_cold(plan: Plan, summaries: Mapping[str, FrequencySummary], batch_size
                             "host_bytes_max": 0.0}
         return Plan(base.strategy, topo, list(base.tables.values()), meta)
     if frequency_aware:
-        rows = top_rows or TopRows.gather(list(base.tables.values()), summaries, batch_size,
-                                          model, mean_lengths)
+        rows = top_rows or TopRows.gather(list(base.tables.values()), summaries, work)
         split = _aware_split(base, room, rows)
     else:
         split = _blind_split(room)
@@ -266,10 +269,12 @@ class TopRows:
 
     @classmethod
     def gather(cls, tps: list[TablePlan], summaries: Mapping[str, FrequencySummary],
-               batch_size: int, model: CostModel,
-               mean_lengths: Mapping[str, float] | None) -> "TopRows":
-        """The top rows of the tables of ``tps`` (in order) for ``batch_size`` samples per GPU
-        under ``model``'s de-duplication."""
+               workload: Workload | int, model: CostModel | None = None,
+               mean_lengths: Mapping[str, float] | None = None) -> "TopRows":
+        """The top rows of the tables of ``tps`` (in order) under ``workload``: its B samples per
+        GPU, mean lengths and de-duplication (or the loose ``batch_size``, ``model``,
+        ``mean_lengths`` of :func:`~flexshard_stream.placement.workload.workload_of`)."""
+        work = workload_of(workload, model, mean_lengths, where="TopRows.gather")
         T = len(tps)
         ids_l, p_l, off = [], [], [0]
         L = np.zeros(T)
@@ -281,13 +286,13 @@ class TopRows:
             p_l.append(np.asarray(s.top_est, np.float64) / s.total if s.total
                        else np.zeros(s.top_ids.size))
             off.append(off[-1] + s.top_ids.size)
-            L[i] = (mean_lengths or {}).get(tp.name, s.mean_length) or 1.0
+            L[i] = work.mean_length(tp.name, s)
             tail_p[i] = s.tail_probability()
             tail_rows[i] = s.tail_rows if s.total else 0.0
         return cls(tuple(tp.name for tp in tps), np.asarray(off, np.int64),
                    np.concatenate(ids_l) if ids_l else np.zeros(0, np.int64),
                    np.concatenate(p_l) if p_l else np.zeros(0), L, tail_p, tail_rows,
-                   batch_size, model.dedup)
+                   work.batch_size, work.dedup)
 
     def host_lookups(self, lam: np.ndarray, num_gpus: int) -> np.ndarray:
         """The cost model's host lookups per iteration of rows with ``lam`` expected lookups."""

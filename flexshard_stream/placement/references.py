@@ -25,24 +25,29 @@ from ..plans.tables import EmbeddingTable
 from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
 from .cost import CostModel, evaluate_analytic
+from .workload import Workload, workload_of
 
 __all__ = ["plan_torchrec", "TorchRecPlanResult", "plan_from_sharding_plan",
            "torchrec_topology_config", "torchrec_estimate", "module_paths",
            "UVM_CACHING_RATIO", "TORCHREC_STRATEGY"]
 
 
-def plan_torchrec(tables: Sequence[EmbeddingTable], topology: Topology, batch_size: int, *,
+def plan_torchrec(tables: Sequence[EmbeddingTable], topology: Topology,
+                  batch_size: int | None = None, *,
                   summaries: Mapping[str, FrequencySummary] | None = None,
                   mean_lengths: Mapping[str, float] | None = None,
-                  model: CostModel | None = None, quiet: bool = True) -> TorchRecPlanResult:
+                  model: CostModel | None = None, quiet: bool = True,
+                  workload: Workload | None = None) -> TorchRecPlanResult:
     """TorchRec's plan (:func:`flexshard_stream.bridge.planner.plan_torchrec`, same parameters),
-    priced by :func:`~flexshard_stream.placement.cost.evaluate_analytic` under ``model`` (default
-    ``CostModel()``, the torchrec profile) when ``summaries`` are given: ``result.cost`` and
-    ``plan.meta["estimates"]``."""
-    result = _plan_unpriced(tables, topology, batch_size, summaries=summaries,
-                            mean_lengths=mean_lengths, quiet=quiet)
+    priced by :func:`~flexshard_stream.placement.cost.evaluate_analytic` under the workload
+    (``workload=``, or ``batch_size``, ``mean_lengths`` and ``model``, default ``CostModel()``,
+    the torchrec profile) when ``summaries`` are given: ``result.cost`` and
+    ``plan.meta["estimates"]``. TorchRec's planner is given the workload's B and its listed mean
+    lengths (pooling factors; tables not listed: their summaries')."""
+    work = workload_of(batch_size, model, mean_lengths, workload, where="plan_torchrec")
+    result = _plan_unpriced(tables, topology, work.batch_size, summaries=summaries,
+                            mean_lengths=dict(work.mean_lengths), quiet=quiet)
     if summaries is not None:
-        result.cost = evaluate_analytic(result.plan, summaries, batch_size, model or CostModel(),
-                                        mean_lengths=mean_lengths)
+        result.cost = evaluate_analytic(result.plan, summaries, workload=work)
         result.plan.meta["estimates"] = result.cost.to_json()
     return result
