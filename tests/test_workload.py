@@ -203,8 +203,6 @@ def test_planner_hugectr_candidate_uses_the_workload_iterations(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- the command line
-@pytest.mark.xfail(strict=True, reason="cli.py still counts iterations as floor(samples / (G B)): "
-                   "remove this marker when its _make_plan builds Workload.from_stats")
 def test_cli_hugectr_plan_and_planner_candidate_count_the_same_iterations(tmp_path, monkeypatch):
     from flexshard_stream.cli import app
 

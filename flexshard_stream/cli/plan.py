@@ -272,11 +272,10 @@ def _make_plan(strategy: str, tabs, topo, prof, summaries, batch_size: int, memo
         from ..placement.references import plan_torchrec
         return None, plan_torchrec(tabs, topo, batch_size, summaries=summaries, model=model).plan
     from ..placement.baselines import build_baseline
+    from ..placement.workload import Workload
 
-    iterations = max(1, prof.samples // (topo.num_gpus * batch_size))
-    lookups = {n: s.total / iterations for n, s in summaries.items()}
-    return None, build_baseline(strategy, tabs, topo, summaries=summaries,
-                                iterations=iterations, lookups=lookups)
+    work = Workload.from_stats(tabs, topo, summaries, batch_size, model=model)
+    return None, build_baseline(strategy, tabs, topo, summaries=summaries, workload=work)
 
 
 # ============================================================================ output
