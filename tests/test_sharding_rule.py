@@ -113,8 +113,9 @@ def table_plans(draw):
 
 
 def _check_runtime(r, tp: TablePlan, plan: Plan, topo: Topology) -> None:
-    """The runtime harness runs the table plan exactly when the rule says TorchRec runs it
-    directly, as the rule's sharding, with the rule's shards."""
+    """The runtime harness maps the table plan exactly when the rule says TorchRec runs it
+    directly, as the rule's sharding, with the rule's shards; TorchRec's check refuses exactly
+    the types TorchRec lacks for the table kind (the rule's fallback runs instead)."""
     if not r.direct:
         with pytest.raises(ConfigError) as e:
             table_shardings(plan)
@@ -125,16 +126,18 @@ def _check_runtime(r, tp: TablePlan, plan: Plan, topo: Topology) -> None:
     assert sh.shard_ranks(topo.num_gpus, topo.gpus_per_node) == r.ranks
     assert sh.shards(tp.table, topo.num_gpus, topo.gpus_per_node) == r.shards \
         or r.sharding_type == "data_parallel"
-    assert r.hot_rows in (0, tp.table.num_rows) and not r.issues
-    if sh.sharding_type != "data_parallel":
+    assert r.hot_rows in (0, tp.table.num_rows) and (not r.issues or r.fallback)
+    if r.fallback is not None:
+        with pytest.raises(ConfigError, match="TorchRec 1.8 has no"):
+            sh.check(tp.table, topo.num_gpus, topo.gpus_per_node)
+    elif sh.sharding_type != "data_parallel":
         sh.check(tp.table, topo.num_gpus, topo.gpus_per_node)
 
 
 def _check_estimator(r, tp: TablePlan, plan: Plan) -> None:
-    """The estimator compat prices the rule's type on the rule's ranks (a sequence table planned
-    table-row-wise by TorchRec's TWRW formula, as written), one table or none."""
-    seq_twrw = r.kind == "table_row_wise" and r.kind not in OFFERED_SHARDING_TYPES[tp.table.kind]
-    want = r.kind if seq_twrw else r.sharding_type
+    """The estimator compat prices the rule's type on the rule's ranks (a sequence table on one
+    node by TorchRec's TWRW formula, as written), one table or none."""
+    want = r.sharding_type
     if r.hot_rows or want not in MODELLED:
         with pytest.raises(ConfigError, match="no TorchRec sharding type"):
             torchrec_sharding_of(tp, plan.topology)
@@ -142,13 +145,14 @@ def _check_estimator(r, tp: TablePlan, plan: Plan) -> None:
     assert torchrec_sharding_of(tp, plan.topology) == want
     est = torchrec_plan_comm(plan, 8, {"t": 2.0})
     assert est["tables"]["t"]["sharding"] == want
-    assert est["tables"]["t"]["num_shards"] == (len(r.ranks) if not seq_twrw
-                                                else plan.topology.gpus_per_node)
+    assert est["tables"]["t"]["num_shards"] == len(r.ranks)
 
 
 def _check_export(r, tp: TablePlan, plan: Plan) -> None:
-    """The export writes the rule's tables: a hot table of ``hot_rows`` rows, a cold table of
-    the rule's type on its ranks in its shards (refused for column shards)."""
+    """The export writes the tables TorchRec runs (the rule's, or its fallback): a hot table of
+    ``hot_rows`` rows, a cold table of the rule's type on its ranks in its shards (refused for
+    column shards)."""
+    r = r.runs_as
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "x"
         if not r.exportable:
@@ -183,7 +187,9 @@ def test_one_rule_and_everyone_agrees(case):
                                  r.ranks, r.host)
     if r.sharding_type != "data_parallel":
         assert tuple(s.rank for s in r.shards) == r.ranks[:len(r.shards)]
-    assert not (r.direct and r.issues)
+    assert (r.fallback is not None) == (r.sharding_type not in
+                                        OFFERED_SHARDING_TYPES[tp.table.kind])
+    assert not (r.direct and r.issues) or r.fallback is not None
     # the profiles: the rule's issues, can_run exactly without them
     assert TORCHREC.table_issues(tp, topo) == list(r.issues)
     assert TORCHREC.can_run(plan) == (not r.issues)
@@ -247,19 +253,28 @@ def test_hashed_and_unequal_cold_functions():
 
 
 def test_sequence_tables_have_no_table_row_or_column_wise():
-    """TorchRec 1.8 raises "Sharding not supported" for sequence TWRW / TWCW: the export runs a
-    node's rows row-wise over every rank, column shards run column-wise; both are issues and
-    neither runs directly. The estimator prices TWRW as TorchRec's evaluator writes it."""
+    """TorchRec 1.8 raises "Sharding not supported" for sequence TWRW / TWCW: the rule keeps the
+    plan's sharding (the runtime harness maps it, TorchRec's check refuses it, TorchRec's
+    estimator prices it as written) and says what runs instead: the export's row-wise table over
+    every rank, column-wise shards; both are issues."""
     tp, r = _rule(ColdSharding.ranges([4, 5, 6, 7], 100), SEQUENCE)
-    assert (r.kind, r.sharding_type, r.ranks, r.direct) == \
-        ("table_row_wise", "row_wise", tuple(range(8)), False)
+    assert (r.kind, r.sharding_type, r.host, r.direct) == \
+        ("table_row_wise", "table_row_wise", 1, True)
+    assert (r.fallback.sharding_type, r.fallback.ranks, r.fallback.direct) == \
+        ("row_wise", tuple(range(8)), False)
     assert any("offers no table_row_wise for sequence" in m for m in r.issues)
+    sh = table_shardings(Plan("x", TOPO, [tp]))["t"]
+    assert sh == TableSharding("table_row_wise", host=1)
+    with pytest.raises(ConfigError, match="no table_row_wise for sequence"):
+        sh.check(SEQUENCE, 8, 4)
     assert torchrec_sharding_of(tp, TOPO) == "table_row_wise"
-    est = torchrec_plan_comm(Plan("x", TOPO, [tp]), 8, {})
-    assert est["tables"]["t"]["num_shards"] == 4
+    assert torchrec_plan_comm(Plan("x", TOPO, [tp]), 8, {})["tables"]["t"]["num_shards"] == 4
+    with tempfile.TemporaryDirectory() as tmp:
+        m = export_torchrec(Plan("x", TOPO, [tp]), Path(tmp) / "x")
+    assert m["tables"][0]["cold"]["ranks"] == list(range(8))
     _, r = _rule(ColdSharding.columns([4, 5], [4, 4]), SEQUENCE, sharding="table_column_wise")
-    assert (r.kind, r.sharding_type, r.ranks, r.direct) == \
-        ("table_column_wise", "column_wise", (4, 5), False)
+    assert (r.sharding_type, r.direct, r.fallback.sharding_type, r.fallback.ranks) == \
+        ("table_column_wise", True, "column_wise", (4, 5))
 
 
 def test_replicas_and_placed_rows_run_through_the_export():

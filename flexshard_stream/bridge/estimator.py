@@ -57,7 +57,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError
-from .sharding import OFFERED_SHARDING_TYPES, torchrec_sharding, type_ranks
+from .sharding import torchrec_sharding
 
 __all__ = [
     "GIB", "TORCHREC_VERSION", "TORCHREC_GIT_VERSION",
@@ -464,10 +464,10 @@ def torchrec_sharding_of(tp: Any, topo: Any) -> str:
     The type of the sharding rule (:func:`~flexshard_stream.bridge.sharding.torchrec_sharding`):
     the table plan's own when TorchRec runs it directly, else the export's cold table's (its
     rows renumbered; TorchRec's estimate, uniform access, does not depend on which rows). A
-    sequence table planned ``table_row_wise`` is priced with TorchRec's TWRW formula as written
-    (TorchRec's evaluator has it; its sharder never proposes it, and the export runs the table
-    row-wise). Replicas (global or node) have none: the export makes them a second,
-    data-parallel table.
+    sequence table on one node is priced with TorchRec's TWRW formula as written (TorchRec's
+    evaluator has it; its sharder never proposes it, and the export runs the table row-wise,
+    the rule's ``fallback``). Replicas (global or node) have none: the export makes them a
+    second, data-parallel table.
     """
     return _estimated(tp, topo)[0]
 
@@ -479,9 +479,6 @@ def _estimated(tp: Any, topo: Any) -> tuple[str, tuple[int, ...]]:
         raise ConfigError(f"table {tp.name!r}: replicated rows have no TorchRec sharding type of "
                           f"one table (the export makes them a data-parallel hot table beside "
                           f"the cold one; only TW, RW and TWRW are modelled)")
-    if r.kind in SHARDING_TYPES and r.kind not in OFFERED_SHARDING_TYPES[tp.table.kind]:
-        host = int(tp.cold.gpus[0]) // topo.gpus_per_node
-        return r.kind, type_ranks(r.kind, topo.num_gpus, topo.gpus_per_node, host=host)
     if r.sharding_type not in SHARDING_TYPES:
         raise ConfigError(f"table {tp.name!r}: TorchRec shards it {r.sharding_type}; no "
                           f"TorchRec sharding type modelled here (only TW, RW and TWRW are)")

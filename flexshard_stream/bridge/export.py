@@ -411,7 +411,7 @@ def _cold_table(out: _TableExport, name: str, tp: TablePlan, topo: Topology,
     out.constraints[cname] = cons
     out.configs.append(_config(t, cname, m.cold_rows, cfeat))
     shard = _shard_entry(_module_of(t), c.sharding_type, _FUSED, c.ranks.tolist(),
-                         m.sharding.shards)
+                         m.sharding.runs_as.shards)
     out.shardings[cname] = shard
     cold = {"table": cname, "feature": cfeat,
             **c.entry(m.cold_rows, tp.placed_ids.size, m.node_rows_cold), "notes": c.notes}

@@ -148,10 +148,11 @@ def map_table(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: 
                             int(tp.global_ids.size), node_hot, 0, None, notes, rule)
     exc_ids = np.union1d(hot_ids, tp.placed_ids)
     counts = plan_cold_rows(tp, topo, node_replicas)
-    # the cold table as the sharding rule lays it out: type, ranks, TorchRec's blocks
-    kind, ranks, cnotes = rule.sharding_type, np.asarray(rule.ranks, np.int64), list(rule.notes)
+    # the cold table as the sharding rule lays out what TorchRec runs: type, ranks, its blocks
+    run = rule.runs_as
+    kind, ranks, cnotes = run.sharding_type, np.asarray(run.ranks, np.int64), list(run.notes)
     C = H - K
-    caps = np.asarray(rule.shard_rows, np.int64)
+    caps = np.asarray(run.shard_rows, np.int64)
     layout = _ColdFill(tp, exc_ids, ranks, caps, C)
     placed, segments = layout.run()
     exceptions = np.concatenate([hot, np.stack([tp.placed_ids, K + placed], axis=1)])

@@ -33,11 +33,14 @@ installed wheel):
   renumbered by the ID remap into TorchRec's blocks: hashed and weighted rows, GPUs out of
   TorchRec's order, a part of a node or of the cluster (run on every rank of the group);
 - TorchRec 1.8 has no ``table_row_wise`` or ``table_column_wise`` for sequence tables
-  (``embedding.py`` ``create_embedding_sharding`` raises "Sharding not supported"): they run as
-  ``row_wise`` (through the export) and ``column_wise``.
+  (``embedding.py`` ``create_embedding_sharding`` raises "Sharding not supported"): the rule still
+  gives the plan's sharding (the runtime harness maps it and :meth:`TableSharding.check` refuses
+  it; TorchRec's estimator has the formula) and, as ``fallback``, what runs instead: ``row_wise``
+  over every rank through the export, and ``column_wise`` on the same shards.
 
 ``issues`` holds what TorchRec cannot run as planned, in the execution profile's sentences
-(:func:`sharding_issues`); a table plan TorchRec runs directly has none.
+(:func:`sharding_issues`); a table plan TorchRec runs directly has none, but for a type TorchRec
+lacks for the table kind.
 """
 
 from __future__ import annotations
@@ -109,6 +112,10 @@ MODULE_PATHS: dict[str, str] = {COLLECTIONS["pooled"]: POOLED_MODULE,
 # what TorchRec runs a kind it does not offer for a table kind as
 _NEAREST = {"table_row_wise": "row_wise", "table_column_wise": "column_wise"}
 _ROW_TYPES = ("table_wise", "row_wise", "table_row_wise")
+# the export's note when a sequence table's cold rows sit on one node
+_SEQUENCE_NOTE = ("the plan keeps the cold rows on one node, but TorchRec 1.8's "
+                  "EmbeddingCollectionSharder offers no table_row_wise for sequence tables "
+                  "(embedding.py l.1836-1843): exported row_wise over all ranks")
 _COLUMN_TYPES = ("column_wise", "table_column_wise")
 
 
@@ -366,9 +373,10 @@ class TorchRecSharding:
         The plan's sharding kind (:meth:`TablePlan.sharding_kind`): what the plan asks for and
         the cost model prices.
     sharding_type : str
-        The TorchRec sharding type that runs it (:data:`SHARDING_TYPES`): of the table itself
+        The table plan's TorchRec sharding type (:data:`SHARDING_TYPES`): of the table itself
         when TorchRec runs it directly, else of the export's cold table (``data_parallel`` when
-        the export's hot table holds every row).
+        the export's hot table holds every row); when TorchRec 1.8 lacks it for the table's kind,
+        :attr:`fallback` runs instead.
     ranks : tuple of int
         The rank of each shard, in shard order (:func:`type_ranks`; ``data_parallel``: every
         rank).
@@ -390,6 +398,10 @@ class TorchRecSharding:
         What the choice of the cold table's type assumed (the export's manifest notes).
     exportable : bool
         The export writes the table (it writes no column-wise tables).
+    fallback : TorchRecSharding or None
+        When TorchRec 1.8 has no :attr:`sharding_type` for the table's kind (sequence
+        ``table_row_wise`` / ``table_column_wise``, :func:`torchrec_kind`): what it runs instead
+        (``row_wise`` over every rank through the export; ``column_wise`` on the same shards).
     """
 
     table: str
@@ -403,13 +415,21 @@ class TorchRecSharding:
     issues: tuple[str, ...]
     notes: tuple[str, ...] = ()
     exportable: bool = True
+    fallback: "TorchRecSharding | None" = None
 
     @property
     def direct(self) -> bool:
         """TorchRec runs the table plan as it is: its own IDs, a sharding TorchRec's
-        ``sharding_plan`` generators make (:func:`table_shardings`, the runtime harness);
+        ``sharding_plan`` generators make (:func:`table_shardings`, the runtime harness; of a
+        type TorchRec lacks for the table kind, :meth:`TableSharding.check` refuses it);
         otherwise only through the export's ID remap (hot data-parallel table + cold table)."""
         return not self.indirect
+
+    @property
+    def runs_as(self) -> "TorchRecSharding":
+        """The sharding TorchRec runs: :attr:`fallback` when TorchRec lacks :attr:`sharding_type`
+        for the table's kind, else this one (the export writes it)."""
+        return self.fallback or self
 
     @property
     def shard_rows(self) -> tuple[int, ...]:
@@ -465,16 +485,37 @@ def torchrec_sharding(tp: TablePlan, topology: Topology, *, cold_sharding: str =
     if not why and cold_sharding != "auto":
         why = (f"table {tp.name!r}: cold_sharding={cold_sharding!r} asks the export for its cold "
                f"table's type")
-    hot = tp.global_ids.size + (tp.node_ids.size if node_replicas == "hot" else 0)
+    hot = int(tp.global_ids.size + (tp.node_ids.size if node_replicas == "hot" else 0))
     H = tp.table.num_rows
     if hot == H:
         return _data_parallel(tp, topology, kind, H, why, issues)
-    choice = kind if not why else cold_sharding
-    st, ranks, host, notes = _cold_choice(tp, topology, choice,
+    if cold_sharding not in ("auto",) + OFFERED_SHARDING_TYPES[tp.table.kind]:
+        raise ConfigError(f"table {tp.name!r}: cold_sharding {cold_sharding!r} is impossible for "
+                          "a sequence table: TorchRec 1.8's EmbeddingCollectionSharder offers "
+                          "only data_parallel, table_wise, column_wise and row_wise (embedding.py "
+                          "l.1836-1843); use 'row_wise' or 'auto'")
+    st, ranks, host, notes = _cold_choice(tp, topology, kind if not why else cold_sharding,
                                           plan_cold_rows(tp, topology, node_replicas))
+    fallback = None
+    if st not in OFFERED_SHARDING_TYPES[tp.table.kind]:
+        fallback = _row_fallback(tp, topology, kind, st, hot, issues)
     return TorchRecSharding(tp.name, kind, st, ranks, host,
-                            torchrec_shards(st, H - int(hot), tp.table.dim, ranks), int(hot),
-                            why, issues, tuple(notes))
+                            torchrec_shards(st, H - hot, tp.table.dim, ranks), hot, why, issues,
+                            tuple(notes), fallback=fallback)
+
+
+def _row_fallback(tp: TablePlan, topology: Topology, kind: str, sharding_type: str, hot: int,
+                  issues: tuple[str, ...]) -> TorchRecSharding:
+    """What runs a row sharding TorchRec lacks for the table's kind (sequence table-row-wise):
+    the export's cold table, row-wise over every rank."""
+    t = tp.table
+    fb = torchrec_kind(sharding_type, t.kind)
+    ranks = type_ranks(fb, topology.num_gpus, topology.gpus_per_node)
+    why = (f"table {tp.name!r}: TorchRec 1.8 has no {sharding_type} for {t.kind} tables "
+           f"(embedding.py create_embedding_sharding); the export runs it {fb} over every rank")
+    return TorchRecSharding(tp.name, kind, fb, ranks, None,
+                            torchrec_shards(fb, t.num_rows - hot, t.dim, ranks), hot, why, issues,
+                            (_SEQUENCE_NOTE,))
 
 
 def _data_parallel(tp: TablePlan, topology: Topology, kind: str, hot_rows: int, why: str,
@@ -499,7 +540,6 @@ def _column_sharding(tp: TablePlan, topology: Topology, kind: str,
     takes any widths and ranks); run directly when they are what TorchRec's
     ``column_wise(ranks)`` generator makes. The export writes no column-wise table."""
     c, t, name = tp.cold, tp.table, tp.name
-    st = torchrec_kind(kind, t.kind)
     ranks = tuple(int(g) for g in c.gpus)
     why = _special_rows(tp)
     if not why and np.ptp(c.widths) > 0:
@@ -507,12 +547,14 @@ def _column_sharding(tp: TablePlan, topology: Topology, kind: str,
                f"column_wise(ranks) cuts the dim evenly")
     if not why and _column_cut(t, len(ranks)):
         why = f"table {name!r}: {_column_cut(t, len(ranks))}"
-    if not why and st != kind:
-        why = (f"table {name!r}: TorchRec 1.8 has no {kind} for {t.kind} tables (embedding.py "
-               f"create_embedding_sharding); it runs the shards as {st}")
-    shards = torchrec_shards(st, t.num_rows, t.dim, ranks, c.widths.tolist())
-    return TorchRecSharding(name, kind, st, ranks, None, shards, 0, why, issues,
-                            exportable=False)
+    shards = torchrec_shards(kind, t.num_rows, t.dim, ranks, c.widths.tolist())
+    fallback = None
+    if torchrec_kind(kind, t.kind) != kind:
+        fb = torchrec_kind(kind, t.kind)
+        fallback = TorchRecSharding(name, kind, fb, ranks, None, shards, 0, why, issues,
+                                    exportable=False)
+    return TorchRecSharding(name, kind, kind, ranks, None, shards, 0, why, issues,
+                            exportable=False, fallback=fallback)
 
 
 def _equal_ranges(tp: TablePlan) -> bool:
@@ -530,7 +572,7 @@ def _equal_ranges(tp: TablePlan) -> bool:
 def _row_layout(tp: TablePlan, topology: Topology, kind: str) -> str:
     """Why the cold function of a row plan is not TorchRec's layout of its ``kind`` ("" when it
     is: one GPU; equal ranges over every GPU in order (row_wise) or over the GPUs of one node in
-    order (table_row_wise, pooled tables))."""
+    order (table_row_wise))."""
     name, c = tp.name, tp.cold
     gpus = [int(g) for g in c.gpus]
     if len(gpus) == 1:
@@ -541,10 +583,6 @@ def _row_layout(tp: TablePlan, topology: Topology, kind: str) -> str:
     if not _equal_ranges(tp):
         return (f"table {name!r}: weighted ranges have no TorchRec sharding (its row-wise blocks "
                 f"are equal, ceil(H / n) rows)")
-    if kind != torchrec_kind(kind, tp.table.kind):
-        return (f"table {name!r}: TorchRec 1.8 has no {kind} for {tp.table.kind} tables "
-                f"(embedding.py create_embedding_sharding); the export runs it "
-                f"{torchrec_kind(kind, tp.table.kind)} over every rank")
     m = topology.gpus_per_node
     if kind == "row_wise" and gpus == list(range(topology.num_gpus)):
         return ""
@@ -572,27 +610,15 @@ def _cold_choice(tp: TablePlan, topology: Topology, choice: str, counts: np.ndar
     """TorchRec sharding type, ranks and host of the cold rows, with notes. ``choice``: a row
     type (a table plan TorchRec runs directly passes its kind), or ``auto``: the plan's inference
     (:func:`~flexshard_stream.plans.plan.infer_row_kind`) on the GPUs holding cold rows
-    (``counts``, :func:`plan_cold_rows`), run as TorchRec offers it for the table's kind."""
-    t = tp.table
+    (``counts``, :func:`plan_cold_rows`); whether TorchRec offers it for the table's kind is the
+    caller's."""
     M, G = topology.gpus_per_node, topology.num_gpus
     used = np.flatnonzero(counts)
     if not used.size:
         used = np.unique(tp.cold.gpus).astype(np.int64)
     one_node = used.size > 0 and np.unique(used // M).size == 1
     notes: list[str] = []
-    kind = choice
-    if choice == "auto":
-        kind = infer_row_kind(used, G, M)
-        if torchrec_kind(kind, t.kind) != kind:
-            kind = torchrec_kind(kind, t.kind)
-            notes.append("the plan keeps the cold rows on one node, but TorchRec 1.8's "
-                         "EmbeddingCollectionSharder offers no table_row_wise for sequence "
-                         "tables (embedding.py l.1836-1843): exported row_wise over all ranks")
-    if kind == "table_row_wise" and kind not in OFFERED_SHARDING_TYPES[t.kind]:
-        raise ConfigError(f"table {t.name!r}: cold_sharding 'table_row_wise' is impossible for a "
-                          "sequence table: TorchRec 1.8's EmbeddingCollectionSharder offers only "
-                          "data_parallel, table_wise, column_wise and row_wise (embedding.py "
-                          "l.1836-1843); use 'row_wise' or 'auto'")
+    kind = infer_row_kind(used, G, M) if choice == "auto" else choice
     if kind == "row_wise":
         return kind, type_ranks(kind, G, M), None, notes
     if kind == "table_row_wise":
@@ -681,8 +707,9 @@ def table_shardings(plan: Plan | Mapping[str, TableSharding | str],
     ConfigError
         A table TorchRec cannot run directly (:attr:`TorchRecSharding.indirect`: replicated or
         placed rows, a host tier, hashed or weighted ranges, GPUs out of TorchRec's order, column
-        shards TorchRec's generator does not make, a type TorchRec lacks for the table kind), or
-        a mapping that misses or adds tables.
+        shards TorchRec's generator does not make), or a mapping that misses or adds tables.
+        (A type TorchRec lacks for the table's kind is mapped; :meth:`TableSharding.check`
+        refuses it.)
     """
     if isinstance(plan, Plan):
         return {name: torchrec_sharding(tp, plan.topology).table_sharding
