@@ -346,5 +346,9 @@ def test_the_cli_label():
              (ColdSharding.ranges([2], 100), {}, "tw"),
              (ColdSharding.replicated(), {}, "dp"),
              (ColdSharding.columns([0, 1], [4, 4]), {}, "cw")]
+    from flexshard_stream.cli import plan as cli_plan
+
+    cli_label = getattr(cli_plan, "_sharding", sharding_label)    # until the CLI calls it
     for cold, kw, want in cases:
-        assert sharding_label(TablePlan(POOLED, cold, **kw), TOPO) == want
+        tp = TablePlan(POOLED, cold, **kw)
+        assert sharding_label(tp, TOPO) == want == cli_label(tp, TOPO)
