@@ -570,11 +570,12 @@ def torchrec_dense_terms(G, M, B, length_bytes, sharding, layout, pooled, emb_by
     """The collectives of the TorchRec execution profile that do not depend on the IDs (one
     iteration, bytes; docs/COST_MODEL.md), all tables in one pass.
 
-    ``sharding[t]``: the table's sharding kind code (``plan.SHARDING_CODES``: 0 table_wise,
-    1 column_wise, 2 table_column_wise, 3 row_wise, 4 table_row_wise, 5 data_parallel); the
-    replicated rows of a table (special codes < 0) form its data-parallel hot table. Sequence
-    tables have no table_row_wise / table_column_wise in TorchRec and are priced as row_wise /
-    column_wise. Outputs (accumulated):
+    ``sharding[t]``: the code (``plan.SHARDING_CODES``: 0 table_wise, 1 column_wise,
+    2 table_column_wise, 3 row_wise, 4 table_row_wise, 5 data_parallel) of the TorchRec type
+    that runs table t (the sharding rule's, ``bridge.sharding.torchrec_kind``: sequence tables
+    have no table_row_wise / table_column_wise in TorchRec, their caller passes row_wise /
+    column_wise); the replicated rows of a table (special codes < 0) form its data-parallel hot
+    table. Outputs (accumulated):
 
     - ``lengths[g]``: KJT lengths every rank sends to ``g`` (``length_bytes * B`` per slot);
     - ``pooled_owner[g]``: pooled all-to-all bytes ``g`` sends to every rank (``B d e`` per
@@ -610,10 +611,6 @@ def torchrec_dense_terms(G, M, B, length_bytes, sharding, layout, pooled, emb_by
         allreduce += hot * eb
         counted[t] = True
         is_pooled = pooled[t]
-        if not is_pooled and code == 4:
-            code = 3
-        elif not is_pooled and code == 2:
-            code = 1
         groups[6 * np.int64(is_pooled) + code] = 1
         ca, cb = lay_off[layout[t]], lay_off[layout[t] + 1]
         if code == 0:

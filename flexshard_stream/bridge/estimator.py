@@ -57,6 +57,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError
+from .sharding import torchrec_sharding
 
 __all__ = [
     "GIB", "TORCHREC_VERSION", "TORCHREC_GIT_VERSION",
@@ -457,24 +458,31 @@ def _shard_note(sharding: str, kind: str, spans_hosts: bool) -> str:
 
 
 def torchrec_sharding_of(tp: Any, topo: Any) -> str:
-    """TorchRec's sharding type of one :class:`~flexshard_stream.plans.plan.TablePlan`, if it has one.
+    """TorchRec's sharding type of one :class:`~flexshard_stream.plans.plan.TablePlan`, if it is
+    one table TorchRec's estimator prices here (TW, RW or TWRW).
 
-    Table-wise: the whole table on one GPU; row-wise: ranges over all GPUs; table-row-wise: ranges
-    over the GPUs of one node. Replicas or explicit placements have no TorchRec equivalent.
+    The type of the sharding rule (:func:`~flexshard_stream.bridge.sharding.torchrec_sharding`):
+    the table plan's own when TorchRec runs it directly, else the export's cold table's (its
+    rows renumbered; TorchRec's estimate, uniform access, does not depend on which rows). A
+    sequence table on one node is priced with TorchRec's TWRW formula as written (TorchRec's
+    evaluator has it; its sharder never proposes it, and the export runs the table row-wise,
+    the rule's ``fallback``). Replicas (global or node) have none: the export makes them a
+    second, data-parallel table.
     """
-    c = tp.cold
-    if tp.global_ids.size or tp.node_ids.size or tp.placed_ids.size or c.kind == "replicated":
-        raise ConfigError(f"table {tp.name!r}: replicated or placed rows have no TorchRec "
-                          "sharding type (only TW, RW and TWRW do)")
-    g = np.asarray(c.gpus)
-    M = topo.gpus_per_node
-    if g.size == 1:
-        return "table_wise"
-    if g.size == topo.num_gpus and np.array_equal(np.sort(g), np.arange(topo.num_gpus)):
-        return "row_wise"
-    if g.size == M and np.unique(g // M).size == 1:
-        return "table_row_wise"
-    raise ConfigError(f"table {tp.name!r}: its cold GPUs match no TorchRec sharding type")
+    return _estimated(tp, topo)[0]
+
+
+def _estimated(tp: Any, topo: Any) -> tuple[str, tuple[int, ...]]:
+    """(sharding type, rank of each shard) that :func:`torchrec_plan_comm` prices for ``tp``."""
+    r = torchrec_sharding(tp, topo)
+    if r.hot_rows:
+        raise ConfigError(f"table {tp.name!r}: replicated rows have no TorchRec sharding type of "
+                          f"one table (the export makes them a data-parallel hot table beside "
+                          f"the cold one; only TW, RW and TWRW are modelled)")
+    if r.sharding_type not in SHARDING_TYPES:
+        raise ConfigError(f"table {tp.name!r}: TorchRec shards it {r.sharding_type}; no "
+                          f"TorchRec sharding type modelled here (only TW, RW and TWRW are)")
+    return r.sharding_type, r.ranks
 
 
 def torchrec_plan_comm(plan: Any, batch_size: int, mean_lengths: dict[str, float]) -> dict:
@@ -490,7 +498,7 @@ def torchrec_plan_comm(plan: Any, batch_size: int, mean_lengths: dict[str, float
                            "input_dist_bytes": 0.0}
     per_rank = np.zeros(W)
     for name, tp in plan.tables.items():
-        sh = torchrec_sharding_of(tp, topo)
+        sh, ranks = _estimated(tp, topo)
         t = tp.table
         r = torchrec_shard_comm(sh, t.kind, batch_size, W, M, t.num_rows, t.dim,
                                 t.element_bytes, float(mean_lengths.get(name, 1.0)))
@@ -498,6 +506,6 @@ def torchrec_plan_comm(plan: Any, batch_size: int, mean_lengths: dict[str, float
                                                   if k.startswith("table_") or k == "num_shards"}}
         for k in ("fwd_comm_bytes", "bwd_comm_bytes", "input_dist_bytes"):
             out[k] += r[f"table_{k}"]
-        per_rank[np.asarray(tp.cold.gpus)] += r["fwd_comm_s"] + r["bwd_comm_s"]
+        per_rank[list(ranks)] += r["fwd_comm_s"] + r["bwd_comm_s"]
     out["score_comm_s"] = float(per_rank.max()) if W else 0.0
     return out

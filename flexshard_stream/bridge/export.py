@@ -80,8 +80,16 @@ from ..plans.tables import EmbeddingTable, summaries_by_table
 from ..plans.topology import Topology
 from ..stats.batch import Batch
 from ..stats.summary import FrequencySummary
-from .layout import TableMapping, map_table, torchrec_rw_shard_rows
+from .layout import TableMapping, map_table
 from .remap import IdRemap, regular_id
+from .sharding import (
+    COLD_SHARDINGS,
+    COLLECTIONS,
+    MODULE_PATHS,
+    NODE_REPLICAS,
+    TorchRecShard,
+    torchrec_rw_shard_rows,
+)
 
 __all__ = ["export_torchrec", "load_torchrec_export", "plan_from_export", "TorchRecExport",
            "torchrec_constraints", "torchrec_embedding_configs", "torchrec_sharding_plan",
@@ -116,12 +124,6 @@ PARAMETER_CONSTRAINTS_FIELDS: tuple[str, ...] = (
 # ParameterConstraints defaults (types.py l.1551-1568; POOLING_FACTOR = 1.0, constants.py l.20)
 _PC_DEFAULTS: dict[str, Any] = {f: None for f in PARAMETER_CONSTRAINTS_FIELDS}
 _PC_DEFAULTS.update(pooling_factors=[1.0], is_weighted=False, use_virtual_table=False)
-
-#: ``cold_sharding`` values. ``auto``: ``table_wise`` when the plan's cold rows live on one GPU,
-#: ``table_row_wise`` when they live on one node and the table is pooled, else ``row_wise``.
-COLD_SHARDINGS: tuple[str, ...] = ("auto", "row_wise", "table_row_wise", "table_wise")
-#: ``node_replicas`` values: where the plan's tier-1 rows (one copy per node) go.
-NODE_REPLICAS: tuple[str, ...] = ("hot", "cold")
 
 # TorchRec 1.8 enum spellings: ShardingType (distributed/types.py l.142-162), EmbeddingComputeKernel
 # (distributed/embedding_types.py l.87-108), DataType (torchrec/types.py l.54-69), PoolingType
@@ -166,7 +168,7 @@ def _config(t: EmbeddingTable, name: str, rows: int, feature: str) -> dict[str, 
            "weight_init_max": bound, "weight_init_min": -bound}
     if t.kind == "pooled":
         cfg["pooling"] = "SUM"
-    return {"module": "EmbeddingBagCollection" if t.kind == "pooled" else "EmbeddingCollection",
+    return {"module": COLLECTIONS[t.kind],
             "config_class": "EmbeddingBagConfig" if t.kind == "pooled" else "EmbeddingConfig",
             "config": cfg}
 
@@ -186,9 +188,12 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
         Output directory, created or replaced atomically. A file, or a non-empty directory that
         is not an export, is refused.
     cold_sharding : {"auto", "row_wise", "table_row_wise", "table_wise"}
-        TorchRec sharding type of the cold tables. ``auto`` follows the plan: ``table_wise`` when its
-        cold rows are on one GPU, ``table_row_wise`` when they are on one node and the table is
-        pooled (TorchRec 1.8 offers no TWRW for sequence tables), else ``row_wise``.
+        TorchRec sharding type of the cold tables. ``auto`` follows the sharding rule
+        (:func:`~flexshard_stream.bridge.sharding.torchrec_sharding`): a table plan TorchRec
+        runs directly keeps its type and ranks; otherwise ``table_wise`` when its cold rows are
+        on one GPU, ``table_row_wise`` when they are on several GPUs of one node (not every GPU)
+        and the table is pooled (TorchRec 1.8 offers no TWRW for sequence tables), else
+        ``row_wise``.
     node_replicas : {"hot", "cold"}
         Where the plan's node replicas (tier 1, one copy per node: TorchRec has no such sharding)
         go. ``"hot"`` (default): into the data-parallel hot table; their lookups stay on the GPU
@@ -362,20 +367,20 @@ def _length_and_hot_share(name: str, tp: TablePlan, m: TableMapping,
 
 
 def _shard_entry(module: str, sharding: str, kernel: str, ranks: Sequence[int],
-                 shard_rows: Sequence[int] | None, dim: int) -> dict[str, Any]:
+                 shards: Sequence[TorchRecShard] | None) -> dict[str, Any]:
     """One table of ``sharding_plan.json``: what ``ParameterSharding`` holds (``shards``: row
-    offset and size of each rank's shard, all columns; None for data-parallel)."""
-    shards = None
-    if shard_rows is not None:
-        offsets = np.concatenate([[0], np.cumsum(shard_rows)[:-1]]).astype(np.int64)
-        shards = [{"rank": int(r), "offsets": [int(o), 0], "sizes": [int(n), int(dim)]}
-                  for r, o, n in zip(ranks, offsets, shard_rows)]
+    and column offsets and sizes of each rank's shard, the sharding rule's; None for
+    data-parallel)."""
+    entries = None
+    if shards is not None:
+        entries = [{"rank": s.rank, "offsets": list(s.offsets), "sizes": list(s.sizes)}
+                   for s in shards]
     return {"module": module, "sharding_type": sharding, "compute_kernel": kernel,
-            "ranks": [int(r) for r in ranks], "shards": shards, "cache_params": None}
+            "ranks": [int(r) for r in ranks], "shards": entries, "cache_params": None}
 
 
 def _module_of(t: EmbeddingTable) -> str:
-    return "EmbeddingBagCollection" if t.kind == "pooled" else "EmbeddingCollection"
+    return COLLECTIONS[t.kind]
 
 
 def _hot_table(out: _TableExport, name: str, t: EmbeddingTable, m: TableMapping,
@@ -386,7 +391,7 @@ def _hot_table(out: _TableExport, name: str, t: EmbeddingTable, m: TableMapping,
     out.constraints[hname] = _constraints(_DATA_PARALLEL, _DENSE, hfeat, pooling)
     out.configs.append(_config(t, hname, m.hot_rows, hfeat))
     out.shardings[hname] = _shard_entry(_module_of(t), _DATA_PARALLEL, _DENSE,
-                                        range(topo.num_gpus), None, t.dim)
+                                        range(topo.num_gpus), None)
     return {"table": hname, "feature": hfeat, "rows": m.hot_rows,
             "sharding_type": _DATA_PARALLEL, "global_rows": m.global_rows,
             "node_rows": m.node_rows_hot,
@@ -406,7 +411,7 @@ def _cold_table(out: _TableExport, name: str, tp: TablePlan, topo: Topology,
     out.constraints[cname] = cons
     out.configs.append(_config(t, cname, m.cold_rows, cfeat))
     shard = _shard_entry(_module_of(t), c.sharding_type, _FUSED, c.ranks.tolist(),
-                         c.shard_rows.tolist(), t.dim)
+                         m.sharding.runs_as.shards)
     out.shardings[cname] = shard
     cold = {"table": cname, "feature": cfeat,
             **c.entry(m.cold_rows, tp.placed_ids.size, m.node_rows_cold), "notes": c.notes}
@@ -883,10 +888,6 @@ def torchrec_embedding_configs(path: str | os.PathLike) -> list[Any]:
             "data_type": lambda v, w: _enum(tr["DataType"], v, w),
             "pooling": lambda v, w: _enum(tr["PoolingType"], v, w)}))
     return out
-
-
-#: Default module paths of the two collections (``torchrec_loader.EmbeddingModules``).
-MODULE_PATHS: dict[str, str] = {"EmbeddingBagCollection": "ebc", "EmbeddingCollection": "ec"}
 
 
 def sharding_plan_from_doc(doc: Mapping[str, Any], *, device: str = "cuda",

@@ -3,9 +3,10 @@
 The TorchRec export (:mod:`flexshard_stream.bridge.export`) splits a table of ``H``
 rows into a data-parallel hot table (``K`` rows: the plan's replicas) and a cold table (``C = H -
 K`` rows) that TorchRec shards in equal, contiguous row blocks (``ceil(C / n)`` rows on each of its
-``n`` ranks, :func:`torchrec_rw_shard_rows`). :func:`map_table` chooses the new index of every row
-as an :class:`~flexshard_stream.bridge.remap.IdRemap`, in memory proportional to the rows
-chosen individually (replicas, explicitly placed rows) and the GPUs, never to ``H``:
+``n`` ranks, :func:`torchrec_rw_shard_rows`; its type, ranks and blocks are the sharding rule's,
+:func:`~flexshard_stream.bridge.sharding.torchrec_sharding`). :func:`map_table` chooses the new
+index of every row as an :class:`~flexshard_stream.bridge.remap.IdRemap`, in memory proportional
+to the rows chosen individually (replicas, explicitly placed rows) and the GPUs, never to ``H``:
 
 1. hot rows get ``[0, K)`` in increasing original ID;
 2. each cold rank keeps, up to its block size, the rows the plan put on it: its explicitly placed
@@ -29,41 +30,20 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
 from ..kernels.hashing import mix64_np
 from ..plans.plan import ColdSharding, TablePlan
 from ..plans.topology import Topology
 from .remap import IdRemap, regular_rank
+from .sharding import (
+    TorchRecSharding,
+    plan_cold_rows,
+    torchrec_block_starts,
+    torchrec_rw_shard_rows,
+    torchrec_sharding,
+)
 
 __all__ = ["ColdLayout", "TableMapping", "map_table", "torchrec_rw_shard_rows",
            "torchrec_block_starts"]
-
-
-# ----------------------------------------------------------------------------- TorchRec facts
-def torchrec_rw_shard_rows(num_rows: int, num_shards: int) -> np.ndarray:
-    """Rows per shard of a TorchRec 1.8 row-wise (or table-row-wise) table: ``ceil(H / n)`` on every
-    shard until the rows run out (``sharding_plan.py`` l.181-237, ``_calculate_rw_shard_sizes_and_
-    offsets``; e.g. 10 rows on 4 ranks: 3, 3, 3, 1; 5 on 4: 2, 2, 1, 0). Row ``i`` lives on shard
-    ``i // ceil(H / n)``, as the input bucketization computes it (``rw_sharding.py`` l.429-431,
-    ``twrw_sharding.py`` l.369-371)."""
-    if num_shards <= 0:
-        raise ConfigError(f"num_shards must be > 0, got {num_shards}")
-    if num_rows <= 0:
-        return np.zeros(num_shards, np.int64)
-    block = -(-num_rows // num_shards)
-    last = num_rows // block
-    out = np.zeros(num_shards, np.int64)
-    out[:min(last, num_shards)] = block
-    if last < num_shards:
-        out[last] = num_rows - block * last
-    return out
-
-
-def torchrec_block_starts(num_rows: int, num_shards: int) -> np.ndarray:
-    """First row of each of TorchRec's row-wise shards (int64[n]; see
-    :func:`torchrec_rw_shard_rows`)."""
-    sizes = torchrec_rw_shard_rows(num_rows, num_shards)
-    return np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
 
 
 # ----------------------------------------------------------------------------- the result
@@ -109,7 +89,9 @@ class ColdLayout:
 class TableMapping:
     """One table's split: the remap, the hot table's rows (``hot_rows``, K; of them
     ``global_rows`` global and ``node_rows_hot`` node replicas; ``hot_ids`` the replicated rows'
-    original IDs, empty for a data-parallel table), the cold layout (None without cold rows)."""
+    original IDs, empty for a data-parallel table), the cold layout (None without cold rows) and
+    the sharding rule's answer it follows (:func:`~flexshard_stream.bridge.sharding.
+    torchrec_sharding` with the export's options)."""
 
     remap: IdRemap
     hot_rows: int
@@ -119,6 +101,7 @@ class TableMapping:
     node_rows_cold: int
     cold: ColdLayout | None
     notes: list[str]
+    sharding: TorchRecSharding | None = None
 
     @property
     def cold_rows(self) -> int:
@@ -142,10 +125,11 @@ def map_table(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: 
     of at most :data:`HASH_ROW_BY_ROW_ROWS` rows (laid out row by row).
     """
     H = tp.table.num_rows
+    rule = torchrec_sharding(tp, topo, cold_sharding=cold_sharding, node_replicas=node_replicas)
     if tp.replicated:
         return TableMapping(IdRemap.identity(H), H, np.zeros(0, np.int64), H, 0, 0, None,
                             ["data-parallel table: exported whole as the hot (data_parallel) "
-                             "table with the identity remap"])
+                             "table with the identity remap"], rule)
     notes: list[str] = []
     hot_ids = tp.global_ids
     if node_replicas == "hot" and tp.node_ids.size:
@@ -161,12 +145,14 @@ def map_table(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: 
     hot = np.stack([hot_ids, np.arange(K, dtype=np.int64)], axis=1)
     if K == H:
         return TableMapping(IdRemap(H, hot, np.zeros((0, 2), np.int64)), K, hot_ids,
-                            int(tp.global_ids.size), node_hot, 0, None, notes)
+                            int(tp.global_ids.size), node_hot, 0, None, notes, rule)
     exc_ids = np.union1d(hot_ids, tp.placed_ids)
-    counts = _plan_cold_rows(tp, topo, hot_ids)
-    kind, ranks, cnotes = _choose_cold(tp, topo, cold_sharding, counts)
+    counts = plan_cold_rows(tp, topo, node_replicas)
+    # the cold table as the sharding rule lays out what TorchRec runs: type, ranks, its blocks
+    run = rule.runs_as
+    kind, ranks, cnotes = run.sharding_type, np.asarray(run.ranks, np.int64), list(run.notes)
     C = H - K
-    caps = torchrec_rw_shard_rows(C, ranks.size)
+    caps = np.asarray(run.shard_rows, np.int64)
     layout = _ColdFill(tp, exc_ids, ranks, caps, C)
     placed, segments = layout.run()
     exceptions = np.concatenate([hot, np.stack([tp.placed_ids, K + placed], axis=1)])
@@ -185,64 +171,7 @@ def map_table(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: 
                           "block while the block has room (a remap entry per row)")
     return TableMapping(IdRemap(H, exceptions, _merge_runs(segments)), K, hot_ids,
                         int(tp.global_ids.size), node_hot,
-                        int(tp.node_ids.size) - node_hot, cold, notes + cnotes)
-
-
-def _plan_cold_rows(tp: TablePlan, topo: Topology, hot_ids: np.ndarray) -> np.ndarray:
-    """Cold rows per GPU under the plan (int64[G]): placed rows plus the cold function's rows
-    (node replicas exported cold included; a hash over more than 2**24 rows by its expected
-    value, as :meth:`TablePlan.rows_per_gpu` counts it)."""
-    cold_only = TablePlan(tp.table, tp.cold, global_ids=hot_ids, placed_ids=tp.placed_ids,
-                          placed_gpus=tp.placed_gpus)
-    return cold_only.rows_per_gpu(topo) - hot_ids.size
-
-
-def _choose_cold(tp: TablePlan, topo: Topology, cold_sharding: str, counts: np.ndarray
-                 ) -> tuple[str, np.ndarray, list[str]]:
-    """TorchRec sharding type and target ranks of the cold table, with notes; ``counts``: the
-    plan's cold rows per GPU."""
-    t = tp.table
-    M, G = topo.gpus_per_node, topo.num_gpus
-    used = np.flatnonzero(counts)
-    if not used.size:
-        used = np.unique(tp.cold.gpus).astype(np.int64)
-    notes: list[str] = []
-    one_node = used.size > 0 and np.unique(used // M).size == 1
-    kind = cold_sharding
-    if cold_sharding == "auto":
-        if used.size == 1:
-            kind = "table_wise"
-        elif one_node and M > 1 and t.kind == "pooled":
-            kind = "table_row_wise"
-        else:
-            kind = "row_wise"
-            if one_node and M > 1:
-                notes.append("the plan keeps the cold rows on one node, but TorchRec 1.8's "
-                             "EmbeddingCollectionSharder offers no table_row_wise for sequence "
-                             "tables (embedding.py l.1836-1843): exported row_wise over all ranks")
-    if kind == "table_row_wise" and t.kind != "pooled":
-        raise ConfigError(f"table {t.name!r}: cold_sharding 'table_row_wise' is impossible for a "
-                          "sequence table: TorchRec 1.8's EmbeddingCollectionSharder offers only "
-                          "data_parallel, table_wise, column_wise and row_wise (embedding.py "
-                          "l.1836-1843); use 'row_wise' or 'auto'")
-    if kind == "row_wise":
-        return kind, np.arange(G, dtype=np.int64), notes
-    if kind == "table_row_wise":
-        node = int(np.argmax(np.bincount(np.arange(G) // M, weights=counts.astype(float),
-                                         minlength=topo.nodes)))
-        ranks = topo.gpus_of_node(node).astype(np.int64)
-        notes.append(f"table_row_wise puts all cold rows on one node (TorchRec picks which; "
-                     f"the reverse mapping assumes node {node}, the one holding most of them "
-                     f"in the plan)" if not one_node else
-                     f"TorchRec's planner picks the node; the reverse mapping assumes the "
-                     f"plan's node {node}")
-        return kind, ranks, notes
-    ranks = np.array([int(np.argmax(counts))], np.int64)
-    if used.size > 1:
-        notes.append(f"table_wise puts all cold rows on one rank (the reverse mapping assumes "
-                     f"GPU {int(ranks[0])}, the one holding most of them in the plan)")
-    notes.append("TorchRec's planner picks the rank of a table_wise table")
-    return kind, ranks, notes
+                        int(tp.node_ids.size) - node_hot, cold, notes + cnotes, rule)
 
 
 def _regular_runs(cold: ColdSharding, exc_ids: np.ndarray, num_rows: int

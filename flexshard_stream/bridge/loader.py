@@ -39,7 +39,6 @@ from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTen
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from .export import (
-    MODULE_PATHS,
     TorchRecExport,
     load_torchrec_export,
     sharding_plan_from_doc,
@@ -47,6 +46,7 @@ from .export import (
     torchrec_sharding_plan,
 )
 from .remap import IdRemap
+from .sharding import MODULE_PATHS
 
 __all__ = ["remap_ids", "TableRemap", "KJTRemap", "EmbeddingModules", "exported_embeddings",
            "exported_modules", "sharding_plan_from_doc", "MODULE_PATHS"]
@@ -249,7 +249,8 @@ def _append(keys: List[str], vals: List[torch.Tensor], lens: List[torch.Tensor],
 
 class EmbeddingModules(nn.Module):
     """Embedding tables as TorchRec modules: ``ebc`` (an ``EmbeddingBagCollection``, SUM pooling),
-    ``ec`` (an ``EmbeddingCollection``) and ``plain`` (tables as plain ``nn.EmbeddingBag`` /
+    ``ec`` (an ``EmbeddingCollection``; the attribute names are :data:`MODULE_PATHS`, the module
+    paths of every ``ShardingPlan`` built here) and ``plain`` (tables as plain ``nn.EmbeddingBag`` /
     ``nn.Embedding`` modules, which ``DistributedModelParallel`` leaves unsharded: it replicates
     them and DDP all-reduces their gradients, as TorchRec's data-parallel sharding does).
 

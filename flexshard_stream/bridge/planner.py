@@ -36,6 +36,7 @@ from ..plans.tables import EmbeddingTable, summaries_by_table
 from ..plans.topology import Topology
 from ..stats.summary import FrequencySummary
 from .estimator import TORCHREC_VERSION
+from .sharding import POOLED_MODULE, SEQUENCE_MODULE
 
 __all__ = ["plan_torchrec", "TorchRecPlanResult", "plan_from_sharding_plan", "torchrec_table_names",
            "torchrec_topology_config", "torchrec_estimate", "module_paths",
@@ -118,8 +119,9 @@ def module_paths(tables: Sequence[EmbeddingTable]) -> dict[str, str]:
     ``"ebc"`` for pooled tables; ``"ec"`` for sequence tables when they share one dim, else
     ``"ec_d<dim>"`` (TorchRec's ``EmbeddingCollection`` requires one dim for all its tables)."""
     dims = {t.dim for t in tables if t.kind == "sequence"}
-    return {t.name: "ebc" if t.kind == "pooled"
-            else ("ec" if len(dims) == 1 else f"ec_d{t.dim}") for t in tables}
+    return {t.name: POOLED_MODULE if t.kind == "pooled"
+            else (SEQUENCE_MODULE if len(dims) == 1 else f"{SEQUENCE_MODULE}_d{t.dim}")
+            for t in tables}
 
 
 def _pooling_factors(tables: Sequence[EmbeddingTable],
@@ -424,10 +426,11 @@ def _module(tables: Sequence[EmbeddingTable], tr: Mapping[str, Any],
         children.setdefault(paths[t.name], []).append(t)
     mods = {}
     for path, ts in children.items():
-        cls = tr["EmbeddingBagConfig"] if path == "ebc" else tr["EmbeddingConfig"]
+        cls = tr["EmbeddingBagConfig"] if path == POOLED_MODULE else tr["EmbeddingConfig"]
         configs = [cls(name=names[t.name], embedding_dim=t.dim, num_embeddings=t.num_rows,
                        feature_names=[t.feature], data_type=dtype[t.dtype]) for t in ts]
-        coll = tr["EmbeddingBagCollection"] if path == "ebc" else tr["EmbeddingCollection"]
+        coll = tr["EmbeddingBagCollection"] if path == POOLED_MODULE else \
+            tr["EmbeddingCollection"]
         mods[path] = coll(tables=configs, device=meta)
     return tr["nn"].ModuleDict(mods)
 

@@ -241,14 +241,9 @@ class _Slot:
 
 def _slots(t: EmbeddingTable, sh: TableSharding, world_size: int,
            local_world_size: int) -> list[_Slot]:
-    st, h = sh.sharding_type, t.num_rows
-    if st == "table_wise":
-        return [_Slot(t, sh.ranks[0], t.dim, 0, h)]
-    if st in ("column_wise", "table_column_wise"):
-        return [_Slot(t, r, t.dim // len(sh.ranks), 0, h) for r in sh.ranks]
-    ranks = sh.shard_ranks(world_size, local_world_size)
-    b = torchrec_row_blocks(h, len(ranks))
-    return [_Slot(t, r, t.dim, int(b[j]), int(b[j + 1])) for j, r in enumerate(ranks)]
+    """The shards of ``t`` as TorchRec lays them out (:meth:`TableSharding.shards`)."""
+    return [_Slot(t, s.rank, s.sizes[1], s.offsets[0], s.offsets[0] + s.sizes[0])
+            for s in sh.shards(t, world_size, local_world_size)]
 
 
 @dataclass
@@ -642,17 +637,28 @@ def export_shardings(export: TorchRecExport | str | Path) -> dict[str, TableShar
         if st == "data_parallel":
             out[name] = TableSharding(st, compute_kernel="dense" if kind[name] == "pooled"
                                       else TORCH_MODULE)
-        elif st == "table_wise":
-            out[name] = TableSharding(st, tuple(ranks), compute_kernel=kernel)
-        elif st == "row_wise" and ranks == list(range(world)):
-            out[name] = TableSharding(st, compute_kernel=kernel)
-        elif st == "table_row_wise" and ranks and ranks[0] % local == 0 and \
-                ranks == list(range(ranks[0], ranks[0] + local)):
-            out[name] = TableSharding(st, host=ranks[0] // local, compute_kernel=kernel)
-        else:
+            continue
+        sh = _sharding_on(st, ranks, local, kernel)
+        if sh is None or list(sh.shard_ranks(world, local)) != ranks:
             raise ConfigError(f"{ex.path}: table {name!r}: {st} on ranks {ranks} is not a "
                               f"sharding of a world of {world} ranks, {local} per node")
+        out[name] = sh
     return out
+
+
+def _sharding_on(sharding_type: str, ranks: list, local: int, kernel: str
+                 ) -> TableSharding | None:
+    """The row sharding (table-wise, row-wise, table-row-wise) on ``ranks``, None if it is
+    none (its ranks are then checked against the type's, :func:`~flexshard_stream.bridge.
+    sharding.type_ranks`)."""
+    if sharding_type not in ("table_wise", "row_wise", "table_row_wise") or not ranks:
+        return None
+    try:
+        return TableSharding(sharding_type, tuple(ranks) if sharding_type == "table_wise" else (),
+                             host=int(ranks[0]) // local if sharding_type == "table_row_wise"
+                             else None, compute_kernel=kernel)
+    except (ConfigError, TypeError, ValueError):
+        return None
 
 
 def _export_case(export: TorchRecExport | str | Path, batches: Sequence[Batch],

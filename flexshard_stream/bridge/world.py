@@ -49,7 +49,7 @@ from .jobs import (
     upstream_gradient,
 )
 from .loader import EmbeddingModules, KJTRemap, exported_embeddings
-from .sharding import OPENED_SHARDING_TYPES, TableSharding
+from .sharding import OPENED_SHARDING_TYPES, POOLED_MODULE, SEQUENCE_MODULE, TableSharding
 
 __all__ = ["CountingProcessGroup", "BACKEND", "FAKE_WORLD", "register_backend",
            "CpuEmbeddingBagCollectionSharder", "cpu_sharders", "FUSED_PARAMS",
@@ -58,7 +58,8 @@ __all__ = ["CountingProcessGroup", "BACKEND", "FAKE_WORLD", "register_backend",
 
 #: Name under which the counting process group is registered with ``torch.distributed``.
 BACKEND = "fs_counting"
-POOLED_PATH, SEQUENCE_PATH = "ebc", "ec"
+#: Module paths of the model's collections (``sharding.MODULE_PATHS``).
+POOLED_PATH, SEQUENCE_PATH = POOLED_MODULE, SEQUENCE_MODULE
 
 # TorchRec functions (``co_qualname``) whose collectives make up each component.
 _COMPONENT_OF = {

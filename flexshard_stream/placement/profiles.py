@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..bridge.sharding import sharding_issues, torchrec_kind
 from ..errors import ConfigError
 from ..kernels.analytic import torchrec_dense_terms
-from ..plans.plan import Plan, TablePlan
+from ..plans.plan import SHARDING_CODES, SHARDING_KINDS, Plan, TablePlan
 from ..plans.topology import Topology
 
 if TYPE_CHECKING:  # the workload module builds on this one (its CostModel names a profile)
@@ -48,7 +49,12 @@ TORCHREC_COMPONENTS: tuple[str, ...] = (
 #: all-to-all: lengths, values and stride sizes as int64 (``dist_data.py``
 #: ``KJTAllToAllSplitsAwaitable``).
 SPLIT_BYTES = 3 * 8
-_SEQUENCE_OFFERED = ("data_parallel", "table_wise", "column_wise", "row_wise")
+#: Code (``SHARDING_CODES``) of the TorchRec type that runs each sharding kind code, per table
+#: kind (row 0 sequence, row 1 pooled): the sharding rule's :func:`~flexshard_stream.bridge.
+#: sharding.torchrec_kind` (sequence table-row-wise runs row-wise, table-column-wise
+#: column-wise).
+_RUN_CODES = np.array([[SHARDING_CODES[torchrec_kind(k, tk)] for k in SHARDING_KINDS]
+                       for tk in ("sequence", "pooled")], np.int64)
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -71,9 +77,10 @@ class ExecutionProfile:
         """What this runtime cannot execute as planned, one sentence per table and reason (empty:
         it runs the plan). ``ideal`` runs everything.
 
-        ``torchrec``: node replicas (tier 1; priced as the export runs them, folded into the
-        data-parallel hot table); sequence ``table_row_wise`` / ``table_column_wise`` (TorchRec
-        1.8's ``EmbeddingCollectionSharder`` offers neither; priced as ``row_wise`` /
+        ``torchrec``: the sharding rule's issues (:func:`~flexshard_stream.bridge.sharding.
+        sharding_issues`): node replicas (tier 1; priced as the export runs them, folded into
+        the data-parallel hot table); sequence ``table_row_wise`` / ``table_column_wise``
+        (TorchRec 1.8's ``EmbeddingCollectionSharder`` offers neither; priced as ``row_wise`` /
         ``column_wise``); ``row_wise`` over fewer than all GPUs and ``table_row_wise`` over part
         of a node (TorchRec's blocks cover every rank of the group; priced on every rank); a host
         memory tier (TorchRec's UVM caching keeps what its cache decides in HBM, not the plan's
@@ -89,26 +96,7 @@ class ExecutionProfile:
         table by table, before it builds whole plans)."""
         if self.name == "ideal":
             return []
-        out = []
-        kind = tp.sharding_kind(topology)
-        where = f"table {tp.name!r} ({kind})"
-        if tp.node_ids.size:
-            out.append(f"{where}: {tp.node_ids.size} node replicas (tier 1): TorchRec has no "
-                       f"one-copy-per-node sharding")
-        if tp.table.kind == "sequence" and kind not in _SEQUENCE_OFFERED:
-            out.append(f"{where}: TorchRec 1.8 offers no {kind} for sequence tables "
-                       f"(embedding.py EmbeddingCollectionSharder.sharding_types)")
-        gpus = np.unique(tp.cold.gpus)
-        if kind == "row_wise" and gpus.size != topology.num_gpus:
-            out.append(f"{where}: rows on {gpus.size} of {topology.num_gpus} GPUs; TorchRec's "
-                       f"row_wise blocks cover every rank")
-        if kind == "table_row_wise" and gpus.size != topology.gpus_per_node:
-            out.append(f"{where}: rows on {gpus.size} of the node's {topology.gpus_per_node} "
-                       f"GPUs; TorchRec's table_row_wise blocks cover every rank of the node")
-        if tp.has_host_tier:
-            out.append(f"{where}: a host memory tier; TorchRec's UVM caching keeps in HBM what "
-                       f"its cache decides, not the plan's split")
-        return out
+        return sharding_issues(tp, topology)
 
     def can_run(self, plan: Plan) -> bool:
         """Whether this runtime executes ``plan`` as planned (:meth:`issues` is empty)."""
@@ -232,8 +220,9 @@ class TorchRecTerms:
         rs_node, x_node = np.zeros(N), np.zeros(N)
         groups = np.zeros(12, np.int64)
         counted = np.zeros(T, np.bool_)
+        runs_as = _RUN_CODES[f["pooled"].astype(np.int64), f["sharding"]]
         rs_world, allreduce = torchrec_dense_terms(
-            G, M, float(batch_size), float(length_bytes), f["sharding"], f["layout"],
+            G, M, float(batch_size), float(length_bytes), runs_as, f["layout"],
             f["pooled"], f["emb_bytes"], f["num_rows"], f["sp_off"], f["sp_codes"], f["lay_off"],
             f["lay_gpus"], f["lay_w"], lengths, pooled_owner, rs_node, x_node, groups, counted)
         node = np.arange(G) // M

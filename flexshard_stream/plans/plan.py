@@ -13,10 +13,17 @@ Tiers (DESIGN.md section 3), as explicit sorted ID arrays where rows are chosen 
 Sharding kind (``TablePlan.sharding``, one of :data:`SHARDING_KINDS`, TorchRec's names): how the
 table is sharded, with hot-row replication on top. Given explicitly or inferred from the cold
 function and the topology (:meth:`TablePlan.sharding_kind`): ``replicated`` -> ``data_parallel``;
-``columns`` -> ``column_wise``; one GPU -> ``table_wise``; several GPUs of one node (not every GPU)
--> ``table_row_wise``; otherwise ``row_wise`` (over ranges or hashed). ``table_column_wise`` (column
-shards on one node) is only ever explicit. Column-wise tables take global replicas (tier 0) only: no
-node replicas, placed rows or host memory tier.
+``columns`` -> ``column_wise``; otherwise :func:`infer_row_kind` of the cold GPUs: one GPU ->
+``table_wise``; several GPUs of one node (not every GPU) -> ``table_row_wise``; otherwise
+``row_wise`` (over ranges or hashed). ``table_column_wise`` (column shards on one node) is only ever
+explicit. Column-wise tables take global replicas (tier 0) only: no node replicas, placed rows or
+host memory tier.
+
+The kind is the plan's own: what the cost model prices and the labels say, for any cold function
+(hashed, weighted, any set of GPUs in any order). Which TorchRec 1.8 sharding a table plan becomes
+(type, ranks, shards; directly or through the export's ID remap; what TorchRec cannot run as
+planned) is decided by one rule in the TorchRec bridge, ``flexshard_stream.bridge.sharding.
+torchrec_sharding``, which starts from this kind (the plan model cannot import the bridge).
 
 Host memory tier (RecShard, ``hbm_fraction``, float64[G] or empty): replicas and placed rows always sit
 in HBM; with a non-empty ``hbm_fraction`` every other cold row ``r`` owned by GPU ``g`` sits in HBM iff
@@ -78,7 +85,7 @@ from .tables import EmbeddingTable
 from .topology import Topology
 
 __all__ = ["ColdSharding", "TablePlan", "Plan", "Router", "PLAN_SCHEMA_VERSION",
-           "SHARDING_KINDS", "SHARDING_CODES"]
+           "SHARDING_KINDS", "SHARDING_CODES", "infer_row_kind"]
 
 #: Version 2 adds the sharding kind and column shards; version 1 plans still load.
 PLAN_SCHEMA_VERSION = 2
@@ -97,6 +104,21 @@ _SHARDING_COLD = {"table_wise": ("hash", "range"), "row_wise": ("hash", "range")
                   "table_row_wise": ("hash", "range"), "column_wise": ("columns",),
                   "table_column_wise": ("columns",), "data_parallel": ("replicated",)}
 _EXACT_HASH_COUNT_ROWS = 1 << 24
+
+
+def infer_row_kind(gpus: Any, num_gpus: int, gpus_per_node: int) -> str:
+    """The row sharding kind of cold rows on ``gpus`` (of a topology of ``num_gpus`` GPUs,
+    ``gpus_per_node`` per node): ``table_wise`` for one GPU, ``table_row_wise`` for several GPUs
+    of one node (not every GPU of the topology), else ``row_wise``. The plan's kind of a hash or
+    range cold function (:meth:`ColdSharding.inferred_sharding`, on its GPUs); the TorchRec export
+    applies it to the GPUs that hold the cold rows."""
+    g = np.asarray(gpus)
+    if g.size == 1:
+        return "table_wise"
+    distinct = np.unique(g)
+    if distinct.size < num_gpus and np.unique(distinct // gpus_per_node).size == 1:
+        return "table_row_wise"
+    return "row_wise"
 
 
 def _sorted_unique_ids(a: Any, what: str, table: str, num_rows: int) -> np.ndarray:
@@ -216,9 +238,10 @@ class ColdSharding:
         return cls("columns", g, widths=w)
 
     def inferred_sharding(self, num_gpus: int, gpus_per_node: int) -> str:
-        """The sharding kind this cold function implies on a topology of ``num_gpus`` GPUs,
-        ``gpus_per_node`` per node (``TablePlan.sharding_kind`` without an explicit kind); kept
-        per topology shape (tables on thousands of GPUs share these objects)."""
+        """The plan's sharding kind this cold function implies on a topology of ``num_gpus``
+        GPUs, ``gpus_per_node`` per node (``TablePlan.sharding_kind`` without an explicit kind;
+        see the module docstring for how it relates to TorchRec's sharding); kept per topology
+        shape (tables on thousands of GPUs share these objects)."""
         cache = self.__dict__.setdefault("_inferred", {})
         key = (int(num_gpus), int(gpus_per_node))
         kind = cache.get(key)
@@ -231,12 +254,7 @@ class ColdSharding:
             return "data_parallel"
         if self.kind == "columns":
             return "column_wise"
-        if self.gpus.size == 1:
-            return "table_wise"
-        distinct = np.unique(self.gpus)
-        if distinct.size < num_gpus and np.unique(distinct // gpus_per_node).size == 1:
-            return "table_row_wise"
-        return "row_wise"
+        return infer_row_kind(self.gpus, num_gpus, gpus_per_node)
 
     @property
     def column_offsets(self) -> np.ndarray:
@@ -424,10 +442,11 @@ class TablePlan:
         return self.cold.kind == "columns"
 
     def sharding_kind(self, topo: Topology) -> str:
-        """The sharding kind (:data:`SHARDING_KINDS`): :attr:`sharding` when given, else
+        """The plan's sharding kind (:data:`SHARDING_KINDS`): :attr:`sharding` when given, else
         inferred: ``data_parallel`` (replicated), ``column_wise`` (column shards),
         ``table_wise`` (one GPU), ``table_row_wise`` (several GPUs, all on one node, not every
-        GPU of the topology), else ``row_wise``."""
+        GPU of the topology), else ``row_wise``. What the cost model prices; the TorchRec
+        sharding it becomes is ``bridge.sharding.torchrec_sharding``'s (module docstring)."""
         if self.sharding:
             return self.sharding
         return self.cold.inferred_sharding(topo.num_gpus, topo.gpus_per_node)
