@@ -52,12 +52,42 @@ thread),
 (the ``Sidecar`` composing them) and :mod:`.common` (errors and names they share).
 """
 
-from .checkpoint import ResumeReport, list_checkpoints, read_checkpoint
-from .common import SidecarError, SidecarWarning
-from .core import Sidecar
-from .ingest import SidecarStats
-from .loader import AttachedLoader, to_batch
-from .ring_feed import run_ring
+from __future__ import annotations
 
-__all__ = ["AttachedLoader", "ResumeReport", "Sidecar", "SidecarError", "SidecarStats",
-           "SidecarWarning", "list_checkpoints", "read_checkpoint", "run_ring", "to_batch"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .config import SidecarConfig
+
+if TYPE_CHECKING:
+    from .checkpoint import ResumeReport, list_checkpoints, read_checkpoint
+    from .common import SidecarError, SidecarWarning
+    from .core import Sidecar
+    from .ingest import SidecarStats
+    from .loader import AttachedLoader, to_batch
+    from .ring_feed import run_ring
+
+#: Re-exported name -> the module that defines it, imported on first access (PEP 562), so that
+#: importing :mod:`.config` (the command line's defaults) loads neither numpy nor Numba.
+_LAZY = {"ResumeReport": ".checkpoint", "list_checkpoints": ".checkpoint",
+         "read_checkpoint": ".checkpoint", "SidecarError": ".common",
+         "SidecarWarning": ".common", "Sidecar": ".core", "SidecarStats": ".ingest",
+         "AttachedLoader": ".loader", "to_batch": ".loader", "run_ring": ".ring_feed"}
+
+__all__ = ["AttachedLoader", "ResumeReport", "Sidecar", "SidecarConfig", "SidecarError",
+           "SidecarStats", "SidecarWarning", "list_checkpoints", "read_checkpoint", "run_ring",
+           "to_batch"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a re-exported name on first access and keep it in the package namespace."""
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
