@@ -7,13 +7,19 @@ In process (docs/SIDECAR.md)::
             train_step(batch)
     sc.stats()                               # counters: batches, IDs, drops, lag
 
+Every setting (queue bounds and policy, checkpoint period, CPU budget, the re-sharder's
+``ReshardConfig``, ...) is a field of one frozen, validated :class:`SidecarConfig`
+(``Sidecar(..., config=SidecarConfig(...))``, or the fields by name: ``queue_batches=8``), with one
+default that the ring command and :func:`run_ring` read too.
+
 ``submit(batch)`` puts the batch on a bounded queue (bounded in batches, IDs and bytes) and returns
 at once: when the queue is full the batch is dropped and counted (``policy="drop"``, the default),
 or ``submit`` waits for room, up to a timeout (``policy="block"``). Two background threads do the
 rest: the *ingest* thread feeds the statistics (the Numba kernels release the GIL) and, every
-``config.check_every`` batches or seconds, hands a frequency summary to the *planner* thread, which
-runs :meth:`Resharder.check <flexshard_stream.online.resharder.Resharder.check>` and publishes the
-:class:`~flexshard_stream.online.resharder.Decision` it returns when it moved the plan (planning
+``config.reshard.check_every`` batches or seconds, hands a frequency summary to the *planner*
+thread, which runs :meth:`Resharder.check <flexshard_stream.online.resharder.Resharder.check>`
+and publishes the :class:`~flexshard_stream.online.resharder.Decision` it returns when it moved
+the plan (planning
 never stalls ingestion; a check due while the previous one still runs replaces the one waiting,
 counted as ``checks_coalesced``). Every applied change is published atomically under ``out_dir``::
 
@@ -49,7 +55,8 @@ rate controller), :mod:`.cores` (threads for the tables of a batch), :mod:`.plan
 thread),
 :mod:`.publisher` (plans, deltas, the ``plan`` link, the counters file), :mod:`.checkpoint`
 (format, write, read, resume, ``ResumeReport``), :mod:`.ring_feed` (``run_ring``), :mod:`.core`
-(the ``Sidecar`` composing them) and :mod:`.common` (errors and names they share).
+(the ``Sidecar`` composing them), :mod:`.config` (``SidecarConfig``; light, so the package
+imports the others on first use) and :mod:`.common` (errors and names they share).
 """
 
 from __future__ import annotations
