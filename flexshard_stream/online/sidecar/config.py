@@ -73,11 +73,16 @@ class SidecarConfig:
     nice : int                   added to the nice value of the background threads, -20 to 19
                                  (19: they yield the CPU to the training loop; 0: same priority)
     cpu_budget : float | None    cores the ingestion may use; above it the sidecar samples one ID
-                                 occurrence in k [cores] (0.5; None: the statistics' own rate)
+                                 occurrence in k, k adapting to the offered rate, instead of
+                                 dropping batches [cores] (0.5: what a host of tens of cores gives
+                                 without competing with its loaders; None: the statistics' own
+                                 rate; docs/SIDECAR.md, "Sampling within a CPU budget")
     max_sample_k : int           the sparsest sampling rate the budget may choose, 1 to 2^20
-                                 (1024)
-    ingest_threads : int | None  threads updating the tables of a batch in parallel (None: one
-                                 per started core of the budget, at most the tables and cores)
+                                 (1024: beyond it what every ID costs whatever the rate is all
+                                 that is left to save)
+    ingest_threads : int | None  threads updating the tables of a batch in parallel, each table
+                                 on one thread in stream order (None: one per started core of the
+                                 budget, at most the tables and the machine's cores)
 
     Frozen; every value is checked here (ConfigError naming the field and the value). Change a
     copy with :meth:`replace`. The ring feed's defaults are :meth:`for_ring` (:data:`RING_MODE`).
