@@ -94,8 +94,8 @@ def make_pool(batch_ids: int, seed: int = 0) -> list[Batch]:
 @contextlib.contextmanager
 def new_sidecar(args, **kw) -> Iterator[Sidecar]:
     """A running sidecar whose out dir is a temporary directory removed on exit."""
-    kw.setdefault("config", ReshardConfig(check_every=args.check_every_s, unit="seconds",
-                                          top_k=4096))
+    kw.setdefault("reshard", ReshardConfig(check_every=args.check_every_s, unit="seconds",
+                                           top_k=4096))
     kw.setdefault("checkpoint_every_s", None)
     with tempfile.TemporaryDirectory(prefix="bench-sidecar-") as out, \
             Sidecar(tables(), Topology.preset("2x8"), 512, out_dir=Path(out), **kw) as sc:

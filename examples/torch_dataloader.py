@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None):
     loader = DataLoader(ClickLog(args.steps * args.batch_size), batch_size=args.batch_size,
                         num_workers=args.workers)
     with Sidecar(TABLES, Topology.uniform(1, 2), batch_size=args.batch_size, out_dir=args.out,
-                 config=ReshardConfig(check_every=50, top_k=1024), resume=True) as sidecar:
+                 reshard=ReshardConfig(check_every=50, top_k=1024), resume=True) as sidecar:
         for batch in sidecar.attach(loader):   # yields the loader's batches, submits each
             train_step(batch)
     stats = sidecar.stats()

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None):
     loader = DataLoader(Sessions(args.steps * args.batch_size), batch_size=args.batch_size,
                         collate_fn=collate_kjt, num_workers=args.workers)
     with Sidecar(TABLES, Topology.uniform(1, 2), batch_size=args.batch_size, out_dir=args.out,
-                 config=ReshardConfig(check_every=50, top_k=1024), resume=True) as sidecar:
+                 reshard=ReshardConfig(check_every=50, top_k=1024), resume=True) as sidecar:
         for kjt in sidecar.attach(loader):
             kjt = kjt.to("cuda") if torch.cuda.is_available() else kjt
             # ... model(kjt), loss.backward(), optimizer.step()

@@ -291,6 +291,47 @@ def test_iterations_come_from_the_samples_fed_unless_told():
         rs.check(iterations=-1)
 
 
+def test_iterations_counted_by_the_caller_are_priced_like_the_samples_fed():
+    """count_iterations (a sidecar feeding the statistics itself) prices what check(iterations=)
+    prices, and defers to a configured iterations_per_check."""
+    told, counted = (_resharder(config=ReshardConfig(check_every=10**9, top_k=2048))
+                     for _ in range(2))
+    for batches in drift.generate_windows(SPECS, drift.scenario("stationary"), 2, SPW,
+                                          TOPO.num_gpus * B // 2, seed=3):
+        for b in batches:
+            told.update(b)
+            counted.stats.update(b)     # fed without update(): nothing counted
+    sums = told.stats.view().summary(2048)
+    a = told.check(sums, position=1.0, iterations=5)
+    counted.count_iterations(5)
+    b = counted.check(sums, position=1.0)
+    assert (a.iterations, a.current_s, a.action) == (b.iterations, b.current_s, b.action)
+    assert counted.cost.to_json() == told.cost.to_json()
+    assert counted.state()["samples"] == 0
+    fixed = _resharder()     # iterations_per_check = ITERATIONS
+    fixed.count_iterations(5)
+    assert fixed.check(sums).iterations == ITERATIONS
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="iterations"):
+            fixed.count_iterations(bad)
+
+
+def test_forget_old_deltas_keeps_the_decisions_and_the_last_deltas():
+    rs = _resharder(config=_config(pause_s=0.0))
+    _feed(rs, drift.scenario("rotating", k=300, rate=0.3), 3)
+    moved = [i for i, d in enumerate(rs.history) if d.delta is not None]
+    assert len(moved) >= 2, moved
+    before = [(d.check, d.action, d.reason, d.migration_bytes) for d in rs.history]
+    keep = len(rs.history) - moved[-1]      # the last delta stays, the earlier ones go
+    rs.forget_old_deltas(keep)
+    assert [i for i, d in enumerate(rs.history) if d.delta is not None] == [moved[-1]]
+    assert [(d.check, d.action, d.reason, d.migration_bytes) for d in rs.history] == before
+    rs.forget_old_deltas(0)
+    assert all(d.delta is None for d in rs.history)
+    with pytest.raises(ConfigError, match="keep"):
+        rs.forget_old_deltas(-1)
+
+
 def test_a_change_not_worth_its_pause_waits_and_merges_with_the_next():
     scen = drift.scenario("rotating", k=300, rate=0.3)
     free, dear, never = (_resharder(config=_config(pause_s=p)) for p in (0.0, 0.25, 1e6))

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from .common import PROFILE_HELP, PROFILES, choice, ids_option
+
+
+def _default(name: str) -> Any:
+    """The ring command's default of sidecar setting ``name``: ``SidecarConfig``'s (the one
+    definition the ring feed and ``Sidecar`` read too). Its module imports nothing heavy."""
+    from ..online.sidecar.config import SidecarConfig
+    return SidecarConfig.default(name, ring=True)
 
 
 def sidecar_command(
@@ -31,7 +38,8 @@ def sidecar_command(
                                           "between re-sharder checks."),
         unit: str = typer.Option("batches", callback=choice(("batches", "seconds"), "--unit"),
                                  help="batches | seconds"),
-        half_life: Optional[float] = typer.Option(None, help="Decayed statistics with this "
+        half_life: Optional[float] = typer.Option(_default("half_life"),
+                                                  help="Decayed statistics with this "
                                                   "half-life (--unit); default: the re-sharder's "
                                                   "sliding window of 8 checks."),
         top_k: int = typer.Option(4096, help="Rows per table summarized for the planner."),
@@ -51,15 +59,18 @@ def sidecar_command(
                                                "raw (as written), hash (ID mod the table's "
                                                "num_rows, for producers that write raw sparse or "
                                                "hashed IDs) or hash:ROWS."),
-        checkpoint_every: float = typer.Option(60.0, help="Seconds between checkpoints (0: only "
+        checkpoint_every: float = typer.Option(_default("checkpoint_every_s"),
+                                               help="Seconds between checkpoints (0: only "
                                                "at shutdown)."),
-        queue_batches: int = typer.Option(64, help="In-process queue between the ring and the "
+        queue_batches: int = typer.Option(_default("queue_batches"),
+                                          help="In-process queue between the ring and the "
                                           "statistics (batches)."),
         resume: bool = typer.Option(True, help="Resume from the last good checkpoint in --out."),
         status_every: float = typer.Option(0.0, help="Print a status line every this many "
                                            "seconds (0: never)."),
         unlink: bool = typer.Option(False, help="At shutdown, drain the ring and remove it."),
-        cpu_budget: float = typer.Option(0.5, help="Cores the ingestion may use: above it the "
+        cpu_budget: float = typer.Option(_default("cpu_budget"),
+                                         help="Cores the ingestion may use: above it the "
                                          "sidecar samples one ID in k, k chosen from the offered "
                                          "rate (0: never sample; docs/SIDECAR.md)."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress to stderr.")):
@@ -70,7 +81,7 @@ def sidecar_command(
     import warnings
 
     from ..online.resharder import ReshardConfig
-    from ..online.sidecar import SidecarWarning, run_ring
+    from ..online.sidecar import SidecarConfig, SidecarWarning, run_ring
     from ..placement.cost import CostModel
     from ..placement.planner import MemoryPolicy
 
@@ -78,14 +89,14 @@ def sidecar_command(
         logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                             format="%(asctime)s %(name)s %(levelname)s: %(message)s",
                             stream=sys.stderr)
-    cfg = ReshardConfig(check_every=check_every, unit=unit, horizon_iterations=horizon,
-                        top_k=top_k, **({} if pause is None else {"pause_s": pause}))
+    reshard = ReshardConfig(check_every=check_every, unit=unit, horizon_iterations=horizon,
+                            top_k=top_k, **({} if pause is None else {"pause_s": pause}))
+    cfg = SidecarConfig.for_ring(reshard=reshard, half_life=half_life,
+                                 checkpoint_every_s=checkpoint_every,   # 0: only at shutdown
+                                 queue_batches=queue_batches, cpu_budget=cpu_budget or None)
     warnings.simplefilter("default", SidecarWarning)
-    return run_ring(ring, tables, topology, out, batch_size=batch_size, ring_dir=ring_dir,
-                    slots=slots, capacity_bytes=int(capacity_mb * (1 << 20)), checksum=checksum,
-                    config=cfg, half_life=half_life,
+    return run_ring(ring, tables, topology, out, batch_size=batch_size, config=cfg,
                     memory=MemoryPolicy(bytes_per_gpu=memory_bytes),
-                    model=CostModel(dedup=dedup, profile=profile),
-                    checkpoint_every_s=checkpoint_every or None, queue_batches=queue_batches,
-                    resume=resume, status_every_s=status_every, unlink=unlink, ids=ids,
-                    cpu_budget=cpu_budget or None)
+                    model=CostModel(dedup=dedup, profile=profile), resume=resume,
+                    ring_dir=ring_dir, slots=slots, capacity_bytes=int(capacity_mb * (1 << 20)),
+                    checksum=checksum, ids=ids, status_every_s=status_every, unlink=unlink)

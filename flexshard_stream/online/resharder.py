@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -549,6 +550,8 @@ class Resharder:
     measured drift rate (:class:`DriftMeter`). :meth:`check` and :meth:`update` return each
     :class:`Decision`; one with a ``delta`` moved ``plan``: the caller publishes it (nothing is
     called back). ``state()`` / ``restore(state)`` carry the re-sharder across a restart.
+    A caller that feeds the statistics itself counts the iterations with
+    :meth:`count_iterations`; :meth:`forget_old_deltas` bounds the memory of a long history.
     """
 
     def __init__(self, tables: Sequence[EmbeddingTable], topology: Topology,
@@ -580,6 +583,7 @@ class Resharder:
                                            if self.memory.bytes_per_gpu is not None else None)
         self._prev_target: Plan | None = None
         self._checks_before = 0       # checks run before a restore (decision numbers go on)
+        self._deltas_forgotten = 0    # history[:this] has had its deltas released
 
     @property
     def batch_size(self) -> int:
@@ -601,6 +605,29 @@ class Resharder:
         self._samples += batch.batch_size
         pos = self._clock.position(batch, self._batches)
         return self.check(position=pos) if self._schedule.due(pos) else None
+
+    def count_iterations(self, iterations: int) -> None:
+        """Count ``iterations`` training iterations run since the previous check whose batches
+        reached the statistics without :meth:`update` (a sidecar feeds them itself): the next
+        :meth:`check` prices them as it prices the samples :meth:`update` counts (``G x
+        batch_size`` samples an iteration), unless ``config.iterations_per_check`` fixes the
+        count. ConfigError (nothing counted) unless a whole number >= 0."""
+        if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral) \
+                or iterations < 0:
+            raise ConfigError(f"iterations must be a whole number >= 0, got {iterations!r}")
+        self._samples += int(iterations) * self.topology.num_gpus * self.batch_size
+
+    def forget_old_deltas(self, keep: int) -> None:
+        """Release the :class:`~flexshard_stream.plans.delta.PlanDelta` of every decision in
+        :attr:`history` but the last ``keep`` (``delta`` becomes None; the decisions, their
+        figures and reasons stay): bounded memory on a long run. ConfigError unless ``keep``
+        >= 0."""
+        if isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or keep < 0:
+            raise ConfigError(f"keep must be a whole number of decisions >= 0, got {keep!r}")
+        end = max(0, len(self.history) - int(keep))
+        for d in self.history[self._deltas_forgotten:end]:
+            d.delta = None
+        self._deltas_forgotten = max(self._deltas_forgotten, end)
 
     @property
     def checks(self) -> int:
@@ -690,6 +717,7 @@ class Resharder:
         self.budget_bytes = None if budget is None else float(budget)
         self.cost, self.drift = cost, drift
         self._checks_before, self.history = int(state["checks"]), []
+        self._deltas_forgotten = 0
         self._batches = int(state["batches"]) if same_unit else 0
         self._samples = int(state.get("samples", 0))
         self._schedule.next = (None if nxt is None else float(nxt)) if same_unit else None

@@ -7,13 +7,19 @@ In process (docs/SIDECAR.md)::
             train_step(batch)
     sc.stats()                               # counters: batches, IDs, drops, lag
 
+Every setting (queue bounds and policy, checkpoint period, CPU budget, the re-sharder's
+``ReshardConfig``, ...) is a field of one frozen, validated :class:`SidecarConfig`
+(``Sidecar(..., config=SidecarConfig(...))``, or the fields by name: ``queue_batches=8``), with one
+default that the ring command and :func:`run_ring` read too.
+
 ``submit(batch)`` puts the batch on a bounded queue (bounded in batches, IDs and bytes) and returns
 at once: when the queue is full the batch is dropped and counted (``policy="drop"``, the default),
 or ``submit`` waits for room, up to a timeout (``policy="block"``). Two background threads do the
 rest: the *ingest* thread feeds the statistics (the Numba kernels release the GIL) and, every
-``config.check_every`` batches or seconds, hands a frequency summary to the *planner* thread, which
-runs :meth:`Resharder.check <flexshard_stream.online.resharder.Resharder.check>` and publishes the
-:class:`~flexshard_stream.online.resharder.Decision` it returns when it moved the plan (planning
+``config.reshard.check_every`` batches or seconds, hands a frequency summary to the *planner*
+thread, which runs :meth:`Resharder.check <flexshard_stream.online.resharder.Resharder.check>`
+and publishes the :class:`~flexshard_stream.online.resharder.Decision` it returns when it moved
+the plan (planning
 never stalls ingestion; a check due while the previous one still runs replaces the one waiting,
 counted as ``checks_coalesced``). Every applied change is published atomically under ``out_dir``::
 
@@ -49,15 +55,46 @@ rate controller), :mod:`.cores` (threads for the tables of a batch), :mod:`.plan
 thread),
 :mod:`.publisher` (plans, deltas, the ``plan`` link, the counters file), :mod:`.checkpoint`
 (format, write, read, resume, ``ResumeReport``), :mod:`.ring_feed` (``run_ring``), :mod:`.core`
-(the ``Sidecar`` composing them) and :mod:`.common` (errors and names they share).
+(the ``Sidecar`` composing them), :mod:`.config` (``SidecarConfig``; light, so the package
+imports the others on first use) and :mod:`.common` (errors and names they share).
 """
 
-from .checkpoint import ResumeReport, list_checkpoints, read_checkpoint
-from .common import SidecarError, SidecarWarning
-from .core import Sidecar
-from .ingest import SidecarStats
-from .loader import AttachedLoader, to_batch
-from .ring_feed import run_ring
+from __future__ import annotations
 
-__all__ = ["AttachedLoader", "ResumeReport", "Sidecar", "SidecarError", "SidecarStats",
-           "SidecarWarning", "list_checkpoints", "read_checkpoint", "run_ring", "to_batch"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .config import SidecarConfig
+
+if TYPE_CHECKING:
+    from .checkpoint import ResumeReport, list_checkpoints, read_checkpoint
+    from .common import SidecarError, SidecarWarning
+    from .core import Sidecar
+    from .ingest import SidecarStats
+    from .loader import AttachedLoader, to_batch
+    from .ring_feed import run_ring
+
+#: Re-exported name -> the module that defines it, imported on first access (PEP 562), so that
+#: importing :mod:`.config` (the command line's defaults) loads neither numpy nor Numba.
+_LAZY = {"ResumeReport": ".checkpoint", "list_checkpoints": ".checkpoint",
+         "read_checkpoint": ".checkpoint", "SidecarError": ".common",
+         "SidecarWarning": ".common", "Sidecar": ".core", "SidecarStats": ".ingest",
+         "AttachedLoader": ".loader", "to_batch": ".loader", "run_ring": ".ring_feed"}
+
+__all__ = ["AttachedLoader", "ResumeReport", "Sidecar", "SidecarConfig", "SidecarError",
+           "SidecarStats", "SidecarWarning", "list_checkpoints", "read_checkpoint", "run_ring",
+           "to_batch"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a re-exported name on first access and keep it in the package namespace."""
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

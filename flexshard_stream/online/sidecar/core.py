@@ -19,6 +19,7 @@ from ...plans.plan import Plan
 from ...plans.tables import EmbeddingTable, load_tables
 from ...plans.topology import Topology
 from ...stats.batch import Batch
+from ...stats.config import TableConfig
 from ...stats.stream import StreamStats
 from ...stats.window import DecayedStats, WindowedStats
 from ..resharder import (
@@ -31,6 +32,7 @@ from ..resharder import (
 )
 from .checkpoint import ResumeReport, holds_previous_run, resume
 from .common import Coordination, SidecarError, deadline_after, log, remove_temp_entries
+from .config import SidecarConfig
 from .cores import TableThreads
 from .ingest import BoundedQueue, IngestWorker, Sampling, SidecarStats
 from .ledger import Ledger
@@ -44,6 +46,13 @@ __all__ = ["Sidecar"]
 _UNSET: Any = object()
 
 
+def _from_config(name: str) -> property:
+    """A read-only attribute of the sidecar holding ``config.<name>`` (the names it has always
+    had: ``sc.policy``, ``sc.checkpoint_every_s``, ...)."""
+    return property(lambda self: getattr(self.config, name),
+                    doc=f"``config.{name}`` (:class:`SidecarConfig`).")
+
+
 class Sidecar:
     """Statistics and re-sharding in background threads, fed by a training loop.
 
@@ -53,104 +62,84 @@ class Sidecar:
     topology : Topology, or a topology TOML file / preset name
     batch_size : samples per GPU per iteration (the planner's B)
     out_dir : where plans, deltas, counters and checkpoints are written (created)
-    stats : StreamStats | DecayedStats | WindowedStats (default: the re-sharder's,
-        :func:`~flexshard_stream.online.resharder.default_stats`, keyed by the tables' features).
-        Owned by the sidecar's ingest thread from now on (with a ``cpu_budget`` it changes their
-        sampling rate: ``resample``).
-    cpu_budget : cores the ingestion may use (default 0.5: half of one core; None: the rate of
-        ``stats`` stays as configured). The ingest thread measures its CPU seconds per ID and the
-        offered rate and samples one ID occurrence in ``k`` (count-min and heavy hitters of the
-        sketched tables, and the length sketches; docs/SIDECAR.md) so that the CPU the offered
-        IDs need stays within the budget, without dropping batches; ``k`` adapts as the rate
-        changes, with hysteresis. Half a core by default: a host with 8 GPUs has tens of cores,
-        and half of one is what the sidecar takes without competing with the loaders and the
-        training loop, while at the sparsest rates it ingests far more IDs than it can count
-        unsampled (docs/SIDECAR.md, "Sampling within a CPU budget").
-    max_sample_k : the sparsest rate the budget may choose (default 1024): beyond it what every ID
-        costs whatever the rate (validation, hash, HyperLogLog) is all that is left to save
-    ingest_threads : threads updating the tables of a batch in parallel (per table: each table is
-        updated by one thread, in stream order, so the statistics are those of one thread).
-        Default: one per started core of the budget (1 for half a core), at most the number of
-        tables and of the machine's cores
-    config, memory, model, planner, plan : as for
+    config : SidecarConfig, every setting with its default and unit: the queue's bounds and
+        policy, the checkpoint and counter periods, what is kept on disk, the CPU budget and
+        sampling, the threads' nice value, the default statistics (``half_life``) and the
+        re-sharder's :class:`~flexshard_stream.online.resharder.ReshardConfig` (``reshard``).
+        Default ``SidecarConfig()``. A ReshardConfig here is the ``reshard`` of the default
+        config (what ``config=`` meant before SidecarConfig).
+    **settings : SidecarConfig fields by name (``queue_batches=8``, ``checkpoint_every_s=None``,
+        ``cpu_budget=None``, ``reshard=ReshardConfig(...)``, ...), applied over ``config``
+        (TypeError for a name that is no setting). The result is :attr:`config`.
+    stats : StreamStats | DecayedStats | WindowedStats (default: ``config.half_life``'s, else the
+        re-sharder's :func:`~flexshard_stream.online.resharder.default_stats`, keyed by the
+        tables' features). Owned by the sidecar's ingest thread from now on (with a
+        ``cpu_budget`` it changes their sampling rate: ``resample``).
+    memory, model, planner, plan : as for
         :class:`~flexshard_stream.online.resharder.Resharder` (``plan``: the initial plan, default
         row-wise; ignored when resuming)
-    queue_batches : most batches waiting in the queue (>= 1)
-    queue_ids, queue_bytes : most IDs / bytes (values, lengths, weights, timestamps) waiting;
-        None: no bound. A single batch larger than a bound is accepted only into an empty queue.
-    policy : "drop" (``submit`` never waits; a batch that does not fit is dropped and counted) or
-        "block" (``submit`` waits for room up to ``block_timeout`` seconds, None: forever, then
-        drops and counts)
-    checkpoint_every_s : seconds between periodic checkpoints (None or 0: only on close)
-    counters_every_s : seconds between rewrites of ``out_dir/counters.json`` (the persisted
-        submitted-batches counter that lets a restart count its losses)
-    keep_checkpoints, keep_plans, keep_deltas : how many of each to keep on disk
     callback : ``callback(decision, plan)`` after each published change (planner thread)
     resume : restart from the newest good checkpoint in ``out_dir`` (starts empty when there is
         none); with False, ``out_dir`` must not hold a previous run's state
-    copy : copy each submitted batch (when the loader reuses its buffers)
-    nice : added to the nice value of the two background threads (Linux sets it per thread;
-        threads they start inherit it; capped at 19). The default, 19, makes them yield the CPU
-        to the training loop (and everything else) when cores are scarce: they fall behind
-        instead, and the queue drops and counts. With an idle core it changes nothing. 0: same
-        priority as the caller.
     source, source_batches, source_ids : where the batches come from (JSON-able, stored in
         checkpoints) and how many of its batches (IDs) were consumed before this process started
         (the ring command's exact loss accounting)
+
+    The CPU budget (``cpu_budget``, half a core by default): the ingest thread measures its CPU
+    seconds per ID and the offered rate and samples one ID occurrence in ``k`` (count-min and
+    heavy hitters of the sketched tables, and the length sketches) so that the CPU the offered
+    IDs need stays within the budget, without dropping batches; ``k`` adapts as the rate
+    changes, with hysteresis (docs/SIDECAR.md, "Sampling within a CPU budget"). ``nice`` (19 by
+    default) makes the background threads yield the CPU to the training loop when cores are
+    scarce: they fall behind instead, and the queue drops and counts.
     """
+
+    queue_batches = _from_config("queue_batches")
+    queue_ids = _from_config("queue_ids")
+    queue_bytes = _from_config("queue_bytes")
+    policy = _from_config("policy")
+    block_timeout = _from_config("block_timeout")
+    copy = _from_config("copy")
+    keep_checkpoints = _from_config("keep_checkpoints")
+    checkpoint_every_s = _from_config("checkpoint_every_s")
+    counters_every_s = _from_config("counters_every_s")
+    cpu_budget = _from_config("cpu_budget")
 
     def __init__(self, tables: Sequence[EmbeddingTable] | str | os.PathLike,
                  topology: Topology | str | os.PathLike, batch_size: int, *,
-                 out_dir: str | os.PathLike, stats: Any = None,
-                 config: ReshardConfig | None = None, memory: Any = None, model: Any = None,
-                 planner: Any = None, plan: Plan | None = None,
-                 queue_batches: int = 64, queue_ids: int | None = 1 << 24,
-                 queue_bytes: int | None = 512 << 20, policy: str = "drop",
-                 block_timeout: float | None = None, checkpoint_every_s: float | None = 300.0,
-                 counters_every_s: float = 1.0, keep_checkpoints: int = 2, keep_plans: int = 4,
-                 keep_deltas: int | None = 1000,
+                 out_dir: str | os.PathLike, config: SidecarConfig | ReshardConfig | None = None,
+                 stats: Any = None, memory: Any = None, model: Any = None, planner: Any = None,
+                 plan: Plan | None = None,
                  callback: Callable[[Decision, Plan], None] | None = None,
-                 resume: bool = False, copy: bool = False, nice: int = 19,
-                 source: Mapping[str, Any] | None = None, source_batches: int = 0,
-                 source_ids: int = 0, cpu_budget: float | None = 0.5, max_sample_k: int = 1024,
-                 ingest_threads: int | None = None):
-        if policy not in ("drop", "block"):
-            raise ConfigError(f"policy must be 'drop' or 'block', got {policy!r}")
-        if block_timeout is not None and not block_timeout >= 0:
-            raise ConfigError(f"block_timeout must be >= 0 seconds (or None), got {block_timeout}")
-        if min(keep_checkpoints, keep_plans, 1 if keep_deltas is None else keep_deltas) < 1:
-            raise ConfigError("keep_checkpoints, keep_plans and keep_deltas must be >= 1")
+                 resume: bool = False, source: Mapping[str, Any] | None = None,
+                 source_batches: int = 0, source_ids: int = 0, **settings: Any):
+        cfg = self.config = SidecarConfig.build(config, settings)
         self._sync = Coordination()
-        self._queue = BoundedQueue(self._sync, max_batches=queue_batches, max_ids=queue_ids,
-                                   max_bytes=queue_bytes)
-        self.queue_batches, self.queue_ids, self.queue_bytes = \
-            self._queue.max_batches, self._queue.max_ids, self._queue.max_bytes
+        self._queue = BoundedQueue(self._sync, max_batches=cfg.queue_batches,
+                                   max_ids=cfg.queue_ids, max_bytes=cfg.queue_bytes)
         self.tables = (load_tables(tables) if isinstance(tables, (str, os.PathLike))
                        else list(tables))
         self.topology = topology if isinstance(topology, Topology) else Topology.load(topology)
-        self.batch_size, self.config = int(batch_size), config or ReshardConfig()
+        self.batch_size = int(batch_size)
         self.out_dir = Path(out_dir)
-        self.policy, self.block_timeout, self.copy = policy, block_timeout, bool(copy)
-        self.keep_checkpoints, self.source = int(keep_checkpoints), dict(source or {})
+        self.source = dict(source or {})
         self._stats = self._statistics(stats)
         self._closed = False
-        self._publisher = Publisher(self.out_dir, keep_plans=int(keep_plans),
-                                    keep_deltas=keep_deltas)
-        self._build(memory, model, planner, plan, callback, int(nice))
+        self._publisher = Publisher(self.out_dir, keep_plans=cfg.keep_plans,
+                                    keep_deltas=cfg.keep_deltas)
+        self._build(memory, model, planner, plan, callback)
         self._ledger = Ledger(self._sync, self.out_dir, queue=self._queue,
                               planning=self._planning, publisher=self._publisher,
-                              stats=self._stats, keep_checkpoints=self.keep_checkpoints,
+                              stats=self._stats, keep_checkpoints=cfg.keep_checkpoints,
                               source=self.source,
                               source_before=(int(source_batches), int(source_ids)))
         self._ingest = IngestWorker(
-            self._sync, self._queue, self._stats, top_k=self.config.top_k,
-            schedule=CheckSchedule(self.config.check_every, self.config.unit),
+            self._sync, self._queue, self._stats, top_k=cfg.reshard.top_k,
+            schedule=CheckSchedule(cfg.reshard.check_every, cfg.reshard.unit),
             hand_over=self._planning.offer, checkpoint=self._ledger.checkpoint,
-            write_counters=self._ledger.write_counters, checkpoint_every_s=checkpoint_every_s,
-            counters_every_s=counters_every_s, nice=int(nice),
-            sampling=self._sampling(cpu_budget, max_sample_k, ingest_threads, int(nice)))
-        self.checkpoint_every_s = self._ingest.checkpoint_every_s
-        self.counters_every_s = self._ingest.counters_every_s
+            write_counters=self._ledger.write_counters,
+            checkpoint_every_s=cfg.checkpoint_every_s, counters_every_s=cfg.counters_every_s,
+            nice=cfg.nice, sampling=self._sampling())
         # refuses a file or a non-empty directory a sidecar did not write (nothing of the user's
         # is overwritten or pruned); directories of earlier versions are known by their entries
         claim_directory(self.out_dir, "sidecar",
@@ -163,32 +152,42 @@ class Sidecar:
             raise
 
     def _statistics(self, stats: Any) -> Any:
+        """``stats``, else the statistics ``config`` asks for (``half_life``: decayed; None: the
+        re-sharder's default window)."""
+        cfg = self.config
         if stats is None:
-            return default_stats(self.tables, self.config)
+            if cfg.half_life is None:
+                return default_stats(self.tables, cfg.reshard)
+            return DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in self.tables],
+                                half_life=cfg.half_life, unit=cfg.reshard.unit)
+        if cfg.half_life is not None:
+            raise ConfigError("half_life chooses the statistics the sidecar builds; with stats= "
+                              "given, build them with their half-life instead")
         if not isinstance(stats, (StreamStats, DecayedStats, WindowedStats)):
             raise ConfigError(f"stats must be a StreamStats, DecayedStats or WindowedStats (the "
                               f"sidecar checkpoints them), got {type(stats).__name__}")
         return stats
 
-    def _sampling(self, cpu_budget: float | None, max_sample_k: int,
-                  ingest_threads: int | None, nice: int) -> Sampling:
+    def _sampling(self) -> Sampling:
         """The ingest threads and, with a budget, the controller of the sampling rate."""
+        cfg = self.config
         k = self._stats.config.sample_k
-        controller = (None if cpu_budget is None
-                      else RateController(cpu_budget, k=k, max_k=max_sample_k))
-        if ingest_threads is None:
-            ingest_threads = max(1, min(math.ceil(cpu_budget or 1), os.cpu_count() or 1,
-                                        len(self.tables)))
-        self.cpu_budget, self._configured_k = cpu_budget, k
-        return Sampling(self._stats, TableThreads(ingest_threads, nice), controller)
+        controller = (None if cfg.cpu_budget is None
+                      else RateController(cfg.cpu_budget, k=k, max_k=cfg.max_sample_k))
+        threads = cfg.ingest_threads
+        if threads is None:
+            threads = max(1, min(math.ceil(cfg.cpu_budget or 1), os.cpu_count() or 1,
+                                 len(self.tables)))
+        self._configured_k = k
+        return Sampling(self._stats, TableThreads(threads, cfg.nice), controller)
 
-    def _build(self, memory: Any, model: Any, planner: Any, plan: Plan | None, callback: Any,
-               nice: int) -> None:
+    def _build(self, memory: Any, model: Any, planner: Any, plan: Plan | None,
+               callback: Any) -> None:
         self.resharder = Resharder(self.tables, self.topology, self.batch_size, stats=self._stats,
                                    memory=memory, model=model, planner=planner,
-                                   config=self.config, plan=plan)
+                                   config=self.config.reshard, plan=plan)
         self._planning = PlanningWorker(self._sync, self.resharder, self._publisher,
-                                        callback=callback, nice=nice,
+                                        callback=callback, nice=self.config.nice,
                                         batches_in_stats=lambda: self._ingest.batches_in_stats)
 
     def _start(self, resume: bool) -> None:

@@ -106,8 +106,8 @@ class PlanningWorker(BackgroundThread):
     def _check(self, job: CheckJob) -> None:
         rs, pub = self._rs, self._publisher
         self._retry_publish()
-        n0 = len(rs.history)
-        d = rs.check(job.summaries, position=job.position, iterations=self._iterations(job))
+        rs.count_iterations(self._iterations(job))
+        d = rs.check(job.summaries, position=job.position)
         if d.delta is not None:
             pub.publish_change(d, rs.plan, self._batches_in_stats())
         with self._sync.lock:
@@ -116,23 +116,21 @@ class PlanningWorker(BackgroundThread):
             pub.append_decision(d, job.batches_in_stats)
         except Exception as e:  # noqa: BLE001
             self._sync.record_error(e, "writing decisions.jsonl")
-        for old in rs.history[max(0, n0 - _DELTAS_KEPT):-_DELTAS_KEPT]:
-            old.delta = None
+        rs.forget_old_deltas(_DELTAS_KEPT)
         if d.delta is not None and self.callback is not None:
             try:
                 self.callback(d, rs.plan)
             except Exception as e:  # noqa: BLE001
                 self._sync.record_error(e, "callback")
 
-    def _iterations(self, job: CheckJob) -> float | None:
+    def _iterations(self, job: CheckJob) -> int:
         """Training iterations since the previous check: the batches that reached the statistics
         since then (a submitted batch is one step of the training loop that feeds the sidecar;
-        coalesced checks included), unless ``ReshardConfig.iterations_per_check`` says (None)."""
+        coalesced checks included). The re-sharder prices them unless its configuration fixes
+        the iterations per check (:meth:`Resharder.count_iterations`)."""
         last, self._batches_at_check = self._batches_at_check, job.batches_in_stats
-        if self._rs.config.iterations_per_check is not None:
-            return None
         base = last if last is not None else self._batches_at_start
-        return float(max(0, job.batches_in_stats - base))
+        return max(0, int(job.batches_in_stats) - base)
 
     def _retry_publish(self) -> None:
         """The re-sharder moved to a plan whose publication failed: publish it now."""

@@ -18,16 +18,15 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import FlexShardError
+from ...errors import ConfigError, FlexShardError
 from ...formats.files import jsonable, read_json
 from ...plans.tables import load_tables, row_map
 from ...plans.topology import Topology
 from ...sources.ring import Ring
 from ...stats.batch import Batch
-from ...stats.config import TableConfig
-from ...stats.window import DecayedStats
-from ..resharder import ReshardConfig, default_stats
+from ..resharder import ReshardConfig
 from .common import SidecarError, log
+from .config import RING_MODE, SidecarConfig
 from .core import Sidecar
 
 __all__ = ["run_ring"]
@@ -41,42 +40,42 @@ def _emit(doc: Mapping[str, Any]) -> None:
 
 
 def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
-             batch_size: int = 512, ring_dir: str | os.PathLike | None = None, slots: int = 8,
-             capacity_bytes: int = 64 << 20, checksum: bool = False,
-             config: ReshardConfig | None = None, half_life: float | None = None,
-             memory: Any = None, model: Any = None, checkpoint_every_s: float | None = 60.0,
-             queue_batches: int = 64, resume: bool = True, status_every_s: float = 0.0,
-             unlink: bool = False, cpu_budget: float | None = 0.5,
+             batch_size: int = 512, config: SidecarConfig | ReshardConfig | None = None,
+             memory: Any = None, model: Any = None, resume: bool = True,
+             ring_dir: str | os.PathLike | None = None, slots: int = 8,
+             capacity_bytes: int = 64 << 20, checksum: bool = False, ids: Any = None,
+             status_every_s: float = 0.0, unlink: bool = False,
              stop: threading.Event | None = None,
              emit: Callable[[Mapping[str, Any]], None] = _emit,
-             handle_signals: bool = True, ids: Any = None) -> dict[str, Any]:
+             handle_signals: bool = True, **settings: Any) -> dict[str, Any]:
     """Consume ring ``ring`` (created if missing) into a :class:`Sidecar` until ``stop`` is set
     or SIGTERM/SIGINT arrives; then close it (final checkpoint). Returns the final report.
 
-    ``half_life``: None feeds the re-sharder its default statistics
-    (:func:`~flexshard_stream.online.resharder.default_stats`); a number, decayed statistics with
-    that half-life (in ``config.unit``).
+    ``config`` (:class:`SidecarConfig`; default :meth:`SidecarConfig.for_ring`) and
+    ``**settings`` (its fields by name, over it: ``checkpoint_every_s=``, ``half_life=``,
+    ``cpu_budget=``, ``queue_batches=``, ``reshard=``, ...) are the sidecar's settings, as for
+    :class:`Sidecar` (a ReshardConfig as ``config`` is the ring defaults' ``reshard``). The ring
+    is the buffer: the config must keep :data:`~.config.RING_MODE`'s block policy and unbounded
+    IDs and bytes (ConfigError). ``memory``, ``model``, ``resume``: as for :class:`Sidecar`
+    (``resume`` True by default: a restarted ring command goes on).
 
-    ``emit`` receives JSON-able events: ``resume``, ``ready``, ``status`` (every
-    ``status_every_s`` seconds, 0: never) and ``stopped``. Records left in the ring at shutdown
-    stay there for the next run (unless ``unlink``: then they are drained first and the ring file
-    removed). ``cpu_budget``: cores the ingestion may use (:class:`Sidecar`; None: no sampling
-    beyond the statistics' configured rate).
+    ``ring_dir``, ``slots``, ``capacity_bytes`` (shared by the slots), ``checksum`` (CRC-32 per
+    record): the ring's geometry when it is created. ``emit`` receives JSON-able events:
+    ``resume``, ``ready``, ``status`` (every ``status_every_s`` seconds, 0: never) and
+    ``stopped``. Records left in the ring at shutdown stay there for the next run (unless
+    ``unlink``: then they are drained first and the ring file removed).
 
     ``ids`` (``"raw"``, ``"hash"`` or ``"hash:ROWS"``, :class:`~flexshard_stream.sources.logs.
     IdMode`): with a hash mode every batch read from the ring has its IDs taken modulo the
     tables' rows before the statistics see it (producers writing raw IDs).
     """
+    cfg = _ring_config(config, settings)
     stop = stop or threading.Event()
     got_signal: list[str] = []
     with _stopping_on_signals(stop, got_signal, handle_signals):
         tabs = load_tables(tables) if isinstance(tables, (str, os.PathLike)) else list(tables)
         rows = row_map(tabs, ids)
         topo = topology if isinstance(topology, Topology) else Topology.load(topology)
-        cfg = config or ReshardConfig()
-        stats = (default_stats(tabs, cfg) if half_life is None else
-                 DecayedStats([TableConfig(t.name, t.num_rows, t.feature) for t in tabs],
-                              half_life=half_life, unit=cfg.unit))
         r = Ring.create(ring, slots=slots, capacity_bytes=capacity_bytes, directory=ring_dir,
                         checksum=checksum, exist_ok=True)
         try:
@@ -86,11 +85,9 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
                                      f"{before.consumer_pid}); one sidecar per ring")
             read0, ids0 = before.total.batches_read, before.total.ids_read
             src = {"kind": "ring", "path": str(r.path), "ring_id": r.ring_id}
-            sc = Sidecar(tabs, topo, batch_size, out_dir=out, stats=stats, config=cfg,
-                         memory=memory, model=model, queue_batches=queue_batches, queue_ids=None,
-                         queue_bytes=None, policy="block", checkpoint_every_s=checkpoint_every_s,
-                         resume=resume, nice=0, source=src, source_batches=read0, source_ids=ids0,
-                         cpu_budget=cpu_budget)
+            sc = Sidecar(tabs, topo, batch_size, out_dir=out, config=cfg, memory=memory,
+                         model=model, resume=resume, source=src, source_batches=read0,
+                         source_ids=ids0)
             _ring_loss(sc, r, read0, ids0)
             emit({"event": "resume", **sc.resume_report.to_dict()})
             emit({"event": "ready", "ring": str(r.path), "pid": os.getpid(), "slots": r.slots,
@@ -105,6 +102,21 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
             r.close()
             if unlink:
                 r.unlink()
+
+
+def _ring_config(config: Any, settings: Mapping[str, Any]) -> SidecarConfig:
+    """The sidecar's config for a ring feed: :meth:`SidecarConfig.build` over the ring defaults;
+    ConfigError if it leaves :data:`~.config.RING_MODE`'s queue (block policy, no bound in IDs or
+    bytes): the feed polls only what the queue has room for, and every batch read must be
+    accepted, or the ring's exact loss count would not hold."""
+    cfg = SidecarConfig.build(config, settings, ring=True)
+    wrong = {k: getattr(cfg, k) for k in ("policy", "queue_ids", "queue_bytes")
+             if getattr(cfg, k) != RING_MODE[k]}
+    if wrong:
+        raise ConfigError(f"the ring feed needs policy='block' and no queue_ids or queue_bytes "
+                          f"bound (the ring is the buffer), got {wrong}; build the config with "
+                          f"SidecarConfig.for_ring(...)")
+    return cfg
 
 
 @contextlib.contextmanager
