@@ -10,12 +10,17 @@ file-system change the publication makes, in a forked child killed with SIGKILL 
 k-th change (k = 1, 2, ... until a child finishes), and prints one JSON line per k: whether the
 child was killed, what a reader then loaded, and what the next write left behind. SCENARIO:
 ``fresh`` (nothing at DIR), ``migrate`` (a real directory at DIR), ``swap`` (a published version).
+
+``python tests/dirs_worker.py random-kills DIR ROUNDS SEED`` kills a forked writer of DIR at a
+random time per round and prints one JSON line per round: what a reader then loaded, what the
+next write left behind.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -35,7 +40,8 @@ from flexshard_stream.plans.tables import EmbeddingTable  # noqa: E402
 from flexshard_stream.plans.topology import Topology  # noqa: E402
 
 TOPO = Topology.uniform(1, 2, hbm_bytes_per_gpu=1e9)
-#: The file-system calls a publication makes (counted, and killed before, by ``kill-points``).
+#: The file-system calls a publication makes (counted, and killed before, by ``kill-points``;
+#: ``shutil.rmtree`` too, as one).
 FS_CALLS = ("replace", "rename", "symlink", "unlink", "rmdir", "mkdir")
 
 
@@ -77,7 +83,7 @@ def leftovers(parent: Path, name: str) -> list[str]:
     area = parent / VERSIONS_AREA / name
     if area.is_dir():
         inside = sorted(os.listdir(area))
-        versions = [p for p in inside if directories._VERSION.fullmatch(p)]
+        versions = [p for p in inside if re.fullmatch(r"v[0-9]{6,12}", p)]
         out += [f"{VERSIONS_AREA}/{name}/{p}" for p in inside if p != "lock" and p not in versions]
         if len(versions) > 2:
             out.append(f"{len(versions)} versions: {versions}")
@@ -134,6 +140,15 @@ def _killed_child(target: Path, k: int) -> bool:
                 return wrapped
             for name in FS_CALLS:
                 setattr(os, name, counting(getattr(os, name)))
+            rmtree = shutil.rmtree
+
+            def one_step_rmtree(*a, **kw):         # a removal is one step (not one per file)
+                was, armed[0] = armed[0], False
+                try:
+                    return rmtree(*a, **kw)
+                finally:
+                    armed[0] = was
+            shutil.rmtree = counting(one_step_rmtree)
             publish = directories._publish
 
             def armed_publish(*a, **kw):
@@ -170,12 +185,47 @@ def kill_points_main(scenario: str, target: Path) -> int:
     return 1
 
 
+# ---------------------------------------------------------------------------------- random kills
+def random_kills_main(target: Path, rounds: int, seed: int) -> int:
+    """Per round: plan ``r`` published at ``target`` (a real directory every other round), a
+    forked child writing plans 1000, 1001, ... there without end, SIGKILL after a random time;
+    one JSON line: what a reader then loaded, what the next write left behind."""
+    import time
+
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    for r in range(rounds):
+        if r % 2 == 0:
+            directories.remove_output_directory(target)
+        plan(r).save(target)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for j in range(10**9):
+                    plan(1000 + j).save(target)
+            finally:
+                os._exit(3)
+        time.sleep(float(rng.uniform(0.0, 0.4)))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        try:
+            seen: object = read("plan", target)
+        except FlexShardError as e:
+            seen = f"{type(e).__name__}: {e}"
+        plan(7).save(target)
+        print(json.dumps({"round": r, "seen": seen, "after": read("plan", target),
+                          "leftovers": leftovers(target.parent, target.name)}), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
     try:
         if sys.argv[1] == "write":
             sys.exit(write_main(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])))
         if sys.argv[1] == "kill-points":
             sys.exit(kill_points_main(sys.argv[2], Path(sys.argv[3])))
+        if sys.argv[1] == "random-kills":
+            sys.exit(random_kills_main(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
     except Exception:
         traceback.print_exc()
         sys.exit(1)

@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -150,7 +148,7 @@ def test_a_writer_killed_at_any_step_leaves_an_output_and_the_next_run_cleans_up
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     points = [json.loads(line) for line in r.stdout.splitlines()]
-    assert len(points) >= {"fresh": 3, "migrate": 6, "swap": 6}[scenario]
+    assert len(points) >= {"fresh": 3, "migrate": 6, "swap": 4}[scenario]
     assert [p["killed"] for p in points] == [True] * (len(points) - 1) + [False]
     for p in points:
         fresh_and_empty = scenario == "fresh" and isinstance(p["seen"], str) \
@@ -163,21 +161,19 @@ def test_a_writer_killed_at_any_step_leaves_an_output_and_the_next_run_cleans_up
 
 
 def test_kill_9_at_random_times_leaves_the_previous_output_loadable(tmp_path):
-    rng = np.random.default_rng(26)
-    d = tmp_path / "p"
-    for round_ in range(6):
-        if round_ % 2 == 0:                                   # start from a real directory
-            remove_output_directory(d)
-        plan(round_).save(d)
-        proc = _worker("write", "plan", str(d), "100000")
-        _started(proc)
-        time.sleep(float(rng.uniform(0.0, 0.4)))
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
-        v = read("plan", d)                                   # loads, and is one plan whole
-        assert v == round_ or v >= 1000
-        plan(7).save(d)                                       # the next run cleans up
-        assert read("plan", d) == 7 and leftovers(tmp_path, "p") == []
+    """A writer (a forked child of the worker) killed with SIGKILL after a random time, 8 times:
+    the output always loads, whole (the plan before the writer started, or one it wrote), and
+    the next write leaves nothing behind."""
+    target = tmp_path / "out" / "p"
+    target.parent.mkdir()
+    r = subprocess.run([sys.executable, str(WORKER), "random-kills", str(target), "8", "26"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    rounds = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(rounds) == 8
+    for p in rounds:
+        assert p["seen"] == p["round"] or (isinstance(p["seen"], int) and p["seen"] >= 1000), p
+        assert p["after"] == 7 and p["leftovers"] == [], p
 
 
 # ------------------------------------------------------------------------- readers and writers

@@ -176,15 +176,16 @@ def read_directory(path: str | os.PathLike, read: Callable[[Path], _T]) -> _T:
     read and removed it), read again from the new one, a few times. Any other FormatError is
     raised as it is."""
     path = Path(path)
-    for attempt in range(_READ_ATTEMPTS):
+    attempts = 0
+    while True:
         directory = resolve_directory(path)
         try:
             return read(directory)
         except FormatError:
-            if attempt + 1 == _READ_ATTEMPTS or resolve_directory(path) == directory:
+            attempts += 1
+            if attempts == _READ_ATTEMPTS or resolve_directory(path) == directory:
                 raise
-        time.sleep(0.001 * attempt)
-    raise AssertionError("unreachable")                # pragma: no cover
+        time.sleep(0.001 * attempts)
 
 
 # -------------------------------------------------------------------------- what may be replaced
@@ -537,10 +538,11 @@ def _publish(area: _Area, tmp: Path, owns: tuple[str, ...] | None) -> None:
             keep: set[str] = set()
         else:
             n = _next_version(area, current)
-            new = f"v{n + (current is None):06d}"
+            real = current is None                      # a real directory: becomes version n
+            new = f"v{n + 1 if real else n:06d}"
             os.replace(tmp, area.version(new))
             fsync_directory(area.dir)
-            if current is None:                         # a real directory: becomes a version
+            if real:
                 current = f"v{n:06d}"
                 write_atomic(area.record, new.encode() + b"\n")
                 os.replace(target, area.version(current))
@@ -552,7 +554,7 @@ def _publish(area: _Area, tmp: Path, owns: tuple[str, ...] | None) -> None:
             keep = {current, new}
     except OSError as e:
         raise ConfigError(f"{target}: cannot publish the new directory ({e.strerror or e}); "
-                          "the previous one is unchanged") from None
+                          "the previous output stays readable") from None
     _prune(area, keep)
     _remove_old_release_leftovers(area, owns)
 
