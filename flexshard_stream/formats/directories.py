@@ -132,6 +132,8 @@ def _pending_version(target: Path) -> str | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         name = os.read(fd, 64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
     finally:
         os.close(fd)
     if _VERSION.fullmatch(name) and _real_dir(record.parent / name):
