@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from .errors import FormatError
-from .formats.files import check_output_directory, read_npz, write_atomic
+from .formats.directories import check_output_directory, directory_lock
+from .formats.files import read_npz, write_atomic
 from .formats.units import byte_scale, fmt_bytes, fmt_seconds, time_scale
 from .optional import import_optional
 
@@ -666,13 +667,22 @@ def build_report(directory: str | os.PathLike) -> Path:
 
     Returns the path of ``report.html``. Raises :class:`FormatError` naming the file when
     ``summary.json`` (or ``cdf.json``, a traffic file) is missing or damaged, and
-    :class:`FlexShardError` when matplotlib is not installed.
+    :class:`FlexShardError` when matplotlib is not installed. Everything is read from, and
+    written into, one version of a replaced replay directory, under its writer's lock (a
+    ConfigError while a replay writes it).
     """
     d = Path(directory)
     if not d.is_dir():
         raise FormatError(f"{d}: no such replay directory; write one with "
                           f"`flexshard-stream replay LOG... --topology T --out {d}`")
     check_output_directory(d, "replay", legacy=("summary.json",))   # only into a replay's output
+    with directory_lock(d) as version:
+        _draw(version)
+    return d / "report.html"
+
+
+def _draw(d: Path) -> None:
+    """:func:`build_report` into the resolved directory ``d``."""
     spath = d / "summary.json"
     summary = _load_json(spath, "replay summary")
     _check_summary(summary, spath)
@@ -696,7 +706,7 @@ def build_report(directory: str | os.PathLike) -> Path:
         page = _page(summary, captions)
     except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
         raise FormatError(f"{spath}: damaged replay summary: unexpected content ({e!r})") from None
-    return write_atomic(d / "report.html", page.encode("utf-8"), fsync=False, mode=0o644)
+    write_atomic(d / "report.html", page.encode("utf-8"), fsync=False, mode=0o644)
 
 
 def _page(summary: dict[str, Any], captions: dict[str, str]) -> str:

@@ -973,11 +973,147 @@ def target_report(fx: Fixtures, case: dict, work: Path) -> None:
     build_report(d)
 
 
+#: Symlink texts a damaged pointer may hold: other versions, none, paths out of the hidden area
+#: and out of the tree, a loop, a device, the lock.
+_POINTER_TEXTS = [".flexshard-versions/out/v000002", ".flexshard-versions/out/v999999",
+                  ".flexshard-versions/out/v000003/../../../outside", "../outside", "outside",
+                  "/dev/zero", "out", ".flexshard-versions/out/lock", ".flexshard-versions/out",
+                  ".flexshard-versions/out/v1", ".flexshard-versions/other/v000003"]
+#: Contents of a damaged ``publishing`` record.
+_RECORD_TEXTS = [b"v000002\n", b"v000003", b"v999999\n", b"../../outside", b"/etc", b"v1",
+                 b"v000002/..", b"v000002\x00", b"", b"\xff" * 70, b"v" + b"0" * 200]
+
+
+def _versions_tree(fx: Fixtures, kind: str, base: Path) -> None:
+    """``base/out`` written three times: the pointer to v000003, v000002 kept, the lock."""
+    rw, flex, sums = fx.plans()
+    for plan in (rw, flex, rw):
+        _write_output(kind, base / "out", plan, sums)
+
+
+def _write_output(kind: str, target: Path, plan: Any, sums: Any) -> None:
+    from flexshard_stream.bridge.export import export_torchrec
+    if kind == "plan":
+        plan.save(target)
+    else:
+        export_torchrec(plan, target, summaries=sums)
+
+
+def _read_output(kind: str, target: Path) -> Any:
+    from flexshard_stream.bridge.export import load_torchrec_export, plan_from_export
+    from flexshard_stream.plans.plan import Plan
+    return Plan.load(target) if kind == "plan" else plan_from_export(load_torchrec_export(target))
+
+
+def _damage_versions(root: Path, rng: np.random.Generator) -> None:
+    """One to three kinds of damage to an output's pointer and hidden area, as a crash, a user
+    or an adversary might leave them, some with links to ``root/../outside`` (which must
+    survive); a damage an earlier one made impossible is skipped."""
+    for _ in range(int(rng.integers(1, 4))):
+        with contextlib.suppress(OSError):
+            _damage_once(root, rng, int(rng.integers(0, 9)))
+
+
+def _replace_entry(p: Path, how: str, rng: np.random.Generator) -> None:
+    """``p`` removed, then (``how``) a file of random bytes, a directory, a FIFO, a symlink out
+    of the tree, or nothing. OSError when a parent of ``p`` is a symlink (an earlier damage):
+    the damage stays inside the tree."""
+    if any(q.is_symlink() for q in p.parents):
+        raise OSError(f"{p}: under a symlink")
+    if os.path.lexists(p):
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    if how == "file":
+        p.write_bytes(rng.bytes(int(rng.integers(0, 40))))
+    elif how == "dir":
+        p.mkdir()
+    elif how == "fifo":
+        os.mkfifo(p)
+    elif how == "outside":
+        os.symlink(_outside_link(p, rng), p)
+
+
+def _outside_link(p: Path, rng: np.random.Generator) -> str:
+    """A link text from ``p`` to the case's ``outside/``: absolute, or relative."""
+    work = next(q for q in p.parents if (q / "outside").is_dir())
+    absolute = str(work / "outside")
+    return absolute if rng.random() < 0.5 else os.path.relpath(absolute, p.parent)
+
+
+def _damage_once(root: Path, rng: np.random.Generator, op: int) -> None:
+    out, area = root / "out", root / ".flexshard-versions" / "out"
+    if op == 0:                                  # the pointer names something else
+        _replace_entry(out, "", rng)
+        os.symlink(pick(rng, _POINTER_TEXTS), out)
+    elif op == 1:                                # killed mid-switch: no pointer, a record
+        _replace_entry(out, "", rng)
+        _replace_entry(area / "publishing", "", rng)
+        (area / "publishing").write_bytes(pick(rng, _RECORD_TEXTS))
+    elif op == 2:                                # a version replaced
+        _replace_entry(area / pick(rng, ["v000002", "v000003"]),
+                       pick(rng, ["file", "dir", "fifo", "outside", ""]), rng)
+    elif op == 3:                                # the lock replaced
+        _replace_entry(area / "lock", pick(rng, ["dir", "fifo", "outside", "file", ""]), rng)
+    elif op == 4:                                # the hidden area (or the output's part of it)
+        _replace_entry(area if rng.random() < 0.5 else area.parent,
+                       pick(rng, ["file", "outside", "dir"]), rng)
+    elif op == 5:                                # an interrupted writer's leftovers, odd ones
+        for name in ("tmp-7-x", "link-7-y", "v000009", ".publishing.z.tmp"):
+            _replace_entry(area / name, pick(rng, ["outside", "dir", "file", "fifo"]), rng)
+    elif op == 6:                                # an earlier release's leftovers, odd ones
+        for name in (".out.old.abcdefgh", ".out.abcdefgh"):
+            _replace_entry(root / name, pick(rng, ["outside", "dir"]), rng)
+            if (root / name).is_dir() and not (root / name).is_symlink():
+                os.symlink(_outside_link(root / name / "x", rng),
+                           root / name / pick(rng, ["out", "plan.json"]))
+    elif op == 7:                                # the record replaced
+        _replace_entry(area / "publishing", pick(rng, ["outside", "dir", "fifo"]), rng)
+    else:                                        # a version's files damaged
+        version = area / pick(rng, ["v000002", "v000003"])
+        if version.is_dir() and not any(q.is_symlink() for q in (version, *version.parents)):
+            mutate_tree(version, rng, tree_files(version))
+
+
+def target_versions(fx: Fixtures, case: dict, work: Path) -> None:
+    """An output replaced twice (a plan directory, variants 0 and 1; an export, 2 and 3), its
+    pointer and hidden area damaged; then read, written twice and read again. Ends in success or
+    a project error, reads back what was written, and never touches anything outside the output
+    (``outside/`` keeps its one file whatever the links point at)."""
+    from flexshard_stream.errors import FlexShardError
+    rw, flex, sums = fx.plans()
+    kind = "plan" if case.get("variant", 0) % 4 < 2 else "export"
+    src = fx.file(f"versions-{kind}", lambda p: _versions_tree(fx, kind, p))
+    root = work / "tree"
+    shutil.copytree(src, root, symlinks=True)
+    outside = work / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    if not case.get("warm"):
+        _damage_versions(root, np.random.default_rng(case["seed"]))
+    before = _snapshot(outside)
+    try:
+        with contextlib.suppress(FlexShardError):
+            _read_output(kind, root / "out")
+        for plan in (flex, rw):
+            _write_output(kind, root / "out", plan, sums)
+            got = _read_output(kind, root / "out")
+            if kind == "plan" and got != plan:
+                raise AssertionError("the plan read back is not the plan written")
+    finally:
+        if _snapshot(outside) != before:
+            raise AssertionError(f"outside the output was touched: {os.listdir(outside)}")
+
+
+def _snapshot(d: Path) -> list[tuple[str, bytes | None]]:
+    """What ``d`` holds: each entry's name and, for a regular file, its bytes."""
+    return [(e.name, Path(e.path).read_bytes() if e.is_file(follow_symlinks=False) else None)
+            for e in sorted(os.scandir(d), key=lambda e: e.name)]
+
+
 FORMAT_TARGETS: dict[str, Callable[[Fixtures, dict, Path], None]] = {
     "stats": target_stats, "snapshot": target_snapshot, "delta": target_delta,
     "plan": target_plan, "export": target_export, "topology": target_topology,
     "tables": target_tables, "state": target_state, "checkpoint": target_checkpoint,
-    "ring": target_ring, "report": target_report}
+    "ring": target_ring, "report": target_report, "versions": target_versions}
 
 
 # ====================================================================== log targets

@@ -2,12 +2,14 @@
 their usual readers, and what earlier releases wrote still loads."""
 import json
 import math
+import os
 import stat
 
 import numpy as np
 import pytest
 
-from flexshard_stream import FormatError
+from flexshard_stream import ConfigError, FormatError
+from flexshard_stream.formats.directories import VERSIONS_AREA
 from flexshard_stream.placement.baselines import row_wise
 from flexshard_stream.plans.plan import Plan
 from flexshard_stream.plans.tables import EmbeddingTable
@@ -36,9 +38,15 @@ def test_directory_replaced_whole_and_files_readable(tmp_path):
     d = tmp_path / "plan"
     _plan({"v": 1}).save(d)
     (d / "stray.txt").write_text("left by hand")
-    _plan({"v": 2}).save(d)                        # replaced whole: the stray file is gone
+    with pytest.raises(ConfigError, match="holds stray.txt"):  # a user's file: never deleted
+        _plan({"v": 2}).save(d)
+    assert (d / "stray.txt").read_text() == "left by hand" and Plan.load(d).meta == {"v": 1}
+    (d / "stray.txt").unlink()
+    _plan({"v": 2}).save(d)                        # replaced whole, as a version behind d
     assert Plan.load(d).meta == {"v": 2} and not (d / "stray.txt").exists()
-    assert [x.name for x in tmp_path.iterdir()] == ["plan"]      # no temporary sibling left
+    assert sorted(x.name for x in tmp_path.iterdir()) == [VERSIONS_AREA, "plan"]  # no temporary
+    # the hidden area: the lock, the previous version (a reader may still read it) and this one
+    assert sorted(os.listdir(tmp_path / VERSIONS_AREA / "plan")) == ["lock", "v000001", "v000002"]
     for f in d.iterdir():
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
 

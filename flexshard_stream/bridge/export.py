@@ -65,14 +65,8 @@ import numpy as np
 
 from ..errors import ConfigError, FlexShardError, FormatError
 from ..formats.fields import field_int, field_list, field_mapping
-from ..formats.files import (
-    check_output_directory,
-    read_json,
-    read_npy,
-    staging_directory,
-    write_json,
-    write_npy,
-)
+from ..formats.directories import check_output_directory, read_directory, staging_directory
+from ..formats.files import read_json, read_npy, write_json, write_npy
 from ..formats.units import fmt_bytes
 from ..optional import optional_imports
 from ..plans.plan import ColdSharding, Plan, TablePlan
@@ -96,7 +90,8 @@ __all__ = ["export_torchrec", "load_torchrec_export", "plan_from_export", "Torch
            "torchrec_rw_shard_rows", "check_export_target", "describe_export",
            "PARAMETER_CONSTRAINTS_FIELDS", "COLD_SHARDINGS", "NODE_REPLICAS",
            "EXPORT_SCHEMA_VERSION", "MANIFEST_FILE", "CONSTRAINTS_FILE", "CONFIGS_FILE",
-           "SHARDING_PLAN_FILE", "HOT_SUFFIX", "COLD_SUFFIX", "sharding_plan_from_doc",
+           "SHARDING_PLAN_FILE", "EXPORT_FILES", "HOT_SUFFIX", "COLD_SUFFIX",
+           "sharding_plan_from_doc",
            "MODULE_PATHS"]
 
 TORCHREC_VERSION = "1.8.0"
@@ -106,11 +101,16 @@ EXPORT_SCHEMA_VERSION = 2
 EXPORT_FORMAT = "flexshard_stream.torchrec_export"
 REMAP_ENCODING = "exceptions+segments"
 MANIFEST_FILE = "torchrec_export.json"
-#: The export directory's kind marker (:func:`~flexshard_stream.formats.files.staging_directory`).
+#: The export directory's kind marker
+#: (:func:`~flexshard_stream.formats.directories.staging_directory`).
 EXPORT_KIND = "torchrec-export"
 CONSTRAINTS_FILE = "constraints.json"
 CONFIGS_FILE = "embedding_configs.json"
 SHARDING_PLAN_FILE = "sharding_plan.json"
+#: What an export directory holds (``fnmatch`` patterns): all a new export may replace; anything
+#: else in it is a user's, and the export is refused rather than delete it.
+EXPORT_FILES = (MANIFEST_FILE, CONSTRAINTS_FILE, CONFIGS_FILE, SHARDING_PLAN_FILE,
+                "*.remap_exceptions.npy", "*.remap_segments.npy")
 HOT_SUFFIX = "__hot"
 COLD_SUFFIX = "__cold"
 
@@ -230,7 +230,8 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
     check_export_target(out_dir)
     _check_features(plan)
     _check_columns(plan)
-    with staging_directory(out_dir, kind=EXPORT_KIND, legacy=(MANIFEST_FILE,)) as tmp:
+    with staging_directory(out_dir, kind=EXPORT_KIND, legacy=(MANIFEST_FILE,),
+                           owns=EXPORT_FILES) as tmp:
         parts = [_export_table(tmp, i, name, tp, plan.topology, cold_sharding, node_replicas,
                                summaries or {}, mean_lengths or {})
                  for i, (name, tp) in enumerate(plan.tables.items())]
@@ -269,10 +270,12 @@ def _check_export(plan: Plan, cold_sharding: str, node_replicas: str) -> None:
 
 def check_export_target(out_dir: str | os.PathLike) -> None:
     """Refuse to replace anything but an export or an empty directory (it would be deleted): a
-    file, or a non-empty directory that is not an export (no kind marker, nor a manifest of an
-    export written before markers), is a :class:`ConfigError`. The one check of what an export
+    file, a non-empty directory that is not an export (no kind marker, nor a manifest of an
+    export written before markers), or an export holding a file it does not write
+    (:data:`EXPORT_FILES`: a user's) is a :class:`ConfigError`. The one check of what an export
     may overwrite (``export_torchrec`` and ``flexshard-stream export``)."""
-    check_output_directory(Path(out_dir), EXPORT_KIND, legacy=(MANIFEST_FILE,))
+    check_output_directory(Path(out_dir), EXPORT_KIND, legacy=(MANIFEST_FILE,),
+                           owns=EXPORT_FILES)
 
 
 def _check_columns(plan: Plan) -> None:
@@ -632,8 +635,13 @@ class TorchRecExport:
 def load_torchrec_export(path: str | os.PathLike) -> TorchRecExport:
     """Read an export directory, verifying its version, the remap checksums and that every remap
     is a bijection of its table's rows (in time and memory of the remap's size, not the
-    table's)."""
-    path = Path(path)
+    table's). Every file comes from one version of a replaced export (the returned ``path`` is
+    that version's directory: :func:`~flexshard_stream.formats.directories.read_directory`)."""
+    return read_directory(path, _load_export)
+
+
+def _load_export(path: Path) -> TorchRecExport:
+    """:func:`load_torchrec_export` of the resolved directory."""
     doc = _read_json(path / MANIFEST_FILE, "TorchRec export manifest")
     if doc.get("format") != EXPORT_FORMAT:
         raise FormatError(f"{path / MANIFEST_FILE}: format {doc.get('format')!r}, expected "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
 
 def _finish_demo(out: Path, report: bool) -> None:
     """The demo's report (when matplotlib is installed) and where everything is."""
-    where = out.resolve()
+    where = os.path.abspath(out)             # the path asked for (not the version it links to)
     if report and importlib.util.find_spec("matplotlib") is None:
         report = False
         say("report skipped: matplotlib is not installed (pip install "
@@ -82,7 +83,7 @@ def _finish_demo(out: Path, report: bool) -> None:
     if report:
         from ..report import build_report
         html = build_report(out)
-        say(f"Report: {html.resolve()} (open it in a browser; the pictures and summary.json "
+        say(f"Report: {os.path.abspath(html)} (open it in a browser; the pictures and summary.json "
             f"are beside it in {where})")
     else:
         say(f"Replay written to {where} (summary.json, cdf.json, plans/, traffic/); "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -21,5 +22,5 @@ def report_cmd(directory: Path = typer.Argument(..., help="A directory written b
         fail(e)
     except OSError as e:
         fail(f"cannot write the report into {directory}: {e}")
-    say(f"report written to {html.resolve()} with {len(PICTURES)} pictures: "
+    say(f"report written to {os.path.abspath(html)} with {len(PICTURES)} pictures: "
         + ", ".join(PICTURES))

@@ -9,17 +9,13 @@ damaged or foreign file is a :class:`~flexshard_stream.errors.FormatError` namin
 - :func:`write_json` / :func:`read_json`: JSON documents (no NaN, no infinity) through the same path.
 - :func:`write_npy` / :func:`read_npy`: numpy arrays as ``.npy`` files (no pickles) with the SHA-256
   a manifest records, checked on reading.
-- :func:`staging_directory`: build a directory in a temp sibling and publish it with
-  :func:`replace_directory` (all or nothing).
+- Directories of several files (staging, publishing as versions behind an atomic pointer, the
+  writer's lock, kind markers, what a writer may replace) are :mod:`.directories`'; their names
+  (:func:`staging_directory`, :func:`check_output_directory`, ...) are still importable from here.
 
-Writers never delete what they did not write. Every directory the project writes carries a
-marker file (:data:`KIND_MARKER`, one line: its kind, e.g. ``plan``); :func:`check_output_directory`
-lets a writer replace or write into only an absent path, an empty directory, or a directory of its
-own kind (its marker, or, for directories written before markers existed, one of the files that
-kind always held). Anything else, a file in particular, is a ConfigError naming the path.
-:func:`staging_directory` and :func:`claim_directory` apply it. A file output replaces only a file
-of its own kind (:func:`check_output_file`: a container of the same kind, a TOML file of the same
-kind), never a directory, a special file or a file of anything else.
+Writers never delete what they did not write. A file output replaces only a file of its own kind
+(:func:`check_output_file`: a container of the same kind, a TOML file of the same kind), never a
+directory, a special file or a file of anything else.
 """
 
 from __future__ import annotations
@@ -31,12 +27,11 @@ import json
 import math
 import os
 import re
-import shutil
 import stat
 import struct
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +45,19 @@ __all__ = ["KIND_MARKER", "check_json_digest", "check_output_directory", "check_
            "read_bytes", "read_json", "read_npy", "read_npz", "replace_directory",
            "staging_directory", "write_atomic", "write_json", "write_npy"]
 
-#: The marker file of every directory the project writes: one line, the directory's kind.
-KIND_MARKER = ".flexshard-kind"
-_MARKER_MAX_BYTES = 256
+#: Names that live in :mod:`.directories` since directories are published as versions, still
+#: importable from here (the module loads them when first asked: it imports this one).
+_DIRECTORY_NAMES = frozenset({"KIND_MARKER", "VERSIONS_AREA", "check_output_directory",
+                              "claim_directory", "directory_kind", "directory_lock",
+                              "read_directory", "remove_output_directory", "replace_directory",
+                              "resolve_directory", "staging_directory"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DIRECTORY_NAMES:
+        from . import directories
+        return getattr(directories, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def fsync_directory(path: str | os.PathLike) -> None:
@@ -331,76 +336,22 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
-def replace_directory(tmp: Path, target: Path) -> None:
-    """Publish the finished directory ``tmp`` as ``target``: an existing ``target`` is moved aside
-    first and removed only after the new one is in place (plan and export directories)."""
-    old = None
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-        os.replace(target, old / target.name)
-    os.replace(tmp, target)
-    fsync_directory(target.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def directory_kind(path: str | os.PathLike) -> str | None:
-    """The kind named by the marker of directory ``path`` (:data:`KIND_MARKER`); None when there
-    is no marker or it is not a small regular file of one line of text."""
-    marker = Path(path) / KIND_MARKER
-    try:
-        st = marker.lstat()
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _MARKER_MAX_BYTES:
-            return None
-        return marker.read_bytes().decode("utf-8").strip() or None
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def check_output_directory(target: str | os.PathLike, kind: str, *,
-                           legacy: tuple[str, ...] = ()) -> None:
-    """Refuse to write a ``kind`` directory at ``target`` unless nothing a user owns is there.
-
-    Allowed: ``target`` absent, an empty directory, or a directory of this kind (its marker says
-    ``kind``; or it has no marker and holds one of the ``legacy`` entries, what directories of
-    this kind held before markers existed). Refused with a ConfigError naming the path: a file (or
-    a symlink, a device, ...), a directory of another kind, any other non-empty directory.
-    """
-    target = Path(target)
-    if not _present(target, kind, directory=True):
-        return
-    found = directory_kind(target)
-    if found == kind:
-        return
-    if found is not None:
-        raise ConfigError(f"{target}: holds a flexshard_stream {found} directory, not a {kind} "
-                          "directory; refusing to replace it (choose another output path)")
-    if legacy and any(os.path.lexists(target / name) for name in legacy):
-        return
-    if any(target.iterdir()):
-        raise ConfigError(f"{target}: a non-empty directory that is not a {kind} directory (no "
-                          f"{KIND_MARKER} marker saying {kind!r}: flexshard_stream did not write "
-                          "it); refusing to write into it: choose another output path, or an "
-                          "empty or new directory")
-
-
-def _present(path: Path, kind: str, *, directory: bool) -> bool:
-    """Whether an output ``path`` exists (a symlink not followed); a ConfigError naming it when
-    it is not what a ``kind`` output replaces: a directory (``directory``) or a regular file."""
+def _present(path: Path, kind: str) -> bool:
+    """Whether an output file ``path`` exists (a symlink not followed); a ConfigError naming it
+    when it is not a regular file (a directory, a symlink, a FIFO, a device)."""
     if not os.path.lexists(path):
         return False
-    what = "directory" if directory else "file"
-    if path.is_symlink() or not (path.is_dir() if directory else path.is_file()):
-        raise ConfigError(f"{path}: exists and is not a {'' if directory else 'regular '}{what}; "
-                          f"refusing to replace it (choose another output path for the {kind} "
-                          f"{what})")
+    if path.is_symlink() or not path.is_file():
+        raise ConfigError(f"{path}: exists and is not a regular file; refusing to replace it "
+                          f"(choose another output path for the {kind} file)")
     return True
 
 
 def check_output_file(path: str | os.PathLike, kind: str,
                       kind_of: Callable[[Path], str | None]) -> None:
     """Refuse to replace anything at ``path`` but a ``kind`` file: the file outputs' rule, as
-    :func:`check_output_directory` is the directories'.
+    :func:`~flexshard_stream.formats.directories.check_output_directory` is the
+    directories'.
 
     Allowed: ``path`` absent, or a regular file ``kind_of(path)`` recognizes as ``kind`` (what
     the same writer writes: a container's header kind, a TOML file's top-level key). Refused with
@@ -409,7 +360,7 @@ def check_output_file(path: str | os.PathLike, kind: str,
     FormatError for a file it cannot read: not of the kind.
     """
     path = Path(path)
-    if not _present(path, kind, directory=False):
+    if not _present(path, kind):
         return
     try:
         found = kind_of(path)
@@ -419,41 +370,3 @@ def check_output_file(path: str | os.PathLike, kind: str,
         what = f"a {found} file" if found else "not a file flexshard_stream wrote"
         raise ConfigError(f"{path}: exists and is {what}, not a {kind} file; refusing to "
                           "replace it (choose another output path, or remove the file)")
-
-
-def _write_marker(directory: Path, kind: str) -> None:
-    write_atomic(directory / KIND_MARKER, kind.encode("utf-8") + b"\n", fsync=False,
-                 mode=0o644)
-
-
-def claim_directory(target: str | os.PathLike, kind: str, *,
-                    legacy: tuple[str, ...] = ()) -> Path:
-    """Make ``target`` a ``kind`` directory to write into (a long-lived output such as the
-    sidecar's): :func:`check_output_directory`, then create it and its marker if missing."""
-    target = Path(target)
-    check_output_directory(target, kind, legacy=legacy)
-    target.mkdir(parents=True, exist_ok=True)
-    if directory_kind(target) != kind:
-        _write_marker(target, kind)
-    return target
-
-
-@contextlib.contextmanager
-def staging_directory(target: str | os.PathLike, *, kind: str,
-                      legacy: tuple[str, ...] = ()) -> Iterator[Path]:
-    """Yield an empty temp sibling of ``target`` to fill; on normal exit it gets the ``kind``
-    marker and replaces ``target`` (:func:`replace_directory`), on an exception it is removed and
-    ``target`` is untouched. ``target`` must pass :func:`check_output_directory` (checked
-    before anything is built, and again just before the replacement)."""
-    target = Path(target)
-    check_output_directory(target, kind, legacy=legacy)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        yield tmp
-        _write_marker(tmp, kind)
-        check_output_directory(target, kind, legacy=legacy)
-        replace_directory(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -50,13 +50,8 @@ from typing import Any, Union
 import numpy as np
 
 from ..errors import ConfigError, FlexShardError, LogError
-from ..formats.files import (
-    check_output_directory,
-    jsonable,
-    staging_directory,
-    write_atomic,
-    write_json,
-)
+from ..formats.directories import check_output_directory, staging_directory
+from ..formats.files import jsonable, write_atomic, write_json
 from ..optional import import_optional
 from ..placement.baselines import build_baseline
 from ..placement.cost import (
@@ -257,14 +252,21 @@ class ReplayResult:
 
 
 # ----------------------------------------------------------------------------- helpers
-#: The replay directory's kind (:func:`~flexshard_stream.formats.files.check_output_directory`);
-#: directories written before kind markers are recognized by their summary.json.
+#: The replay directory's kind
+#: (:func:`~flexshard_stream.formats.directories.check_output_directory`); directories written
+#: before kind markers are recognized by their summary.json.
 REPLAY_KIND, _REPLAY_LEGACY = "replay", ("summary.json",)
+#: What a replay directory holds (``fnmatch`` patterns), ``report``'s page and pictures
+#: (``report.PICTURES``) included: all a new replay may replace; anything else is a user's, and
+#: the replay is refused rather than delete it.
+REPLAY_FILES = ("summary.json", "cdf.json", "plans/*", "traffic/*", "report.html", "cdf.png",
+                "bytes_per_iter.png", "threshold.png", "traffic.png", "memory.png")
 
 
 def _check_out_dir(out: Path) -> None:
-    """Refuse to replace anything but a replay directory (it would be deleted)."""
-    check_output_directory(out, REPLAY_KIND, legacy=_REPLAY_LEGACY)
+    """Refuse to replace anything but a replay directory of only a replay's files (anything
+    else would be deleted)."""
+    check_output_directory(out, REPLAY_KIND, legacy=_REPLAY_LEGACY, owns=REPLAY_FILES)
 
 
 def _decision_json(d: Decision) -> dict[str, Any]:
@@ -569,8 +571,9 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     window : a duration on ``ts`` ("30m", "1h", "90s") or a number of samples ("100000", 100000);
         default: :data:`DEFAULT_WINDOWS` windows of ``ceil(rows / 10)`` samples (rows from the
         parquet footers or CSV line counts)
-    out_dir : directory to write (replaced whole, atomically; refused if it exists, is not empty
-        and holds no ``summary.json``)
+    out_dir : directory to write (replaced atomically, as a new version: docs/FILES.md; refused if
+        it exists, is not empty and holds no ``summary.json``, or holds a file a replay does not
+        write)
     batch_size : B, samples per GPU per iteration (an iteration is ``G * B`` samples; default 512)
     model : the cost model of every evaluation and plan (default ``CostModel()``: de-duplication on)
     workload : the :class:`~flexshard_stream.placement.workload.Workload` instead of
@@ -1073,11 +1076,13 @@ def _cdf(whole: StreamStats, tabs: Sequence[EmbeddingTable], final: Mapping[str,
 
 def _write(out: Path, summary: dict, cdf: dict, final: Mapping[str, Plan],
            tot: Mapping[str, _Acc], topo: Topology) -> None:
-    """Everything into a temporary sibling of ``out``, then renamed into place (all or nothing,
-    :func:`~flexshard_stream.formats.files.staging_directory`). Directories get the usual mode
-    (``0o777`` less the umask), files ``0o644``."""
+    """Everything into a temporary directory, then published at ``out`` (all or nothing: renamed
+    into place, or as a new version behind the ``out`` symlink,
+    :func:`~flexshard_stream.formats.directories.staging_directory`). Directories get the usual
+    mode (``0o777`` less the umask), files ``0o644``."""
     _check_out_dir(out)
-    with staging_directory(out, kind=REPLAY_KIND, legacy=_REPLAY_LEGACY) as tmp:
+    with staging_directory(out, kind=REPLAY_KIND, legacy=_REPLAY_LEGACY,
+                           owns=REPLAY_FILES) as tmp:
         write_json(tmp / "summary.json", summary, indent=1, mode=0o644)
         write_json(tmp / "cdf.json", cdf, indent=None, mode=0o644)
         for s, p in final.items():

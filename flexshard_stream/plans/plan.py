@@ -58,14 +58,13 @@ from ..formats.fields import (
     field_str,
     mapping,
 )
+from ..formats.directories import directory_kind, read_directory, staging_directory
 from ..formats.files import (
     check_json_digest,
-    directory_kind,
     json_digest,
     jsonable,
     read_json,
     read_npy,
-    staging_directory,
     write_json,
     write_npy,
 )
@@ -90,8 +89,12 @@ __all__ = ["ColdSharding", "TablePlan", "Plan", "Router", "PLAN_SCHEMA_VERSION",
 #: Version 2 adds the sharding kind and column shards; version 1 plans still load.
 PLAN_SCHEMA_VERSION = 2
 _READABLE_SCHEMA_VERSIONS = (1, 2)
-#: The plan directory's kind marker (:func:`~flexshard_stream.formats.files.staging_directory`).
+#: The plan directory's kind marker
+#: (:func:`~flexshard_stream.formats.directories.staging_directory`).
 PLAN_KIND = "plan"
+#: What a plan directory holds (``fnmatch`` patterns): all a new save may replace; anything else
+#: in it is a user's, and the save is refused rather than delete it.
+PLAN_FILES = ("plan.json", "t*.npy")
 _COLD_KINDS = {"hash": COLD_HASH, "range": COLD_RANGE, "replicated": COLD_REPLICATED,
                "columns": COLD_COLUMNS}
 #: How a table is sharded (TorchRec's ``ShardingType`` values), hot-row replication on top.
@@ -818,10 +821,13 @@ class Plan:
     # ------------------------------------------------------------------ files
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``plan.json`` and the ``.npy`` ID arrays into ``directory`` atomically: built in a
-        temporary sibling, verified by :meth:`load`, then renamed into place
-        (:func:`~flexshard_stream.formats.files.staging_directory`)."""
+        temporary directory, verified by :meth:`load`, then published: renamed into place, or,
+        replacing a plan, as a new version behind the ``directory`` symlink
+        (:func:`~flexshard_stream.formats.directories.staging_directory`). A directory holding
+        anything but a plan's files (:data:`PLAN_FILES`) is refused, as is a second writer."""
         directory = Path(directory)
-        with staging_directory(directory, kind=PLAN_KIND, legacy=("plan.json",)) as tmp:
+        with staging_directory(directory, kind=PLAN_KIND, legacy=("plan.json",),
+                               owns=PLAN_FILES) as tmp:
             tables = [{"table": dataclasses.asdict(tp.table), "cold": tp.cold.to_dict(),
                        "sharding": tp.sharding, "tiers": tp.tier_sizes(),
                        "arrays": _save_arrays(tmp, i, tp)}
@@ -838,8 +844,14 @@ class Plan:
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Plan":
         """Read a plan directory (schema version 1 or 2), verifying version, shapes, dtypes and
-        checksums. Version 1 plans have no sharding kinds (inferred) and no column shards."""
-        directory = Path(directory)
+        checksums. Version 1 plans have no sharding kinds (inferred) and no column shards. Every
+        file comes from one version of a replaced plan
+        (:func:`~flexshard_stream.formats.directories.read_directory`)."""
+        return read_directory(directory, cls._load_from)
+
+    @classmethod
+    def _load_from(cls, directory: Path) -> "Plan":
+        """:meth:`load` of the resolved directory."""
         pj = directory / "plan.json"
         doc = _verified_plan_json(directory)
         try:

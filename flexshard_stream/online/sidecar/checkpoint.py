@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,13 +35,13 @@ from ...formats.fields import (
     field_str,
     mapping,
 )
+from ...formats.directories import read_directory, remove_output_directory, staging_directory
 from ...formats.files import (
     check_json_digest,
     json_digest,
     jsonable,
     read_bytes,
     read_json,
-    staging_directory,
     write_atomic,
     write_json,
 )
@@ -58,6 +57,8 @@ __all__ = ["Checkpoint", "ResumeReport", "Resumed", "checkpoint_number", "count_
            "resharder_state", "resume", "stats_state", "write_checkpoint"]
 
 _PLANS = ("plan", "prev_target")
+#: What a checkpoint directory holds: all a checkpoint written again under its number replaces.
+_CHECKPOINT_FILES = ("manifest.json", "stats/*", *(f"{p}/*" for p in _PLANS))
 
 
 def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
@@ -99,7 +100,8 @@ def write_checkpoint(out_dir: Path, seq: int, fields: Mapping[str, Any],
     then renamed into place: a crash leaves the previous checkpoints as they were.
     """
     final = Path(out_dir) / "checkpoints" / f"ckpt-{seq:08d}"
-    with staging_directory(final, kind="sidecar-checkpoint", legacy=("manifest.json",)) as tmp:
+    with staging_directory(final, kind="sidecar-checkpoint", legacy=("manifest.json",),
+                           owns=_CHECKPOINT_FILES) as tmp:
         for name, blob in stats["blobs"].items():
             if Path(name).name != name or name.startswith("."):
                 raise FormatError(f"statistics state blob {name!r} is not a plain file name")
@@ -122,7 +124,7 @@ def write_checkpoint(out_dir: Path, seq: int, fields: Mapping[str, Any],
         manifest["checksum"] = json_digest(manifest)
         write_json(tmp / "manifest.json", manifest)
     for old in list_checkpoints(out_dir)[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_output_directory(old)
     return final
 
 
@@ -198,7 +200,11 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, Plan, Plan | None, d
     Verifies the manifest's checksum, then the size and sha256 of every file it lists; raises
     :class:`FormatError` naming the damaged or missing file.
     """
-    path = Path(path)
+    return read_directory(path, _read_checkpoint)
+
+
+def _read_checkpoint(path: Path) -> tuple[dict, Plan, Plan | None, dict[str, bytes]]:
+    """:func:`read_checkpoint` of the resolved directory."""
     m = _verified_manifest(path)
     blobs = _verified_files(path, m["files"])
     plan = Plan.load(path / "plan")
