@@ -42,16 +42,20 @@ __all__ = ["PICTURES", "build_report"]
 #: PNG files the report writes, in the order they appear, with their captions' titles.
 PICTURES = ("cdf.png", "bytes_per_iter.png", "threshold.png", "traffic.png", "memory.png")
 
-_COLORS = {"rw": "#7f7f7f", "twrw": "#1f77b4", "static": "#ff7f0e", "resharder": "#d62728"}
+_COLORS = {"rw": "#7f7f7f", "rw-hash": "#bcbd22", "twrw": "#1f77b4", "tw": "#17becf",
+           "static": "#ff7f0e", "resharder": "#d62728"}
 #: Strategies planned within the memory budget (the others are the budget's reference).
 _BUDGETED = ("static", "resharder")
-_LABELS = {"rw": "row-wise (rw)", "twrw": "table-row-wise (twrw)",
+_LABELS = {"rw": "row-wise (rw)", "rw-hash": "row-wise, hashed (rw-hash)",
+           "twrw": "table-row-wise (twrw)", "tw": "table-wise (tw)",
            "static": "FlexShard, static (planned on window 0)",
            "resharder": "FlexShard + re-sharder (online)"}
 _DPI = 110
 #: Line styles: rw and twrw often carry the same all-to-all bytes, so rw is drawn wide underneath.
 _STYLE = {"rw": {"lw": 4.0, "alpha": 0.55, "marker": "o", "ms": 6, "zorder": 2},
+          "rw-hash": {"lw": 1.2, "ls": ":", "marker": "v", "ms": 4, "zorder": 3},
           "twrw": {"lw": 1.4, "ls": "--", "marker": "s", "ms": 4, "zorder": 3},
+          "tw": {"lw": 1.2, "ls": "-.", "marker": "x", "ms": 4, "zorder": 3},
           "static": {"lw": 1.8, "marker": "^", "ms": 5, "zorder": 4},
           "resharder": {"lw": 1.8, "marker": "D", "ms": 4, "zorder": 5}}
 

@@ -279,31 +279,13 @@ def _make_plan(strategy: str, tabs, topo, prof, summaries, batch_size: int, memo
 
 
 # ============================================================================ output
-_SHORT_KIND = {"table_wise": "tw", "column_wise": "cw", "table_column_wise": "twcw",
-               "row_wise": "rw", "table_row_wise": "twrw", "data_parallel": "dp"}
-
-
-def _sharding(tp, topo) -> str:
-    """How a table is sharded, in TorchRec's short words (tw, cw, twcw, rw, twrw, dp), with
-    ``(hashed)`` for hashed rows, ``, n GPUs`` when row-wise spans part of the cluster and
-    ``+host`` with a host-memory tier (replicated and placed rows are counted beside it)."""
-    kind = tp.sharding_kind(topo)
-    base = _SHORT_KIND.get(kind, kind)
-    c = tp.cold
-    n = int(c.gpus.size)
-    if kind == "row_wise" and n != topo.num_gpus:
-        base += f", {n} GPUs"
-    if c.kind == "hash":
-        base += " (hashed)"
-    return base + (" +host" if tp.has_host_tier else "")
-
-
 def _table_shardings(p) -> list[dict[str, Any]]:
     """Per table: sharding, GPUs holding shards, shard rows per GPU (min, max over those GPUs;
     cold rows and rows placed by load), replicated rows (on every GPU, on every node), placed
     rows, table bytes."""
     import numpy as np
 
+    from ..bridge.sharding import sharding_label
     from ..plans.plan import Plan
 
     topo = p.topology
@@ -317,7 +299,7 @@ def _table_shardings(p) -> list[dict[str, Any]]:
             cold = cold + np.bincount(tp.placed_gpus, minlength=topo.num_gpus)
             held = cold[tp.cold.gpus] if tp.cold.gpus.size else cold
             gpus, lo, hi = int(tp.cold.gpus.size), int(held.min()), int(held.max())
-        out.append({"table": name, "sharding": _sharding(tp, topo), "gpus": gpus,
+        out.append({"table": name, "sharding": sharding_label(tp, topo), "gpus": gpus,
                     "shard_rows_per_gpu": [lo, hi], "global_rows": tiers["global"],
                     "node_rows": tiers["node"], "placed_rows": tiers["placed"],
                     "table_bytes": tp.table.table_bytes})

@@ -74,6 +74,16 @@ class ReplayProgress:
         self.prog.update(self.tasks[phase], completed=ev["rows_read"], description=desc)
 
 
+def _what_flexshard(st) -> str:
+    """What the FlexShard plans hold, said only of what they hold (a hashed plan without
+    replicas does not "replicate the rows that carry most lookups")."""
+    tiers = [t for s in ("static", "resharder") for t in (st[s].get("tiers") or {}).values()]
+    replicated = any((t.get("global") or 0) + (t.get("node") or 0) for t in tiers)
+    return ("FlexShard replicates the rows that carry most lookups (on every GPU or once per "
+            "node)" if replicated else "FlexShard's plans replicate no row: they shard "
+            "every table")
+
+
 def print_replay(res) -> None:
     """Per strategy: bytes per iteration, crossing nodes, comm time, peak memory, speed-up vs
     rw; then what the re-sharder did, skipped rows and warnings."""
@@ -88,12 +98,11 @@ def print_replay(res) -> None:
         f"{profile_label(s['model'].get('profile', 'ideal'))} figures:")
     typer.echo(cost_rows([(n, st[n]) for n in REPLAYED], vs_rw=True))
     rs, sta = st["resharder"].get("speedup_vs_rw"), st["static"].get("speedup_vs_rw")
-    say(f"rw: row-wise; twrw: table-row-wise; static: a FlexShard plan made on the first "
-        f"window; resharder: that plan moved online by the re-sharder "
-        f"({st['resharder']['deltas']} plan change(s) in {tot['checks']} checks, "
-        f"{fmt_bytes(st['resharder']['migration_bytes'])} moved). FlexShard replicates the "
-        f"rows that carry most lookups (on every GPU or once per node) within row-wise's "
-        f"memory ({fmt_bytes(s['budget_bytes'])} per GPU)"
+    say(f"rw: row-wise; rw-hash: row-wise, rows hashed; twrw: table-row-wise; tw: table-wise; "
+        f"static: a FlexShard plan made on the first window; resharder: that plan moved online "
+        f"by the re-sharder ({st['resharder']['deltas']} plan change(s) in {tot['checks']} "
+        f"checks, {fmt_bytes(st['resharder']['migration_bytes'])} moved). {_what_flexshard(st)}"
+        f" within a budget of {fmt_bytes(s['budget_bytes'])} per GPU"
         + (f": {rs:.2f}x less communication time per iteration than row-wise with the "
            f"re-sharder, {sta:.2f}x static; {vs_best_text(st['resharder'])} with the "
            f"re-sharder ({vs_best_text(st['static'])} static)."
@@ -101,9 +110,8 @@ def print_replay(res) -> None:
     if rs is not None and sta is not None and max(rs, sta) < 1.005:
         say(f"Here FlexShard gains under 0.5% over row-wise: under "
             f"{profile_label(s['model'].get('profile', 'ideal'))} exchanges at B = "
-            f"{s['batch_size']}, within row-wise's memory less the margin the planner keeps "
-            f"free for the next window (3 standard deviations of the statistics' and buffers' "
-            f"uncertainty; wide on short windows), nothing it tried saves more.")
+            f"{s['batch_size']}, within its budget less the margin the planner keeps free for "
+            f"the next window, nothing it tried saves more.")
     say(CROSSING_NOTE)
     if tot.get("skipped_rows"):
         say(f"skipped {tot['skipped_rows']:,} bad rows: "

@@ -94,10 +94,12 @@ __all__ = [
 ]
 
 #: Strategy names, in the order they appear everywhere.
-STRATEGIES = ("rw", "twrw", "static", "resharder")
+STRATEGIES = ("rw", "rw-hash", "twrw", "tw", "static", "resharder")
 #: The replayed strategies that are baselines: "vs best baseline" figures are against the
-#: fastest of them over the replay.
-BASELINES_REPLAYED = ("rw", "twrw")
+#: fastest of them over the replay that fits the budget.
+BASELINES_REPLAYED = ("rw", "rw-hash", "twrw", "tw")
+#: The strategies whose plan never changes during a replay.
+_FIXED = ("rw", "rw-hash", "twrw", "tw", "static")
 #: Without ``window``: this many windows of equal sample counts.
 DEFAULT_WINDOWS = 10
 SUMMARY_VERSION = 1
@@ -527,8 +529,8 @@ class _Start:
 def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
                     decayed: StreamStats | DecayedStats,
                     reshard_config: ReshardConfig | None) -> _Start:
-    """Plan on window 0: the FlexShard static plan (its budget bounds the re-sharder), twrw
-    balanced by window 0's lookups per iteration, rw; the re-sharder from the static plan (its
+    """Plan on window 0: the FlexShard static plan (its budget bounds the re-sharder), twrw and tw
+    balanced by window 0's lookups per iteration, rw and hashed rw; the re-sharder from the static plan (its
     default configuration: pause, horizon and hysteresis from the measured drift rate)."""
     sums0 = st0.summary(run.top_k)
     work0 = run.workload.for_stats(tabs, run.topo, sums0)   # window 0's lengths and iterations
@@ -539,7 +541,9 @@ def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
     budget = float(static_res.budget_bytes)
     plans: dict[str, Plan] = {
         "rw": build_baseline("rw", tabs, run.topo),
+        "rw-hash": build_baseline("rw-hash", tabs, run.topo),
         "twrw": build_baseline("twrw", tabs, run.topo, summaries=sums0, workload=work0),
+        "tw": build_baseline("tw", tabs, run.topo, summaries=sums0, workload=work0),
         "static": static_res.plan}
     base_cfg = reshard_config or ReshardConfig()
     rs_cfg = dataclasses.replace(base_cfg, check_every=float("inf"), unit=run.unit,
@@ -717,8 +721,8 @@ def _strategy_totals(name: str, a: _Acc, budget: float, rs: Resharder, plan: Pla
     d["total_cost_s"] = a.s["iteration_time_s"] + d["migration_s"] + d["pause_s"]
     d["speedup_vs_rw"] = (rw_time / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 else None
     d["best_baseline"] = best[0]
-    d["speedup_vs_best_baseline"] = (best[1] / a.s["comm_time_s"]) if a.s["comm_time_s"] > 0 \
-        else None
+    d["speedup_vs_best_baseline"] = (best[1] / a.s["comm_time_s"]
+                                     if best[1] is not None and a.s["comm_time_s"] > 0 else None)
     d["tiers"] = plan.tier_sizes()
     return d
 
@@ -732,13 +736,22 @@ def _migration_totals(decisions: Sequence[Decision]) -> dict[str, Any]:
             "pause_s": float(sum(d.pause_s for d in applied)), "deltas": len(applied)}
 
 
+def _best_baseline(tot: Mapping[str, _Acc], budget: float) -> tuple[str | None, float | None]:
+    """The replayed baseline with the least communication time among those whose peak memory
+    per GPU fits ``budget`` (bytes), with that time (seconds over the replay); (None, None) when
+    none fits (a "best baseline that fits" must fit)."""
+    fits = [(b, tot[b].s["comm_time_s"]) for b in BASELINES_REPLAYED
+            if tot[b].n and tot[b].peak <= budget * (1 + 1e-9)]
+    return min(fits, key=lambda x: x[1]) if fits else (None, None)
+
+
 def _totals(tot: Mapping[str, _Acc], start: _Start, final: Mapping[str, Plan],
             windows: Sequence[Mapping[str, Any]], counts: Mapping[str, Any]) -> dict[str, Any]:
     """``summary["totals"]``: samples, rows, windows, iterations, dropped / late / skipped
     samples, the re-sharder's checks and decisions, and every strategy's totals."""
     rs = start.resharder
     rw_time = tot["rw"].s["comm_time_s"]
-    best = min(((b, tot[b].s["comm_time_s"]) for b in BASELINES_REPLAYED), key=lambda x: x[1])
+    best = _best_baseline(tot, start.budget)
     skipped = counts["skipped"]
     return {"samples": counts["samples"], "rows_read": counts["rows_read"],
             "windows": len(windows), "iterations": tot["rw"].n,
@@ -868,7 +881,7 @@ def _analytic_costs(run: _Run, start: _Start, sums: Mapping[str, FrequencySummar
     plans, rs = start.plans, start.resharder
     costs = {s: evaluate_analytic(plans[s], sums, workload=run.workload,
                                   want_matrices=want_matrices)
-             for s in ("rw", "twrw", "static")}
+             for s in _FIXED}
     costs["resharder"] = (costs["static"] if rs.plan is plans["static"] else
                           evaluate_analytic(rs.plan, sums, workload=run.workload,
                                             want_matrices=want_matrices))
@@ -974,7 +987,7 @@ class _TracePass:
             return
         win, chunk, plans, run = self.win, self.chunk, self.start.plans, self.run
         costs = {s: evaluate_trace(plans[s], chunk, workload=run.workload, keep_matrices=False)
-                 for s in ("rw", "twrw", "static")}
+                 for s in _FIXED}
         costs["resharder"] = (costs["static"] if self.rs.plan is plans["static"]
                               else evaluate_trace(self.rs.plan, chunk, workload=run.workload))
         for s, tc in costs.items():
