@@ -149,6 +149,14 @@ def test_demo_runs_on_the_embedded_trace(tmp_path):
     # a gain too small to show as more than 1.00x is said in words, not left as a riddle
     gains = [s["totals"]["strategies"][k]["speedup_vs_rw"] for k in ("static", "resharder")]
     assert ("gains under 0.5% over row-wise" in " ".join(r.stdout.split())) == (max(gains) < 1.005)
+    # the first result line says what FlexShard gains and over which plan (issue 22)
+    text = " ".join(r.stdout.split())
+    first = text[text.index("FlexShard"):]
+    assert text.index("FlexShard") < text.index("lookups")          # before the details
+    best = s["totals"]["strategies"]["static"]["best_baseline"]
+    assert first.startswith("FlexShard gains nothing") or first.startswith(
+        "FlexShard: ") and f"than {best}, the fastest baseline that fits" in first[:200]
+    assert s["batch_size"] == 128 and s["totals"]["strategies"]["rw-hash"]["iterations"] > 0
 
 
 def test_plan_host_memory_tier(tmp_path):
