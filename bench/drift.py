@@ -223,7 +223,7 @@ class MemoPlanner:
         self.plan_fn, self.cache, self.calls, self.hits = plan_fn, {}, 0, 0
 
     @staticmethod
-    def _key(tables, topo, sums, B, memory, model, config):
+    def _key(tables, topo, sums, B, memory, model, config, workload=None):
         h = hashlib.sha256()
         for name in sorted(sums):
             s = sums[name]
@@ -234,15 +234,17 @@ class MemoPlanner:
                            s.tail_mass, s.tail_rows, s.num_rows, s.exact, s.samples,
                            s.mean_length)).encode())
         return (h.hexdigest(), tuple(tables), topo.name, topo.num_gpus, B, repr(memory),
-                repr(model), repr(config))
+                repr(model), repr(config), repr(workload))
 
-    def __call__(self, tables, topo, sums, B, memory=None, model=None, config=None):
-        key = self._key(tables, topo, sums, B, memory, model, config)
+    def __call__(self, tables, topo, sums, B=None, memory=None, model=None, config=None, *,
+                 workload=None, **kw):
+        key = self._key(tables, topo, sums, B, memory, model, config, workload)
         self.calls += 1
         if key in self.cache:
             self.hits += 1
         else:
-            self.cache[key] = self.plan_fn(tables, topo, sums, B, memory, model, config=config)
+            self.cache[key] = self.plan_fn(tables, topo, sums, B, memory, model, config=config,
+                                           workload=workload, **kw)
         return self.cache[key]
 
 
