@@ -38,10 +38,19 @@ from typing import Sequence
 from ..errors import ClusterError, ClusterUnavailable
 
 __all__ = ["EmulatedNetwork", "ClassCounters", "check_emulation", "emulation_available",
-           "format_rate", "INTER_CLASS", "INTRA_CLASS", "UNSHAPED_RATE", "SUBNET"]
+           "format_rate", "parse_class_counters", "INTER_CLASS", "INTRA_CLASS", "CLASS_NAMES", "UNSHAPED_RATE", "SUBNET"]
 
-#: HTB class ids (minor) of inter-node and intra-node traffic.
+#: HTB class ids (minor) of inter-node and intra-node traffic: data packets (``10``, ``20``) and
+#: pure TCP ACKs (``11``, ``21``; IP length < 64 bytes, only the ACK flag), children of ``1:1``
+#: and ``1:2``, which carry the rate.
 INTER_CLASS, INTRA_CLASS = 10, 20
+#: Counter name of each leaf class.
+CLASS_NAMES = {10: "inter_node", 11: "inter_node_acks", 20: "intra_node", 21: "intra_node_acks"}
+#: u32 matches of a pure TCP ACK (LARTC's recipe): TCP, IP header of 20 bytes, IP length < 64,
+#: flags byte (offset 33) = ACK only.
+_PURE_ACK = ["match", "ip", "protocol", "6", "0xff", "match", "u8", "0x05", "0x0f", "at", "0",
+             "match", "u16", "0x0000", "0xffc0", "at", "2", "match", "u8", "0x10", "0xff", "at",
+             "33"]
 #: Rate of an unshaped class (bits per second): far above what a veth pair carries on this CPU.
 UNSHAPED_RATE = 10e9
 #: The benchmarking block (RFC 2544) the emulated hosts live in.
@@ -99,13 +108,20 @@ def emulation_available() -> tuple[bool, str]:
     return True, ""
 
 
+def parse_class_counters(text: str) -> dict[int, tuple[int, int]]:
+    """{HTB class minor: (bytes, packets)} from the output of ``tc -s class show``."""
+    return {int(m.group(1)): (int(m.group(2)), int(m.group(3)))
+            for m in _CLASS_RE.finditer(text)}
+
+
 @dataclass(frozen=True)
 class ClassCounters:
     """Wire bytes and packets of the HTB classes, summed over ranks (bytes as the qdisc counts
     them: whole IP packets with their Ethernet header).
 
     ``sent``: on the ranks' own veths (what they send); ``received``: on the switch ports (what
-    they receive). Keys: ``inter_node``, ``intra_node``."""
+    they receive). Keys (:data:`CLASS_NAMES`): ``inter_node``, ``intra_node`` (data packets,
+    headers included) and ``inter_node_acks``, ``intra_node_acks`` (pure TCP ACKs)."""
 
     sent: dict[str, int]
     received: dict[str, int]
@@ -222,45 +238,49 @@ class EmulatedNetwork:
 
     def _shape(self, ns: str, dev: str, rank: int, peer_field: str) -> None:
         """HTB on ``dev``'s egress: inter-node (peer ``peer_field`` on another node) and
-        intra-node classes."""
+        intra-node parents carrying the rates, each with a data and a pure-ACK leaf."""
         intra = self.intra_rate or UNSHAPED_RATE
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb",
-              "default", str(INTRA_CLASS)])
-        for cls, rate in ((INTER_CLASS, self.inter_rate), (INTRA_CLASS, intra)):
-            _run(["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid",
-                  f"1:{cls}", "htb", "rate", format_rate(rate), "ceil", format_rate(rate),
-                  "quantum", str(self.mtu + 14)])
+        tc = ["tc", "-n", ns]
+        _run(tc + ["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default",
+                   str(INTRA_CLASS)])
+        for parent, leaf, rate in ((1, INTER_CLASS, self.inter_rate), (2, INTRA_CLASS, intra)):
+            r = format_rate(rate)
+            _run(tc + ["class", "add", "dev", dev, "parent", "1:", "classid", f"1:{parent}",
+                       "htb", "rate", r, "ceil", r, "quantum", str(self.mtu + 14)])
+            for minor, share in ((leaf, 0.9), (leaf + 1, 0.1)):
+                _run(tc + ["class", "add", "dev", dev, "parent", f"1:{parent}", "classid",
+                           f"1:{minor}", "htb", "rate", format_rate(rate * share), "ceil", r,
+                           "quantum", str(self.mtu + 14)])
         me = rank // self.gpus_per_node
+        flt = tc + ["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip"]
         for node in range(self.nodes):
             if node != me:
-                _run(["tc", "-n", ns, "filter", "add", "dev", dev, "parent", "1:", "protocol",
-                      "ip", "prio", "1", "u32", "match", "ip", peer_field,
-                      f"{SUBNET}.{node}.0/24", "flowid", f"1:{INTER_CLASS}"])
+                peer = ["match", "ip", peer_field, f"{SUBNET}.{node}.0/24"]
+                _run(flt + ["prio", "1", "u32", *peer, *_PURE_ACK,
+                            "flowid", f"1:{INTER_CLASS + 1}"])
+                _run(flt + ["prio", "2", "u32", *peer, "flowid", f"1:{INTER_CLASS}"])
+        _run(flt + ["prio", "3", "u32", *_PURE_ACK, "flowid", f"1:{INTRA_CLASS + 1}"])
 
     # ------------------------------------------------------------------ counters
     @staticmethod
     def _class_bytes(ns: str, dev: str) -> dict[int, tuple[int, int]]:
         """{class minor: (bytes, packets)} of ``dev``'s HTB classes in namespace ``ns``."""
         p = _run(["tc", "-n", ns, "-s", "class", "show", "dev", dev])
-        out = {}
-        for m in _CLASS_RE.finditer(p.stdout):
-            out[int(m.group(1))] = (int(m.group(2)), int(m.group(3)))
-        return out
+        return parse_class_counters(p.stdout)
 
     def counters(self) -> ClassCounters:
-        """The classes' byte counters now, summed over ranks (subtract two readings)."""
-        names = {INTER_CLASS: "inter_node", INTRA_CLASS: "intra_node"}
-        sent = dict.fromkeys(names.values(), 0)
-        received = dict.fromkeys(names.values(), 0)
-        packets = dict.fromkeys(names.values(), 0)
+        """The leaf classes' counters now, summed over ranks (subtract two readings)."""
+        sent = dict.fromkeys(CLASS_NAMES.values(), 0)
+        received = dict.fromkeys(CLASS_NAMES.values(), 0)
+        packets = dict.fromkeys(CLASS_NAMES.values(), 0)
         for k in range(self.world_size):
             for cls, (b, n) in self._class_bytes(self.namespace(k), self.interface(k)).items():
-                if cls in names:
-                    sent[names[cls]] += b
-                    packets[names[cls]] += n
+                if cls in CLASS_NAMES:
+                    sent[CLASS_NAMES[cls]] += b
+                    packets[CLASS_NAMES[cls]] += n
             for cls, (b, _) in self._class_bytes(self.switch, self.port(k)).items():
-                if cls in names:
-                    received[names[cls]] += b
+                if cls in CLASS_NAMES:
+                    received[CLASS_NAMES[cls]] += b
         return ClassCounters(sent, received, packets)
 
     # ------------------------------------------------------------------ processes
