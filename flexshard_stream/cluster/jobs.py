@@ -31,6 +31,9 @@ class ClusterJob:
         Steps run before the measured ones (not reported), and measured steps, per export.
     interfaces : list of str
         Each rank's network interface (gloo binds to it; its HTB counters are read per step).
+    switch, ports : str, list of str
+        The switch's namespace and each rank's port there (what reaches the rank is counted on
+        the port's egress).
     """
 
     exports: list[str]
@@ -41,6 +44,8 @@ class ClusterJob:
     warmup: int
     steps: int
     interfaces: list[str]
+    switch: str = ""
+    ports: list[str] = field(default_factory=list)
     learning_rate: float = 0.01
     timeout_s: float = 300.0
     work_dir: str = ""
@@ -91,7 +96,8 @@ class StepRecord:
     wire_bytes : {class: bytes}
         What the rank's veth sent in the step and the barrier before it (HTB class counters,
         ``netem.CLASS_NAMES``): ``inter_node``, ``intra_node``, data packets with their
-        Ethernet, IP and TCP headers; ``inter_node_acks``, ``intra_node_acks``, pure ACKs.
+        Ethernet, IP and TCP headers; ``inter_node_acks``, ``intra_node_acks``, pure ACKs; the
+        same names ending in ``_received``: what its switch port delivered to it.
     wire_packets : {class: packets}
     collectives : list of CollectiveTiming
     """

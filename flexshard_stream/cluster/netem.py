@@ -53,6 +53,8 @@ _PURE_ACK = ["match", "ip", "protocol", "6", "0xff", "match", "u8", "0x05", "0x0
              "33"]
 #: Rate of an unshaped class (bits per second): far above what a veth pair carries on this CPU.
 UNSHAPED_RATE = 10e9
+#: TCP send and receive buffers in the emulated hosts (bytes; ``net.ipv4.tcp_wmem``, ``tcp_rmem``).
+TCP_BUFFER_BYTES = 32 << 20
 #: The benchmarking block (RFC 2544) the emulated hosts live in.
 SUBNET = "198.18"
 _SEQ = itertools.count()
@@ -213,8 +215,13 @@ class EmulatedNetwork:
         self.created.append(name)
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
         # no IPv6: its router and multicast solicitations would add noise to the counters
+        # TCP buffers that take a whole collective's message in one write: gloo writes what
+        # fits, and each partial write under back-pressure ends in a short segment (TCP_NODELAY),
+        # whose headers made the wire bytes vary by a few percent from run to run
         _run(["ip", "netns", "exec", name, "sysctl", "-q", "-w",
-              "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"])
+              "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
+              f"net.ipv4.tcp_wmem=4096 {TCP_BUFFER_BYTES} {TCP_BUFFER_BYTES}",
+              f"net.ipv4.tcp_rmem=4096 {TCP_BUFFER_BYTES} {TCP_BUFFER_BYTES}"])
 
     def _build(self) -> None:
         with _LOCK:

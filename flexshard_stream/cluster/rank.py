@@ -122,13 +122,19 @@ def _register() -> None:
 
 
 # ----------------------------------------------------------------------------- counters
-def _read_counters(interface: str) -> tuple[dict[str, int], dict[str, int]]:
-    """(bytes, packets) per link class sent so far by this namespace's ``interface``."""
-    p = subprocess.run(["tc", "-s", "class", "show", "dev", interface], capture_output=True,
-                       text=True, timeout=30)
-    got = parse_class_counters(p.stdout)
-    return ({n: got.get(c, (0, 0))[0] for c, n in CLASS_NAMES.items()},
-            {n: got.get(c, (0, 0))[1] for c, n in CLASS_NAMES.items()})
+def _read_counters(job: ClusterJob, rank: int) -> tuple[dict[str, int], dict[str, int]]:
+    """(bytes, packets) per class so far: sent by this rank's veth (``<class>``) and delivered
+    to it by its switch port (``<class>_received``)."""
+    out: tuple[dict[str, int], dict[str, int]] = ({}, {})
+    for ns, dev, suffix in ((None, job.interfaces[rank], ""),
+                            (job.switch, job.ports[rank], "_received")):
+        cmd = ["tc"] + (["-n", ns] if ns else []) + ["-s", "class", "show", "dev", dev]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        got = parse_class_counters(p.stdout)
+        for c, n in CLASS_NAMES.items():
+            out[0][n + suffix] = got.get(c, (0, 0))[0]
+            out[1][n + suffix] = got.get(c, (0, 0))[1]
+    return out
 
 
 # ----------------------------------------------------------------------------- one export
@@ -221,9 +227,8 @@ def _run_export(job: ClusterJob, export_dir: str, rank: int) -> list[StepRecord]
     trainer = _Trainer(job, export_dir, rank)
     b = job.local_batch_size
     local = [slice_batch(x, rank * b, (rank + 1) * b) for x in job.batches]
-    iface = job.interfaces[rank]
     records = []
-    wire0, pk0 = _read_counters(iface)
+    wire0, pk0 = _read_counters(job, rank)
     for s in range(job.warmup + job.steps):
         seconds, cpu = trainer.step(local[s % len(local)], s)
         t0 = CLOCK.t0
@@ -233,7 +238,7 @@ def _run_export(job: ClusterJob, export_dir: str, rank: int) -> list[StepRecord]
                 break
             time.sleep(0.001)
         colls = _collectives(t0)
-        wire, pk = _read_counters(iface)
+        wire, pk = _read_counters(job, rank)
         if s >= job.warmup:
             records.append(StepRecord(s - job.warmup, seconds, cpu,
                                       {k: wire[k] - wire0[k] for k in wire},

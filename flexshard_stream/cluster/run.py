@@ -98,9 +98,11 @@ class PlanMeasurement:
         return {p: np.array([self._slowest(s).seconds[p] for s in range(self.steps)])
                 for p in PHASES}
 
-    def wire_bytes(self) -> dict[str, np.ndarray]:
-        """Per link class, float64[steps]: bytes all ranks sent (qdisc counters)."""
-        return {c: np.array([sum(r[s].wire_bytes[c] for r in self.records)
+    def wire_bytes(self, kind: str = "") -> dict[str, np.ndarray]:
+        """Per link class, float64[steps]: bytes of data packets (headers included) all ranks
+        sent (qdisc counters); ``kind="_received"``: that their switch ports delivered,
+        ``"_acks"``: of pure ACKs sent."""
+        return {c: np.array([sum(r[s].wire_bytes[c + kind] for r in self.records)
                              for s in range(self.steps)], np.float64) for c in LINK_CLASSES}
 
     def cpu_share(self) -> np.ndarray:
@@ -138,6 +140,14 @@ class PlanMeasurement:
                                            for c in MODEL_COMPONENTS},
                 "wire_bytes": {c: float(np.median(v)) for c, v in wire.items()},
                 "wire_bytes_mean": {c: float(np.mean(v)) for c, v in wire.items()},
+                "wire_bytes_received_mean": {c: float(np.mean(v)) for c, v in
+                                             self.wire_bytes("_received").items()},
+                "ack_bytes_mean": {c: float(np.mean(v)) for c, v in
+                                   self.wire_bytes("_acks").items()},
+                "wire_packets_mean": {c: float(np.mean([sum(r[s].wire_packets[c]
+                                                             for r in self.records)
+                                                         for s in range(self.steps)]))
+                                      for c in LINK_CLASSES},
                 "cpu_share": float(np.median(self.cpu_share()))}
 
 
@@ -299,7 +309,8 @@ def run_on_cluster(exports: Mapping[str, str | os.PathLike] | Sequence[str | os.
                             intra_rate=intra_rate) as net:
         job = ClusterJob(list(labelled.values()), list(labelled), list(batches), world,
                          gpus_per_node, warmup, steps, [net.interface(r) for r in range(world)],
-                         learning_rate, timeout_s, tmp)
+                         net.switch, [net.port(r) for r in range(world)], learning_rate,
+                         timeout_s, tmp)
         job_path = Path(tmp) / "job.pkl"
         job_path.write_bytes(pickle.dumps(job))
         procs: dict[int, subprocess.Popen] = {}

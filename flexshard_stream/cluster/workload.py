@@ -76,8 +76,8 @@ def calibrated_model() -> CostModel:
     """The evaluator calibrated to the emulated cluster (docs/CLUSTER.md): gloo's flat ring
     all-reduce and pairwise all-to-all, TCP/IP's bytes per payload byte and a per-message
     latency."""
-    return CostModel(dedup=False, allreduce="ring", alltoall="pairwise", wire_overhead=TCP_WIRE_OVERHEAD,
-                     message_latency_s=GLOO_MESSAGE_LATENCY_S)
+    return CostModel(dedup=False, allreduce="ring", alltoall="pairwise",
+                     wire_overhead=TCP_WIRE_OVERHEAD, message_latency_s=GLOO_MESSAGE_LATENCY_S)
 
 
 def sequence_workload(batch_size: int, world_size: int, batches: int, *, dim: int = 64,
