@@ -66,19 +66,23 @@ def print_comparison(result: Mapping[str, Any]) -> None:
 def cluster_command(
         topology: str = typer.Option("2x2", "--topology", help="Topology preset or TOML file; "
                                      "scaled to --rate (its intra/inter ratio kept)."),
-        rate: float = typer.Option(50.0, "--rate", help="Inter-node rate per rank and "
+        rate: float = typer.Option(20.0, "--rate", help="Inter-node rate per rank and "
                                    "direction, Mbit/s (low: the network dominates)."),
-        batch_size: int = typer.Option(64, "--batch-size", "-b", help="Samples per rank per "
+        batch_size: int = typer.Option(128, "--batch-size", "-b", help="Samples per rank per "
                                        "step."),
         steps: int = typer.Option(10, "--steps", help="Measured steps per plan."),
         warmup: int = typer.Option(2, "--warmup", help="Steps before the measured ones."),
-        dim: int = typer.Option(64, "--dim", help="Embedding dimension (fp32)."),
-        scale: float = typer.Option(1.0, "--scale", help="Multiplies the tables' rows."),
+        dim: int = typer.Option(32, "--dim", help="Embedding dimension (fp32)."),
+        scale: float = typer.Option(0.02, "--scale", help="Multiplies the rows of the trace's "
+                                    "tables (200,000 to 50,000 at 1)."),
         intra_unshaped: bool = typer.Option(False, "--intra-unshaped", help="Leave intra-node "
                                             "traffic unshaped."),
         exports_dir: Optional[Path] = typer.Option(None, "--keep-exports", help="Write the "
                                                    "three exports here (default: a temporary "
                                                    "directory)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Write the result as "
+                                           "DIR/cluster.json (into a replay directory: "
+                                           "`flexshard-stream report` shows it)."),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
     """Run row-wise, TorchRec's plan and FlexShard in a real TorchRec DMP on an emulated
     N x M cluster (network namespaces, tc HTB) and compare with the model
@@ -89,6 +93,13 @@ def cluster_command(
     result = cluster_experiment(Topology.load(topology), rate * 1e6, batch_size=batch_size,
                                 steps=steps, warmup=warmup, dim=dim, scale=scale,
                                 intra_shaped=not intra_unshaped, exports_dir=exports_dir)
+    if out is not None:
+        from ..formats.files import write_atomic
+        from ..report import CLUSTER_FILE
+
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / CLUSTER_FILE, json.dumps(result, default=float).encode(),
+                     fsync=False, mode=0o644)
     if json_out:
         typer.echo(json.dumps(result, default=float))
     else:
