@@ -51,7 +51,7 @@ def print_comparison(result: Mapping[str, Any]) -> None:
         f"{run['load_average_before'][0]:.1f} -> {run['load_average_after'][0]:.1f}")
     for model in result["comparison"][next(iter(result["comparison"]))]["models"]:
         say(f"\nmodel: {model}")
-        say(text_table(["plan", "step (median ±IQR/2)", "net meas.", "net model", "ratio",
+        typer.echo(text_table(["plan", "step (median ±IQR/2)", "net meas.", "net model", "ratio",
                         "inter wire", "model", "CPU"], _rows(result["comparison"], model)))
     say("\nphases of the slowest rank (median): " + "; ".join(
         f"{k}: " + ", ".join(f"{p} {fmt_seconds(v)}" for p, v in
