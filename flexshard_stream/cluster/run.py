@@ -208,7 +208,9 @@ def _wait(job: ClusterJob, procs: Mapping[int, subprocess.Popen], deadline: floa
     ``deadline`` (``time.monotonic`` seconds)."""
     while True:
         codes = {r: p.poll() for r, p in procs.items()}
-        failed = [r for r, c in codes.items() if c not in (None, 0)]
+        # a rank killed by a signal first: its peers then fail on their broken connections
+        failed = sorted((r for r, c in codes.items() if c not in (None, 0)),
+                        key=lambda r: (codes[r] > 0, r))
         if failed:
             raise _failure(job, failed[0], codes[failed[0]])
         running = [r for r, c in codes.items() if c is None]
