@@ -51,3 +51,13 @@ class MissingExtraError(ConfigError, ImportError):
     the extra and how to install it. Raised only by :mod:`flexshard_stream.optional`, the one gate
     for optional imports; it is an ``ImportError`` (and a ``ConfigError``: the environment lacks
     what the call needs)."""
+
+
+class ClusterError(FlexShardError, RuntimeError):
+    """The emulated cluster (network namespaces, veths, ``tc``) could not be built, measured or
+    removed; the message names the command and what it answered."""
+
+
+class ClusterUnavailable(ClusterError):
+    """The emulated cluster cannot run on this machine: not root, no ``ip`` / ``tc``, or the
+    kernel lacks network namespaces, veth pairs, bridges or HTB; the message says which."""

@@ -707,15 +707,54 @@ def _draw(d: Path) -> None:
     finally:
         plt.close("all")
     try:
-        page = _page(summary, captions)
+        page = _page(summary, captions, _cluster_section(d / CLUSTER_FILE))
     except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
         raise FormatError(f"{spath}: damaged replay summary: unexpected content ({e!r})") from None
     write_atomic(d / "report.html", page.encode("utf-8"), fsync=False, mode=0o644)
 
 
-def _page(summary: dict[str, Any], captions: dict[str, str]) -> str:
+#: Written into a replay directory by ``flexshard-stream cluster --out DIR``: the report then
+#: shows what was measured on the emulated cluster beside the model's figures.
+CLUSTER_FILE = "cluster.json"
+
+
+def _cluster_section(path: Path) -> str:
+    """The HTML of the emulated cluster's measurements (``cluster.json``), or "" without it:
+    per plan the measured step and network time and wire bytes beside each model's."""
+    if not path.exists():
+        return ""
+    doc = _load_json(path, "emulated cluster result")
+    try:
+        run, rows = doc["run"], []
+        for label, c in doc["comparison"].items():
+            m = c["measured"]
+            for name, mm in c["models"].items():
+                rows.append(
+                    f"<tr><td>{html.escape(label)}</td><td>{html.escape(name)}</td>"
+                    f"<td>{_fmt_time(m['step_s']['median'])} (IQR "
+                    f"{_fmt_time(m['step_s']['iqr'])})</td>"
+                    f"<td>{_fmt_time(m['network_s']['median'])}</td>"
+                    f"<td>{_fmt_time(mm['network_s'])}</td>"
+                    f"<td>{(mm['network_measured_over_model'] or 0):.2f}</td>"
+                    f"<td>{_fmt_bytes(m['wire_bytes_mean']['inter_node'])}</td>"
+                    f"<td>{_fmt_bytes(mm['wire_bytes']['inter_node'])}</td>"
+                    f"<td>{m['cpu_share']:.0%}</td></tr>")
+        head = (f"<p class='meta'>{run['nodes']} x {run['gpus_per_node']} ranks in network "
+                f"namespaces, inter-node {run['inter_rate_bits_per_s'] / 1e6:g} Mbit/s per rank "
+                f"and direction; B = {run['batch_size']}; load average "
+                f"{run['load_average_before'][0]:.1f}; docs/CLUSTER.md.</p>")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise FormatError(f"{path}: damaged emulated cluster result ({e!r})") from None
+    return ("<h2>Measured on the emulated cluster</h2>" + head
+            + "<table><tr><th>plan</th><th>model</th><th>step (measured)</th>"
+            "<th>network measured</th><th>network modelled</th><th>measured / modelled</th>"
+            "<th>inter-node wire measured</th><th>modelled</th><th>CPU share</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def _page(summary: dict[str, Any], captions: dict[str, str], cluster: str = "") -> str:
     """The HTML of the report: the run's description, the totals, the pictures with their
-    captions, the windows."""
+    captions, the windows (and the emulated cluster's measurements when given)."""
     titles = {"cdf.png": "Access CDF and tier cut points",
               "bytes_per_iter.png": "Bytes per iteration over time",
               "threshold.png": "Re-sharder threshold over time",
@@ -770,7 +809,7 @@ def _page(summary: dict[str, Any], captions: dict[str, str]) -> str:
         parts.append(f"<h2>{i}. {html.escape(titles[name])}</h2><figure><img src='{name}' "
                      f"alt='{html.escape(titles[name])}'><figcaption>{captions[name]}"
                      f"</figcaption></figure>")
-    parts += ["<h2>Windows</h2>", _windows_table(summary), _apply_section(summary),
+    parts += [cluster, "<h2>Windows</h2>", _windows_table(summary), _apply_section(summary),
               ("<p class='meta'>Written by <code>flexshard-stream report</code> from "
                "<code>summary.json</code>, <code>cdf.json</code> and <code>traffic/</code> in "
                "this directory; docs/REPLAY.md describes them.</p></body></html>")]

@@ -22,7 +22,7 @@ FLOORS = {
     "plans": 4,
     "bridge": 5,
     "placement": 6,
-    "online": 7,
+    "online": 7, "cluster": 7,
     "report": 8,
     "cli": 9, "testing": 9,
 }

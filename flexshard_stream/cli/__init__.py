@@ -5,14 +5,15 @@ machines), ``tables`` (a tables file sized for a log), ``plan``, ``evaluate``, `
 of a log through rw, twrw, static FlexShard and the re-sharder; docs/REPLAY.md), ``report`` (HTML
 and PNGs of a replay directory), ``demo`` (replay the embedded default trace and write the
 report), ``merge`` (statistics snapshots of many hosts into one; docs/SCALING.md), ``sidecar``
-(statistics and re-sharding fed by a shared-memory ring; docs/SIDECAR.md) and ``export`` (a plan
-for TorchRec; docs/TORCHREC_EXPORT.md). docs/CLI.md walks through them.
+(statistics and re-sharding fed by a shared-memory ring; docs/SIDECAR.md), ``export`` (a plan
+for TorchRec; docs/TORCHREC_EXPORT.md) and ``cluster`` (exported plans timed in a real TorchRec
+DMP on an emulated cluster; docs/CLUSTER.md). docs/CLI.md walks through them.
 
 Layout: this module holds the typer ``app``, :func:`main` (the console entry point) and the
 registration of the commands; :mod:`.common` what several commands share (option values and
 parsing, error lines, text output, a plan's recorded settings); one module per command
 (:mod:`.stats`, :mod:`.tables`, :mod:`.plan`, :mod:`.evaluate`, :mod:`.demo`, :mod:`.replay`,
-:mod:`.report`, :mod:`.export`, :mod:`.merge`, :mod:`.sidecar`).
+:mod:`.report`, :mod:`.export`, :mod:`.merge`, :mod:`.sidecar`, :mod:`.cluster`).
 
 Start-up: the package imports only typer and two standard-library-only modules (units, ID modes)
 at the top; every command imports what it needs (numpy, Numba, polars, pyarrow, matplotlib, Ray)
@@ -28,6 +29,7 @@ import typer
 
 from ..errors import FlexShardError
 from . import demo, evaluate, plan, stats
+from .cluster import cluster_command
 from .common import DEFAULT_BATCH_SIZE, PROFILES, cli_message
 from .export import EXPORT_COLD_SHARDINGS, EXPORT_NODE_REPLICAS, export_command
 from .merge import merge_command
@@ -39,7 +41,8 @@ from .tables import tables_cmd
 
 __all__ = ["app", "main", "STRATEGIES", "PROFILES", "MEMORY_BASELINES", "ENGINES", "EVALUATIONS",
            "DEFAULT_BATCH_SIZE", "EXPORT_COLD_SHARDINGS", "EXPORT_NODE_REPLICAS", "tables_cmd",
-           "replay_cmd", "report_cmd", "export_command", "merge_command", "sidecar_command"]
+           "replay_cmd", "report_cmd", "export_command", "merge_command", "sidecar_command",
+           "cluster_command"]
 
 #: Plain (click) help and error formatting: rich's help renderer costs more start-up time than
 #: everything else ``--help`` loads, and click's formatter already wraps at 80 columns.
@@ -60,6 +63,7 @@ app.command("report")(report_cmd)
 app.command("export")(export_command)
 app.command("merge")(merge_command)
 app.command("sidecar")(sidecar_command)
+app.command("cluster")(cluster_command)
 
 
 def main() -> None:

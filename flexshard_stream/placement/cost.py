@@ -56,11 +56,15 @@ from .workload import CostModel, Workload, workload_of
 
 __all__ = ["CostModel", "Cost", "TraceCost", "Workload", "evaluate_trace", "evaluate_analytic",
            "check_matrix_size", "COMPONENTS", "A2A_COMPONENTS", "PROFILES", "TORCHREC_COMPONENTS",
-           "MATRIX_MAX_GPUS"]
+           "MATRIX_MAX_GPUS", "TCP_WIRE_OVERHEAD"]
 
 COMPONENTS = ("index", "forward", "backward", "sync")
 A2A_COMPONENTS = ("index", "forward", "backward")
 CLASSES = ("local", "intra_node", "inter_node")
+#: Wire bytes per payload byte of gloo over TCP/IP on the emulated cluster's veths (MTU 1500),
+#: measured (docs/CLUSTER.md): 66 bytes of Ethernet, IP and TCP headers (timestamps) per
+#: 1448-byte segment (1.0456) plus the ACKs going the other way.
+TCP_WIRE_OVERHEAD = 1.047
 #: Most GPUs for which G x G traffic matrices are made (trace mode always makes them; analytic
 #: mode when asked): about ten float64 matrices are alive at once, ~80 * G**2 bytes, 1.3 GiB at
 #: 4096 GPUs. Larger topologies are evaluated analytically (per-GPU sums by link class, O(G)).
@@ -248,12 +252,43 @@ def _by_class_from_matrix(m: np.ndarray, masks) -> tuple[np.ndarray, np.ndarray]
     return send, recv
 
 
-def _a2a_time(topo: Topology, send: np.ndarray, recv: np.ndarray) -> float:
+def _pairwise_time(topo: Topology, m: np.ndarray) -> float:
+    """gloo's all-to-all of the byte matrix ``m[src, dst]``: ``G - 1`` rounds one after the
+    other; in round ``i`` GPU ``g`` sends ``m[g, g + i]`` and receives ``m[g - i, g]``, each over
+    its link class's bandwidth (the sender's, the receiver's); a round ends with its slowest
+    transfer."""
+    G, M = topo.num_gpus, topo.gpus_per_node
+    g = np.arange(G)
+    total = 0.0
+    for i in range(1, G):
+        dst, src = (g + i) % G, (g - i) % G
+        out_bw = np.where(dst // M == g // M, topo.intra_bw, topo.inter_bw)
+        in_bw = np.where(src // M == g // M, topo.intra_bw, topo.inter_bw)
+        total += float(np.maximum(m[g, dst] / out_bw, m[src, g] / in_bw).max())
+    return total
+
+
+def _a2a_time(topo: Topology, send: np.ndarray, recv: np.ndarray,
+              model: CostModel | None = None, component: str = "",
+              matrix: np.ndarray | None = None) -> float:
     """An all-to-all ends when its slowest GPU ends: per GPU the max of intra and inter bytes over
-    that GPU's bandwidths, for what it sends and what it receives."""
-    t = np.maximum.reduce([send[:, 1] / topo.intra_bw, send[:, 2] / topo.inter_bw,
-                           recv[:, 1] / topo.intra_bw, recv[:, 2] / topo.inter_bw])
-    return float(t.max()) if t.size else 0.0
+    that GPU's bandwidths, for what it sends and what it receives (``model.alltoall ==
+    "pairwise"``: gloo's rounds on ``matrix``, :func:`_pairwise_time`); with ``model``'s wire
+    overhead and message latency (1.0 and 0 by default: the figure unchanged)."""
+    if model is not None and model.alltoall == "pairwise":
+        if matrix is None:
+            raise ConfigError("alltoall='pairwise' needs the G x G byte matrices "
+                              f"(at most {MATRIX_MAX_GPUS:,} GPUs)")
+        out = _pairwise_time(topo, matrix)
+    else:
+        t = np.maximum.reduce([send[:, 1] / topo.intra_bw, send[:, 2] / topo.inter_bw,
+                               recv[:, 1] / topo.intra_bw, recv[:, 2] / topo.inter_bw])
+        out = float(t.max()) if t.size else 0.0
+    if model is None or (model.wire_overhead == 1.0 and model.message_latency_s == 0.0):
+        return out
+    moved = bool((send[:, 1:] > 0).any() or (recv[:, 1:] > 0).any())
+    return out * model.wire_overhead + (
+        model.message_latency_s * model.a2a_rounds(component, topo) if moved else 0.0)
 
 
 def _sync_traffic(topo: Topology, s_global: float, s_node: np.ndarray, model: CostModel,
@@ -284,7 +319,12 @@ def _sync_traffic(topo: Topology, s_global: float, s_node: np.ndarray, model: Co
             np.add.at(mat, (src, dst), b)
     # phases run one after the other: intra part then inter part (hierarchical); one ring otherwise
     t = send[:, 1] / topo.intra_bw + send[:, 2] / topo.inter_bw
-    return send, recv, float(t.max()) if t.size else 0.0, mat
+    time_s = float(t.max()) if t.size else 0.0
+    if model.wire_overhead != 1.0 or model.message_latency_s != 0.0:
+        time_s *= model.wire_overhead
+        if edges:
+            time_s += model.message_latency_s * model.allreduce_rounds(topo)
+    return send, recv, time_s, mat
 
 
 def _finish(topo: Topology, a2a: Mapping[str, tuple[np.ndarray, np.ndarray]],
@@ -292,7 +332,8 @@ def _finish(topo: Topology, a2a: Mapping[str, tuple[np.ndarray, np.ndarray]],
             row_bytes: np.ndarray, model: CostModel, matrices, mode: str,
             host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
             buffer_excess: np.ndarray | float = 0.0,
-            collectives: dict[str, float] | None = None) -> Cost:
+            collectives: dict[str, float] | None = None,
+            a2a_matrices: Mapping[str, np.ndarray] | None = None) -> Cost:
     """The :class:`Cost` of one iteration's traffic: ``a2a`` (send, recv) per all-to-all
     component, the replica sync (send, recv, time) and its buffer per GPU, the rows stored;
     ``buffer_excess`` (bytes per GPU) is what the received bytes exceed the receive buffers by
@@ -300,7 +341,9 @@ def _finish(topo: Topology, a2a: Mapping[str, tuple[np.ndarray, np.ndarray]],
     send = {c: a2a[c][0] for c in A2A_COMPONENTS}
     recv = {c: a2a[c][1] for c in A2A_COMPONENTS}
     send["sync"], recv["sync"] = sync[0], sync[1]
-    time_s = {c: _a2a_time(topo, send[c], recv[c]) for c in A2A_COMPONENTS}
+    mats = a2a_matrices if a2a_matrices is not None else (matrices or {})
+    time_s = {c: _a2a_time(topo, send[c], recv[c], model, c, mats.get(c))
+              for c in A2A_COMPONENTS}
     time_s["sync"] = sync[2]
     # buffers materialized by an iteration: index and embedding exchange (sent + received; the
     # backward reuses the forward's buffers, transposed) plus the replica gradients
@@ -591,7 +634,7 @@ class _IterationTraffic:
             coll = {c: float(mats[c].sum()) for c in TORCHREC_COMPONENTS[:-1]}
             coll["data_parallel_all_reduce"] = G * self.s_global
         cost = _finish(topo, a2a, (ss, sr, st), sync_buf, row_bytes, model, None, "trace",
-                       (self.host_lookups, self.uvm_bytes, host_bytes), excess, coll)
+                       (self.host_lookups, self.uvm_bytes, host_bytes), excess, coll, mats)
         return cost, smat
 
 
@@ -720,6 +763,7 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary],
     topo = plan.topology
     G, M = topo.num_gpus, topo.gpus_per_node
     want = G <= 512 if want_matrices is None else want_matrices
+    want = want or model.alltoall == "pairwise"     # gloo's rounds are priced on the matrices
     if want:
         check_matrix_size(topo, "evaluate_analytic(want_matrices=True)")
     kplan, ksums, khost, out = _kernel_inputs(plan, summaries, work)

@@ -59,6 +59,21 @@ class CostModel:
                             (:mod:`~flexshard_stream.placement.profiles`)
     length_bytes : int      bytes per KJT length (``torchrec``; 8: int64, TorchRec keeps the
                             input's dtype)
+    wire_overhead : float   bytes on the wire per byte of payload (times only; 1.0: none, the
+                            default). Measured over TCP/IP on Ethernet framing (MTU 1500: 66
+                            bytes of headers per 1448-byte segment, plus the ACKs):
+                            :data:`TCP_WIRE_OVERHEAD` (docs/CLUSTER.md)
+    message_latency_s : float  seconds per message round of a collective (times only; 0.0, the
+                            default): an all-to-all component pays one per collective it
+                            issues (``torchrec``: 3 for the index exchange, splits, lengths
+                            and values), times ``G - 1`` rounds when ``pairwise``; an all-reduce
+                            one per ring step (ring: ``2 (G - 1)``; hierarchical:
+                            ``2 (M - 1) + 2 (N - 1)``); a component that moves nothing pays none
+    alltoall : str          "concurrent" (default: every pair at once, DESIGN.md section 3) or
+                            "pairwise" (gloo's ``alltoall``: ``G - 1`` rounds one after the other,
+                            in round ``i`` GPU ``g`` sends to ``g + i`` and receives from
+                            ``g - i``; a round ends with its slowest transfer). Times only;
+                            ``pairwise`` needs the G x G matrices (at most MATRIX_MAX_GPUS)
     """
 
     dedup: bool = True
@@ -67,6 +82,9 @@ class CostModel:
     reservation_bytes: float = 0.0
     profile: str = "torchrec"
     length_bytes: int = 8
+    wire_overhead: float = 1.0
+    message_latency_s: float = 0.0
+    alltoall: str = "concurrent"
 
     @property
     def execution(self) -> ExecutionProfile:
@@ -81,7 +99,8 @@ class CostModel:
 
     def __post_init__(self) -> None:
         execution_profile(self.profile)
-        for name in ("index_bytes", "length_bytes", "reservation_bytes"):  # e.g. from plan.json
+        for name in ("index_bytes", "length_bytes", "reservation_bytes", "wire_overhead",
+                     "message_latency_s"):  # e.g. from plan.json
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) \
                     or not np.isfinite(v):
@@ -89,12 +108,34 @@ class CostModel:
         if self.length_bytes not in (4, 8):
             raise ConfigError(f"length_bytes must be 4 (int32) or 8 (int64), got "
                               f"{self.length_bytes}")
+        if self.alltoall not in ("concurrent", "pairwise"):
+            raise ConfigError(f"alltoall must be 'concurrent' or 'pairwise', got "
+                              f"{self.alltoall!r}")
         if self.allreduce not in ("hierarchical", "ring"):
             raise ConfigError(f"allreduce must be 'hierarchical' or 'ring', got {self.allreduce!r}")
         if self.index_bytes <= 0:
             raise ConfigError(f"index_bytes must be > 0, got {self.index_bytes}")
         if self.reservation_bytes < 0:
             raise ConfigError(f"reservation_bytes must be >= 0, got {self.reservation_bytes}")
+        if self.wire_overhead < 1:
+            raise ConfigError(f"wire_overhead must be >= 1 (wire bytes per payload byte), got "
+                              f"{self.wire_overhead}")
+        if self.message_latency_s < 0:
+            raise ConfigError(f"message_latency_s must be >= 0 seconds, got "
+                              f"{self.message_latency_s}")
+
+    def a2a_rounds(self, component: str, topo: Topology) -> int:
+        """Message rounds of an all-to-all ``component``: its collectives (the index exchange 3
+        under ``torchrec``: splits, lengths, values; else 1), times ``G - 1`` if pairwise."""
+        n = 3 if component == "index" and self.torchrec else 1
+        return n * (topo.num_gpus - 1 if self.alltoall == "pairwise" else 1)
+
+    def allreduce_rounds(self, topo: Topology) -> int:
+        """Message rounds of one all-reduce on ``topo``: ``2 (G - 1)`` for a ring,
+        ``2 (M - 1) + 2 (N - 1)`` for the hierarchical one."""
+        if self.allreduce == "ring":
+            return 2 * (topo.num_gpus - 1)
+        return 2 * (topo.gpus_per_node - 1) + 2 * (topo.nodes - 1)
 
 
 # ----------------------------------------------------------------------------- iterations
