@@ -131,3 +131,14 @@ def test_compat_table_names_real_modules():
     for moved in MOVED.values():
         assert moved.new in MODULES, moved.new
         assert moved.removed_in == "0.3.0"
+
+
+def test_every_subpackage_is_installed():
+    """pyproject.toml lists packages by hand: a subpackage missing there is left out of a
+    non-editable install (the editable one used in development hides it)."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {"flexshard_stream." + ".".join(p.parent.relative_to(PKG).parts)
+             for p in PKG.rglob("__init__.py") if p.parent != PKG}
+    assert found - listed == set(), f"add to pyproject.toml packages: {sorted(found - listed)}"
