@@ -315,7 +315,7 @@ class _Search:
         self.node_ok = runtime.name == "ideal" or not any(
             runtime.table_issues(_with_node_replica(t), topo) for t in tables[:1])
         self.margin = StatisticalMargin(curves, pricing.summaries, base.row_wise_cost,
-                                        cfg.margin_sigmas, relative=memory.kind == "baseline")
+                                        cfg.margin_sigmas)
         self.whole = self._pricer(PlanBuilder(curves, topo, 0), "whole plans")
         self.tier_pricers: list[CandidatePricer] = []
         self.references: tuple[str, ...] = ()

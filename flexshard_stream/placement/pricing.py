@@ -235,15 +235,13 @@ class StatisticalMargin:
     - the statistics: the buffers the replicas free (against ``reference``, row-wise, at the
       candidate's peak GPU) are proportional to the replicated rows' lookups, estimated from
       ``C`` counted lookups, Poisson relative error ``1 / sqrt(C)``;
-    - the buffers' own variance, against what the budget is compared with. A GPU's buffer is a
-      sum of per-lookup items of at most the largest embedding's bytes ``b`` (Poisson). Against a
-      fixed budget (HBM, or bytes) the candidate's whole buffer varies: ``sqrt(buffer * b)``.
-      Against a baseline's own peak (``relative``, memory-neutral), the baseline carries the same
-      lookups' noise and the candidate's buffer is the baseline's less the replicated lookups, so
-      only the difference varies: ``sqrt(freed * b)`` (charging ``sqrt(buffer * b)`` there counted
-      the shared noise as if the baseline had none). The out-of-sample peak is the largest over
-      GPUs and iterations, about ``sqrt(2 ln(G I))`` standard deviations above the mean:
-      ``sigmas`` (3 by default) covers G I up to ~90.
+    - the buffers' own variance: a GPU's buffer is a sum of per-lookup items of at most the
+      largest embedding's bytes ``b``; Poisson, standard deviation ``sqrt(buffer * b)``. The
+      out-of-sample peak is the largest over GPUs and iterations, about ``sqrt(2 ln(G I))``
+      standard deviations above the mean: ``sigmas`` (3 by default) covers G I up to ~90.
+      ``relative`` charges only the replicated lookups' noise, ``sqrt(freed * b)``, as if the
+      baseline's peak moved with the candidate's; measured, it does not hold (see
+      docs/PLANNER.md step 9), so the planner does not use it.
 
     A candidate without replicas gets no margin (it replicates nothing on the statistics).
     """
