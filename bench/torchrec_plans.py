@@ -102,7 +102,7 @@ _PAPER = _paper()
 DIM, DTYPE, STATE_BYTES = _PAPER.DIM, _PAPER.DTYPE, _PAPER.STATE_BYTES
 many_tables, plan_and_eval = _PAPER.many_tables, _PAPER.plan_and_eval
 
-from flexshard_stream import synth  # noqa: E402
+from flexshard_stream.sources import synth  # noqa: E402
 from flexshard_stream.bridge.export import export_torchrec, plan_from_export  # noqa: E402
 from flexshard_stream.errors import ConfigError  # noqa: E402
 from flexshard_stream.formats.files import jsonable  # noqa: E402
