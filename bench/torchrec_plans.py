@@ -33,18 +33,44 @@ workload where FlexShard is slower than TorchRec's plan or the best baseline, wi
 that makes the difference and both plans' sharding per table. Without the ``torchrec`` extra the
 TorchRec figures are absent and ``torchrec.installed`` is false.
 
+Held-out section (issue 22: plans that beat what users run, under the defaults they get, out of
+sample): every workload above and the pooled multi-table preset (``pooled_many``:
+:data:`POOLED_MANY`, the production family four times at scale 1/8, 128 pooled tables, 16x8
+only), on their topologies, de-duplication off and on, torchrec profile. The planning half is
+profiled as a user's log (``sources.profile.profile_batches``: the first three quarters fitted,
+the last quarter held out, default sketches; the synthetic presets' planning half is generated
+again for it). FlexShard is what a user of ``plan`` gets: ``plan_flexshard(fitted part, B,
+MemoryPolicy(), model, holdout=held-out quarter, references={"torchrec": TorchRec's plan})``,
+the default budget being each GPU's HBM less TorchRec's 15%. The baselines
+(``baselines.baseline_plans``) and TorchRec's plan (the first section's) are made on the whole
+planning half. Every plan is priced in sample on the whole planning half (analytic) and out of
+sample on the evaluation half (trace); a baseline counts only if its in-sample peak fits the same
+budget. Keys: ``worst_vs_best_out_of_sample`` and ``worst_vs_torchrec_out_of_sample`` (worst over
+workloads, topologies and settings), ``sequence_geomean_vs_best_out_of_sample`` (geometric mean
+over every topology and setting of the workloads whose tables are all sequence tables: the
+sequence preset and the Amazon sets), ``demo_speedup_vs_best`` (the demo's replay under the
+``demo`` command's defaults, read from the CLI at run time: the re-sharder's speed-up over the
+fastest baseline replayed, from its summary.json; ``static``: the static plan's), and
+``heldout`` (the policy, the in-sample worsts, per-workload geometric means, ``losses``: every
+cell below 0.98 out of sample with the plan that won there, the cost component and both
+shardings, and ``details``). Their targets close the ``targets`` list. ``--no-heldout`` leaves
+the section out; ``--heldout-only`` runs it (and the demo) alone.
+
 ``--quick``: one iteration planned and one evaluated per workload, the production preset at
 16,384 samples per iteration, summaries of the top 16,384 rows, Amazon Beauty only, the sequence
 preset at scale 1/32, Criteo on 2x8 only, the ideal profile with de-duplication on only, the
 export with de-duplication off only,
 planning times at 10 tables (TorchRec's planner needs minutes from 100 tables up;
-``--planning-only --plan-tables 10,100`` measures them alone). ``seconds`` in the JSON gives wall
+``--planning-only --plan-tables 10,100`` measures them alone); the held-out section without the
+pooled multi-table preset (TorchRec's planner alone needs about two CPU minutes for 64 of its
+tables on 128 GPUs). ``seconds`` in the JSON gives wall
 and CPU time. The last line of output is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -76,11 +102,11 @@ _PAPER = _paper()
 DIM, DTYPE, STATE_BYTES = _PAPER.DIM, _PAPER.DTYPE, _PAPER.STATE_BYTES
 many_tables, plan_and_eval = _PAPER.many_tables, _PAPER.plan_and_eval
 
-from flexshard_stream import synth  # noqa: E402
+from flexshard_stream.sources import synth  # noqa: E402
 from flexshard_stream.bridge.export import export_torchrec, plan_from_export  # noqa: E402
 from flexshard_stream.errors import ConfigError  # noqa: E402
 from flexshard_stream.formats.files import jsonable  # noqa: E402
-from flexshard_stream.placement.baselines import build_baseline  # noqa: E402
+from flexshard_stream.placement.baselines import baseline_plans, build_baseline  # noqa: E402
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
 from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard  # noqa: E402
 from flexshard_stream.placement.references import plan_torchrec  # noqa: E402
@@ -88,7 +114,9 @@ from flexshard_stream.placement.workload import Workload as PricedWorkload  # no
 from flexshard_stream.plans.tables import EmbeddingTable  # noqa: E402
 from flexshard_stream.plans.topology import Topology  # noqa: E402
 from flexshard_stream.sources import datasets  # noqa: E402
+from flexshard_stream.sources.profile import Profile, profile_batches  # noqa: E402
 from flexshard_stream.stats.batch import Batch, slice_batch  # noqa: E402
+from flexshard_stream.stats.config import TableConfig  # noqa: E402
 from flexshard_stream.stats.stream import StreamStats  # noqa: E402
 
 TOPOLOGIES = ("2x8", "16x8")
@@ -127,6 +155,19 @@ class Workload:
     note: str
     meta: dict = field(default_factory=dict)
     topologies: tuple[str, ...] = TOPOLOGIES
+    #: the planning half profiled as ``plan`` profiles a log (``profile_batches``: the fitted
+    #: part, the held-out last quarter), made when called; the held-out section plans on it
+    #: (None: the held-out section skips the workload)
+    profile: Callable[[], Profile] | None = None
+    #: only in the held-out section (the pooled multi-table preset): the figures of the first
+    #: section stay those of its workloads
+    heldout_only: bool = False
+
+
+def _profiled(tables: Sequence[EmbeddingTable], batches, samples: int) -> Profile:
+    """``batches`` (the planning half, ``samples`` samples, log order) profiled as a user's
+    log: the first three quarters fitted, the last quarter held out."""
+    return profile_batches(batches, [TableConfig(t.name, t.num_rows) for t in tables], samples)
 
 
 def _tables(specs) -> list[EmbeddingTable]:
@@ -139,13 +180,48 @@ def synthetic(name: str, scale: float, samples: int, iterations: int, topk: int)
     topology), ``iterations`` planned and as many evaluated."""
     spec = synth.preset(name, scale)
     tables = _tables((t.name, t.num_rows, t.kind) for t in spec.tables)
+    return _synthetic_workload(spec, tables, samples, iterations, topk,
+                               f"synth.preset({name!r}, {scale:g}), {samples} samples per "
+                               f"iteration", {"scale": scale})
+
+
+def _synthetic_workload(spec, tables, samples: int, iterations: int, topk: int, note: str,
+                        meta: dict) -> Workload:
+    """bench/paper.py's ``plan_and_eval`` on ``spec`` (summaries of the planning half, exact
+    when they fit, and the evaluation half), and the planning half generated again (a trace's
+    prefix is the shorter trace) and profiled as a user's log."""
     sums, ev, ids_plan, ids_eval, exact, secs = plan_and_eval(spec, tables, samples, iterations,
                                                               0, topk)
-    return Workload(name, tables, sums, ev, samples * iterations,
-                    lambda topo: max(1, samples // topo.num_gpus),
-                    f"synth.preset({name!r}, {scale:g}), {samples} samples per iteration",
-                    {"scale": scale, "ids_planned": ids_plan, "ids_evaluated": ids_eval,
-                     "exact_counts": exact, "generate_and_count_s": secs})
+    n = samples * iterations
+    return Workload(spec.name, tables, sums, ev, n,
+                    lambda topo: max(1, samples // topo.num_gpus), note,
+                    {**meta, "ids_planned": ids_plan, "ids_evaluated": ids_eval,
+                     "exact_counts": exact, "generate_and_count_s": secs},
+                    profile=lambda: _profiled(tables, spec.generate(n, samples, seed=0), n))
+
+
+#: The pooled multi-table preset of the held-out section: the production family
+#: (``synth.preset("production", scale)``, 32 pooled tables) ``copies`` times, each copy its own
+#: tables (names ``..._cK``, streams drawn independently), ``samples`` per iteration,
+#: ``iterations`` planned and as many evaluated, at 16x8 only.
+POOLED_MANY = {"copies": 4, "scale": 1 / 8, "samples": 16384, "iterations": 3}
+
+
+def pooled_many(topk: int) -> Workload:
+    """The pooled multi-table workload of the held-out section (:data:`POOLED_MANY`)."""
+    cfg = POOLED_MANY
+    base = synth.preset("production", cfg["scale"])
+    specs = tuple(dataclasses.replace(t, name=f"{t.name}_c{c}", seed_offset=c)
+                  for c in range(cfg["copies"]) for t in base.tables)
+    spec = synth.TraceSpec("pooled_many", specs, base.samples_per_batch,
+                           base.samples_per_second, f"{cfg['copies']} x {base.description}")
+    tables = _tables((t.name, t.num_rows, t.kind) for t in spec.tables)
+    w = _synthetic_workload(spec, tables, cfg["samples"], cfg["iterations"], topk,
+                            f"{cfg['copies']} x synth.preset('production', {cfg['scale']:g}) = "
+                            f"{len(tables)} pooled tables, {cfg['samples']} samples per "
+                            f"iteration", dict(cfg))
+    w.topologies, w.heldout_only = TOPOLOGIES[1:], True
+    return w
 
 
 def _dense(x: np.ndarray) -> np.ndarray:
@@ -163,7 +239,8 @@ def _halves(name: str, batch: Batch, specs, default_b: int, topk: int, note: str
     half = min(plan.batch_size, ev.batch_size)
     return Workload(name, tables, st.summary(topk), [ev], plan.batch_size,
                     lambda topo: max(1, min(default_b, half // (2 * topo.num_gpus))), note,
-                    {"samples": n, "ids": int(batch.num_values)})
+                    {"samples": n, "ids": int(batch.num_values)},
+                    profile=lambda: _profiled(tables, [plan], plan.batch_size))
 
 
 def real_traces(quick: bool, topk: int) -> list[Workload]:
@@ -223,23 +300,35 @@ def sharding_of(plan) -> dict[str, str]:
     return out
 
 
-def fixed_plans(w: Workload, topo: Topology, B: int, torchrec_ok: bool) -> tuple[dict, dict]:
-    """The baselines and TorchRec's plan (plans, and per plan how it was made)."""
+def torchrec_reference(w: Workload, topo: Topology, B: int, torchrec_ok: bool) -> dict:
+    """TorchRec's plan of ``w`` on ``topo`` (``{"result": TorchRecPlanResult}``), made once for
+    both sections on the whole planning half (TorchRec sees the tables, the topology, B and the
+    mean lengths only); ``{"error": why}`` when it refuses, ``{}`` without TorchRec."""
+    if not torchrec_ok:
+        return {}
+    try:
+        return {"result": plan_torchrec(w.tables, topo, B, mean_lengths={
+            n: s.mean_length for n, s in w.summaries.items()})}
+    except ConfigError as e:
+        return {"error": str(e)}
+
+
+def fixed_plans(w: Workload, topo: Topology, B: int, torchrec: dict) -> tuple[dict, dict]:
+    """The baselines and TorchRec's plan (``torchrec``: :func:`torchrec_reference`'s) (plans,
+    and per plan how it was made)."""
     # the planner's iterations profiled and lookups per iteration (one definition)
     work = PricedWorkload.from_stats(w.tables, topo, w.summaries, B)
     plans = {b: build_baseline(b, w.tables, topo, summaries=w.summaries, workload=work)
              for b in BASELINES}
     info = {}
-    if torchrec_ok:
-        try:
-            r = plan_torchrec(w.tables, topo, B,
-                              mean_lengths={n: s.mean_length for n, s in w.summaries.items()})
-            plans["torchrec"] = r.plan
-            info["torchrec"] = {"plan_seconds": r.seconds, "estimate_ms": r.estimate[
-                "perf_rating_ms"], "sharding": sharding_of(r.plan),
-                "notes": r.plan.meta["torchrec"]["notes"]}
-        except ConfigError as e:
-            info["torchrec"] = {"error": str(e)}
+    if "result" in torchrec:
+        r = torchrec["result"]
+        plans["torchrec"] = r.plan
+        info["torchrec"] = {"plan_seconds": r.seconds, "estimate_ms": r.estimate[
+            "perf_rating_ms"], "sharding": sharding_of(r.plan),
+            "notes": r.plan.meta["torchrec"]["notes"]}
+    elif "error" in torchrec:
+        info["torchrec"] = {"error": torchrec["error"]}
     return plans, info
 
 
@@ -326,13 +415,14 @@ def compare_setting(w, topo, B, plans, budget, model, export: bool) -> dict:
     return out
 
 
-def compare_on(w: Workload, topo_name: str, torchrec_ok: bool, quick: bool) -> dict:
-    """Every setting (profile x de-duplication) of one workload on one topology; the export
-    (torchrec profile) with de-duplication off only when ``quick``."""
+def compare_on(w: Workload, topo_name: str, torchrec: dict, quick: bool) -> dict:
+    """Every setting (profile x de-duplication) of one workload on one topology (``torchrec``:
+    TorchRec's plan, :func:`torchrec_reference`); the export (torchrec profile) with
+    de-duplication off only when ``quick``."""
     topo = Topology.preset(topo_name)
     B = w.batch_size(topo)
     budget = (1 - TORCHREC_RESERVED_SHARE) * float(topo.hbm_bytes.min())
-    plans, info = fixed_plans(w, topo, B, torchrec_ok)
+    plans, info = fixed_plans(w, topo, B, torchrec)
     res = {"batch_size": B, "budget_bytes": budget, **info}
     for profile in PROFILES:
         for key, dedup in SETTINGS:
@@ -422,6 +512,214 @@ def losses(results: dict) -> list[dict]:
     return out
 
 
+# ============================================================================ held-out section
+#: Targets of the held-out section (issue 22): out of sample, worst over every workload,
+#: topology and de-duplication setting; the sequence workloads' geometric mean; the demo.
+HELDOUT_TARGETS = {"worst_vs_best_out_of_sample": 0.98, "worst_vs_torchrec_out_of_sample": 0.98,
+                   "sequence_geomean_vs_best_out_of_sample": 1.15, "demo_speedup_vs_best": 1.2}
+#: The cost model's profile of the held-out section (what TorchRec 1.8 sends).
+HELDOUT_PROFILE = "torchrec"
+#: Workloads the held-out section leaves out under ``--quick`` (the first section keeps them).
+HELDOUT_QUICK_SKIP: tuple[str, ...] = ()
+
+
+def profile_summaries(w: Workload, topk: int) -> dict:
+    """The summaries (``topk`` rows per table) of ``w``'s profile: ``fit`` (the first three
+    quarters of the planning half), ``holdout`` (its last quarter; None when too small) and
+    ``whole`` (the two merged: the whole planning half)."""
+    t0 = time.perf_counter()
+    p = w.profile()
+    w.meta["profile_s"] = time.perf_counter() - t0
+    return {"fit": p.fit.summary(topk),
+            "holdout": None if p.holdout is None else p.holdout.summary(topk),
+            "whole": p.whole.summary(topk)}
+
+
+def heldout_plans(w: Workload, topo: Topology, B: int, whole: dict, torchrec: dict) -> dict:
+    """The plans every user can make on the whole planning half (``whole``: its summaries): the
+    baselines as the planner builds them (``baselines.baseline_plans``) and TorchRec's plan."""
+    plans = baseline_plans(w.tables, topo, whole, B, BASELINES)
+    if "result" in torchrec:
+        plans["torchrec"] = torchrec["result"].plan
+    return plans
+
+
+def heldout_setting(w: Workload, topo: Topology, B: int, plans: dict, sums: dict, budget: float,
+                    model: CostModel) -> dict:
+    """FlexShard under the default policy (``plan_flexshard`` on the fitted part, chosen on the
+    held-out quarter among its candidates, the baselines and TorchRec's plan, within
+    ``MemoryPolicy()``), every plan priced in sample (the whole planning half, analytic) and out
+    of sample (the evaluation half, trace), the speed-ups over the fastest baseline that fits
+    ``budget`` and over TorchRec's plan; below the target out of sample, why."""
+    refs = {"torchrec": plans["torchrec"]} if "torchrec" in plans else None
+    t0 = time.perf_counter()
+    r = plan_flexshard(w.tables, topo, sums["fit"], B, MemoryPolicy(), model,
+                       holdout=sums["holdout"], references=refs)
+    plan_s = time.perf_counter() - t0
+    allp = dict(plans, flexshard=r.plan)
+    costs = {n: {"in": evaluate_analytic(p, sums["whole"], B, model, want_matrices=False),
+                 "out": evaluate_trace(p, w.eval_batches, B, model).mean}
+             for n, p in allp.items()}
+    ms = {n: {k: 1e3 * c[k].comm_time_s for k in ("in", "out")} for n, c in costs.items()}
+    fits = {n: bool(c["in"].peak_memory_bytes <= budget * (1 + 1e-9)) for n, c in costs.items()}
+    sel = r.plan.meta.get("selection")
+    out = {"plan_seconds": plan_s, "flexshard_strategy": r.plan.strategy,
+           "flexshard_chosen_from": r.plan.meta.get("chosen_from"),
+           "holdout_ms": ({k: 1e3 * v for k, v in sel["holdout_iteration_time_s"].items()}
+                          if isinstance(sel, dict) else None),
+           "time_ms": ms, "fits_budget": fits,
+           "peak_memory_gb": {n: c["in"].peak_memory_bytes / 1e9 for n, c in costs.items()},
+           "flexshard_sharding": sharding_of(r.plan), "speedup": {}, "best_baseline": {}}
+    fitting = [b for b in BASELINES if fits[b]]
+    for k in ("in", "out"):
+        fs = ms["flexshard"][k]
+        if "torchrec" in ms:
+            out["speedup"][f"vs_torchrec_{k}"] = ms["torchrec"][k] / fs
+        if fitting:
+            best = min(fitting, key=lambda b: ms[b][k])
+            out["best_baseline"][k] = best
+            out["speedup"][f"vs_best_baseline_{k}"] = ms[best][k] / fs
+    floor = {"torchrec": HELDOUT_TARGETS["worst_vs_torchrec_out_of_sample"],
+             out["best_baseline"].get("out"): HELDOUT_TARGETS["worst_vs_best_out_of_sample"]}
+    behind = {o for o, x in floor.items() if o in ms and ms[o]["out"] < x * ms["flexshard"]["out"]}
+    out["below_target_out_of_sample"] = {
+        o: {**_why(costs["flexshard"]["out"], costs[o]["out"]), "sharding": sharding_of(allp[o])}
+        for o in sorted(behind)}
+    return out
+
+
+def heldout_on(w: Workload, topo_name: str, torchrec: dict, sums: dict) -> dict:
+    """The held-out section on one workload and topology: both de-duplication settings under
+    the torchrec profile (``torchrec``: TorchRec's plan, :func:`torchrec_reference`; ``sums``:
+    :func:`profile_summaries`)."""
+    topo = Topology.preset(topo_name)
+    B = w.batch_size(topo)
+    budget = MemoryPolicy().hbm_budget(topo)
+    plans = heldout_plans(w, topo, B, sums["whole"], torchrec)
+    res = {"batch_size": B, "budget_bytes": budget, "holdout": sums["holdout"] is not None}
+    if "error" in torchrec:
+        res["torchrec"] = {"error": torchrec["error"]}
+    for key, dedup in SETTINGS:
+        o = heldout_setting(w, topo, B, plans, sums, budget,
+                            CostModel(dedup=dedup, profile=HELDOUT_PROFILE))
+        res[f"{HELDOUT_PROFILE}_{key}"] = o
+        sp = o["speedup"]
+        log(f"  held-out {w.name:18s} {topo_name:5s} {key:9s} B={B:<5d} FS "
+            f"{o['time_ms']['flexshard']['out']:9.4f} ms out of sample "
+            f"(chosen from {o['flexshard_chosen_from']}); vs TorchRec "
+            f"{_fmt(sp.get('vs_torchrec_in'))} in / {_fmt(sp.get('vs_torchrec_out'))} out; vs "
+            f"best baseline {_fmt(sp.get('vs_best_baseline_in'))} ({o['best_baseline'].get('in')})"
+            f" in / {_fmt(sp.get('vs_best_baseline_out'))} ({o['best_baseline'].get('out')}) out")
+    return res
+
+
+def _is_sequence(w: Workload) -> bool:
+    return all(t.kind == "sequence" for t in w.tables)
+
+
+def geomean_vs_best(hres: dict, names: Sequence[str], k: str = "out") -> dict | None:
+    """The geometric mean of FlexShard's speed-up over the best baseline (``k``: "in" or "out"
+    of sample) over every topology and de-duplication setting of the workloads ``names``."""
+    xs = [o["speedup"][f"vs_best_baseline_{k}"] for n in names for res in hres.get(n, {}).values()
+          for skey, _ in SETTINGS
+          if f"vs_best_baseline_{k}" in (o := res[f"{HELDOUT_PROFILE}_{skey}"])["speedup"]]
+    if not xs:
+        return None
+    return {"figure": float(np.exp(np.mean(np.log(xs)))), "workload": ", ".join(names),
+            "cells": len(xs), "min": min(xs), "max": max(xs)}
+
+
+def heldout_losses(hres: dict) -> list[dict]:
+    """Every workload, topology and setting where FlexShard is below the target out of sample
+    against TorchRec's plan or the best baseline: which plan won, the component, the shardings."""
+    out = []
+    for wname, per_topo in hres.items():
+        for tname, res in per_topo.items():
+            for skey, _ in SETTINGS:
+                o = res[f"{HELDOUT_PROFILE}_{skey}"]
+                for other, why in o["below_target_out_of_sample"].items():
+                    out.append({"workload": wname, "topology": tname, "setting": skey,
+                                "against": other,
+                                "figure": o["time_ms"][other]["out"]
+                                / o["time_ms"]["flexshard"]["out"],
+                                "flexshard_chosen_from": o["flexshard_chosen_from"],
+                                "flexshard_ms": o["time_ms"]["flexshard"]["out"],
+                                "other_ms": o["time_ms"][other]["out"],
+                                "why": {k: v for k, v in why.items() if k != "sharding"},
+                                "flexshard_sharding": o["flexshard_sharding"],
+                                "other_sharding": why["sharding"]})
+    return out
+
+
+# ---------------------------------------------------------------------------- the demo
+def demo_defaults() -> dict:
+    """The ``demo`` command's option defaults, read from the CLI at run time (click's view of
+    the typer command: ``{option name: default}``)."""
+    import typer.main
+
+    from flexshard_stream.cli import app
+
+    cmd = typer.main.get_command(app).commands["demo"]
+    return {p.name: p.default for p in cmd.params}
+
+
+def demo_speedup() -> dict:
+    """The demo's replay (``online.replay.replay`` on the embedded default trace under the demo
+    command's defaults, :func:`demo_defaults`) and FlexShard's speed-up over the fastest baseline
+    replayed, from its summary.json: the re-sharder's (``figure``, what the demo leads with) and
+    the static plan's."""
+    import inspect
+
+    from flexshard_stream.data import DEFAULT_TRACE
+    from flexshard_stream.online.replay import replay
+
+    d = demo_defaults()
+    takes = set(inspect.signature(replay).parameters) - {"logs", "out_dir", "model", "progress"}
+    kwargs = {k: v for k, v in d.items() if k in takes}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fs-demo-") as tmp:
+        replay([DEFAULT_TRACE], out_dir=Path(tmp) / "demo",
+               model=CostModel(dedup=d["dedup"], profile=d["profile"]), **kwargs)
+        summary = json.loads((Path(tmp) / "demo" / "summary.json").read_text())
+    st = summary["totals"]["strategies"]
+    out = {"figure": st["resharder"]["speedup_vs_best_baseline"], "workload": "demo",
+           "against": st["resharder"]["best_baseline"],
+           "static": st["static"]["speedup_vs_best_baseline"],
+           "speedup_vs_rw": {s: st[s]["speedup_vs_rw"] for s in ("static", "resharder")},
+           "defaults": {**kwargs, "dedup": d["dedup"], "profile": d["profile"]},
+           "seconds": time.perf_counter() - t0}
+    log(f"  demo replay ({', '.join(f'{k}={v}' for k, v in out['defaults'].items())}): "
+        f"FlexShard {_fmt(out['figure'])} with the re-sharder, {_fmt(out['static'])} static, "
+        f"over {out['against']}, the best baseline")
+    return out
+
+
+def heldout_headline(hres: dict, ws: Sequence[Workload], demo: dict | None) -> dict:
+    """The held-out section's keys and its targets (``targets``: to be appended to the list)."""
+    seq = [w.name for w in ws if _is_sequence(w) and w.name in hres]
+    keys = {"worst_vs_best_out_of_sample": _worst(hres, "vs_best_baseline_out"),
+            "worst_vs_torchrec_out_of_sample": _worst(hres, "vs_torchrec_out"),
+            "sequence_geomean_vs_best_out_of_sample": geomean_vs_best(hres, seq),
+            "demo_speedup_vs_best": demo}
+    limits = {"worst_vs_best_out_of_sample": "the held-out choice among what fits (see "
+                                             "heldout.losses)",
+              "worst_vs_torchrec_out_of_sample": "the held-out choice; TorchRec's plan is a "
+                                                 "reference FlexShard may choose",
+              "sequence_geomean_vs_best_out_of_sample": "skew the planner turns into replicas "
+                                                        "within the default budget",
+              "demo_speedup_vs_best": "the demo's defaults (B, window, profile)"}
+    targets = [_target(f"held-out: {k}", v, HELDOUT_TARGETS[k], limits[k])
+               for k, v in keys.items()]
+    section = {"policy": "plan_flexshard(fit, B, MemoryPolicy(), model, holdout=last quarter, "
+                         "references={'torchrec': TorchRec's plan}); baselines and TorchRec's "
+                         "plan on the whole planning half; torchrec profile",
+               "worst_vs_best_in_sample": _worst(hres, "vs_best_baseline_in"),
+               "worst_vs_torchrec_in_sample": _worst(hres, "vs_torchrec_in"),
+               "geomean_vs_best_out_of_sample": {n: geomean_vs_best(hres, [n]) for n in hres},
+               "losses": heldout_losses(hres), "details": hres}
+    return {**keys, "heldout": section, "targets": targets}
+
+
 # ============================================================================ planning time
 def _timed(fn: Callable[[], object]) -> tuple[object, float, float]:
     """``fn()``, its wall seconds and its CPU seconds (both planners run on one thread, so on an
@@ -449,19 +747,26 @@ def _torchrec_seconds(tables, topo, sums) -> dict:
     return d
 
 
+#: FlexShard's budget in the planning times: memory-neutral against row-wise, as these figures
+#: were first measured (the planner's default before it became each GPU's HBM less TorchRec's
+#: reservation, which 1,000 tables of up to 1e8 rows on 32 GPUs do not fit).
+PLANNING_TIME_MEMORY = MemoryPolicy(baseline="rw")
+
+
 def planning_times(table_counts: Sequence[int], torchrec_ok: bool) -> dict:
     """FlexShard's and TorchRec's planning seconds on the same tables (many_tables, 32 GPUs,
     ``table_counts`` tables), and FlexShard's on 1,000 tables at 32 and 4,096 GPUs, wall and
-    CPU; a warm-up first (Numba, imports). ``speedup`` is on CPU seconds, ``speedup_wall`` on
-    wall seconds."""
+    CPU, FlexShard within :data:`PLANNING_TIME_MEMORY`; a warm-up first (Numba, imports).
+    ``speedup`` is on CPU seconds, ``speedup_wall`` on wall seconds."""
     topo, tables, sums = many_tables(8, 4, 8)
-    plan_flexshard(tables, topo, sums, 64)
+    plan_flexshard(tables, topo, sums, 64, PLANNING_TIME_MEMORY)
     if torchrec_ok:
         plan_torchrec(tables[:2], topo, 64)
     vs = {}
     for T in table_counts:
         topo, tables, sums = many_tables(T, 4, 8)
-        _, wall, cpu = _timed(lambda: plan_flexshard(tables, topo, sums, 64))
+        _, wall, cpu = _timed(lambda: plan_flexshard(tables, topo, sums, 64,
+                                                      PLANNING_TIME_MEMORY))
         d = {"flexshard_s": wall, "flexshard_cpu_s": cpu}
         if torchrec_ok:
             d.update(_torchrec_seconds(tables, topo, sums))
@@ -474,7 +779,8 @@ def planning_times(table_counts: Sequence[int], torchrec_ok: bool) -> dict:
     thousand = {}
     for G in (32, 4096):
         topo, tables, sums = many_tables(1000, G // 8, 8)
-        _, wall, cpu = _timed(lambda: plan_flexshard(tables, topo, sums, 64))
+        _, wall, cpu = _timed(lambda: plan_flexshard(tables, topo, sums, 64,
+                                                      PLANNING_TIME_MEMORY))
         thousand[str(G)] = {"cpu_s": cpu, "wall_s": wall}
         log(f"  planning 1,000 tables on {G} GPUs: FlexShard {cpu:.2f} s CPU ({wall:.2f} s wall)")
     return {"plan_seconds_vs_torchrec": vs, "plan_seconds_1000_tables": thousand}
@@ -531,7 +837,37 @@ def headline(results: dict, ptimes: dict) -> dict:
     return out
 
 
-def main(argv=None):
+def run_workloads(ws: Sequence[Workload], args, torchrec_ok: bool) -> tuple[dict, dict]:
+    """Both sections on every workload and topology, TorchRec's plan made once for both: the
+    first section's results and the held-out section's (``{}`` when skipped)."""
+    results, hres = {}, {}
+    for w in ws:
+        sums = profile_summaries(w, args.topk) if w.profile is not None else None
+        for t in w.topologies:
+            topo = Topology.preset(t)
+            torchrec = torchrec_reference(w, topo, w.batch_size(topo), torchrec_ok)
+            if not (w.heldout_only or args.heldout_only):
+                results.setdefault(w.name, {})[t] = compare_on(w, t, torchrec, args.quick)
+            if sums is not None:
+                hres.setdefault(w.name, {})[t] = heldout_on(w, t, torchrec, sums)
+    return results, hres
+
+
+def all_workloads(args) -> list[Workload]:
+    """The first section's workloads and, with the held-out section and not ``--quick``, the
+    pooled multi-table preset; a workload the held-out section skips (``HELDOUT_QUICK_SKIP``
+    under ``--quick``, every one with ``--no-heldout``) has no profile."""
+    skip = HELDOUT_QUICK_SKIP if args.quick else ()
+    ws = [w for w in workloads(args) if not (args.heldout_only and w.name in skip)]
+    if not (args.no_heldout or args.quick):
+        ws.append(pooled_many(args.topk))
+    for w in ws:
+        if args.no_heldout or w.name in skip:
+            w.profile = None
+    return ws
+
+
+def _arguments(argv):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the short version (see above)")
@@ -544,38 +880,57 @@ def main(argv=None):
                     help="only the planning times (no workloads)")
     ap.add_argument("--no-planning-times", action="store_true",
                     help="only the workloads (no planning times)")
+    ap.add_argument("--no-heldout", action="store_true",
+                    help="without the held-out section and the demo")
+    ap.add_argument("--heldout-only", action="store_true",
+                    help="only the held-out section and the demo (no first section, no "
+                         "planning times)")
     args = ap.parse_args(argv)
+    if args.heldout_only and (args.no_heldout or args.planning_only):
+        ap.error("--heldout-only excludes --no-heldout and --planning-only")
+    args.no_planning_times = args.no_planning_times or args.heldout_only
+    args.no_heldout = args.no_heldout or args.planning_only
+    args.topk = args.topk or ((1 << 14) if args.quick else (1 << 17))
+    return args
+
+
+def main(argv=None):
+    args = _arguments(argv)
     counts = [int(x) for x in (args.plan_tables or ("10" if args.quick else "10,100,300"))
               .split(",")]
-    args.topk = args.topk or ((1 << 14) if args.quick else (1 << 17))
     t_start, cpu_start = time.perf_counter(), time.process_time()
     load = os.getloadavg()
     tr = torchrec_status()
     log(f"== bench/torchrec_plans.py{' --quick' if args.quick else ''}: TorchRec "
         f"{tr.get('version', 'not installed')}; load average {load[0]:.1f}")
-    ws = [] if args.planning_only else workloads(args)
+    ws = [] if args.planning_only else all_workloads(args)
     log(f"  workloads built in {time.perf_counter() - t_start:.1f} s")
-    results = {w.name: {t: compare_on(w, t, tr["installed"], args.quick) for t in w.topologies}
-               for w in ws}
+    results, hres = run_workloads(ws, args, tr["installed"])
     t0 = time.perf_counter()
     ptimes = ({"plan_seconds_vs_torchrec": {}, "plan_seconds_1000_tables": {}}
               if args.no_planning_times else planning_times(counts, tr["installed"]))
+    planning_s = time.perf_counter() - t0
     out = {"quick": args.quick, "torchrec": tr, **headline(results, ptimes),
            "losses": losses(results),
            "workloads": {w.name: {"note": w.note, "tables": len(w.tables), **w.meta}
                          for w in ws},
-           "details": results,
-           "machine": {"cpus": os.cpu_count(), "load_average_start": load,
-                       "load_average_end": os.getloadavg()},
-           "seconds": {"planning_times": time.perf_counter() - t0,
-                       "total": time.perf_counter() - t_start,
-                       "cpu_total": time.process_time() - cpu_start}}
+           "details": results}
+    if not args.no_heldout:
+        section = heldout_headline(hres, ws, demo_speedup())
+        out["targets"] += section.pop("targets")
+        out.update(section)
+    out.update({"machine": {"cpus": os.cpu_count(), "load_average_start": load,
+                            "load_average_end": os.getloadavg()},
+                "seconds": {"planning_times": planning_s,
+                            "total": time.perf_counter() - t_start,
+                            "cpu_total": time.process_time() - cpu_start}})
     for t in out["targets"]:
         fig = t["figure"]
         log(f"  target {t['name']:55s} {'-' if fig is None else f'{fig:.3f}':>8s} "
             f"({'<=' if t.get('at_most') else '>='} {t['target']}) "
             f"{'met' if t['met'] else 'MISSED' if t['met'] is False else 'n/a'}")
-    log(f"  {len(out['losses'])} losses; total {out['seconds']['total']:.0f} s wall, "
+    held = f"{len(out['heldout']['losses'])} held-out losses; " if "heldout" in out else ""
+    log(f"  {len(out['losses'])} losses; {held}total {out['seconds']['total']:.0f} s wall, "
         f"{out['seconds']['cpu_total']:.0f} s CPU")
     print(json.dumps(jsonable(out)))
 
