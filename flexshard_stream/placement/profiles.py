@@ -22,7 +22,7 @@ both into per-GPU bytes by link class (:class:`Structured`). docs/COST_MODEL.md 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -31,9 +31,6 @@ from ..errors import ConfigError
 from ..kernels.analytic import torchrec_dense_terms
 from ..plans.plan import SHARDING_CODES, SHARDING_KINDS, Plan, TablePlan
 from ..plans.topology import Topology
-
-if TYPE_CHECKING:  # the workload module builds on this one (its CostModel names a profile)
-    from .workload import Workload
 
 __all__ = ["PROFILES", "ExecutionProfile", "execution_profile", "TorchRecTerms", "Structured",
            "TORCHREC_COMPONENTS", "SPLIT_BYTES", "torchrec_row_bytes"]
@@ -203,9 +200,11 @@ class TorchRecTerms:
     counted: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
 
     @classmethod
-    def of(cls, plan: Plan, workload: "Workload | int",
+    def of(cls, plan: Plan, workload: Any,
            length_bytes: int | None = None) -> "TorchRecTerms":
-        """The terms of ``plan`` under ``workload``: its B samples per GPU and its cost model's
+        """The terms of ``plan`` under ``workload`` (a ``placement.workload.Workload``, which
+        builds on this module, so it is not imported here): its B samples per GPU and its cost
+        model's
         KJT lengths of ``length_bytes`` bytes (or, as before the Workload, ``workload`` the
         batch size and ``length_bytes`` given)."""
         if hasattr(workload, "model"):
