@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..errors import ConfigError, FormatError
-from .files import fsync_directory, write_atomic
+from .atomic import fsync_directory, write_atomic
 
 __all__ = ["KIND_MARKER", "VERSIONS_AREA", "check_output_directory", "claim_directory",
            "directory_kind", "directory_lock", "read_directory", "remove_output_directory",
