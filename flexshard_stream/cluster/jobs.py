@@ -94,7 +94,8 @@ class StepRecord:
     cpu_s : float
         CPU seconds of this rank's process during the step (every thread: gloo's included).
     wire_bytes : {class: bytes}
-        What the rank's veth sent in the step and the barrier before it (HTB class counters,
+        What the rank's veth sent from the barrier after the previous step to the barrier
+        after this one (the step's data all delivered by then; HTB class counters,
         ``netem.CLASS_NAMES``): ``inter_node``, ``intra_node``, data packets with their
         Ethernet, IP and TCP headers; ``inter_node_acks``, ``intra_node_acks``, pure ACKs; the
         same names ending in ``_received``: what its switch port delivered to it.

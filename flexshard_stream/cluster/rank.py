@@ -8,7 +8,7 @@ torchrec. Per export: the export's model, ``ShardingPlan`` and ``KJTRemap``
 backward pass) and ``torch.optim.SGD`` on the dense (data-parallel) ones. Each step starts at a
 barrier and is timed in three phases (forward, backward, optimizer); every collective is timed
 from issue to completion at the process group (:class:`TimingProcessGroup`) and the rank's HTB
-class counters are read after the step, outside the timed part.
+class counters are read after the step and a barrier, outside the timed part.
 """
 
 from __future__ import annotations
@@ -238,6 +238,10 @@ def _run_export(job: ClusterJob, export_dir: str, rank: int) -> list[StepRecord]
                 break
             time.sleep(0.001)
         colls = _collectives(t0)
+        # a barrier before the counters: a rank's step can end while what it sent is still
+        # queued; once every rank has entered the barrier after its step, all of the step's
+        # data was delivered (gloo's pairs are in-order streams), so it counts in this step
+        dist.barrier()
         wire, pk = _read_counters(job, rank)
         if s >= job.warmup:
             records.append(StepRecord(s - job.warmup, seconds, cpu,
