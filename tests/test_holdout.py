@@ -121,3 +121,36 @@ def test_profile_split_in_log_order_with_the_crossing_batch_cut():
     for bad in (1.0, -0.1, float("nan")):
         with pytest.raises(ConfigError, match="holdout_share"):
             profile_batches([], tabs, 10, holdout_share=bad)
+
+
+def test_refit_keeps_the_chosen_recipe_and_takes_the_whole_profiles_hot_rows():
+    """The held-out choice rebuilt on the whole profile (``refit=``): the same origin and tier
+    sizes, replicas from the whole profile's hottest rows, not the fitted part's; without
+    ``refit`` the plan is the fitted one, as before."""
+    topo = Topology.uniform(2, 2, hbm_bytes_per_gpu=8e9)
+    t = EmbeddingTable("items", 4000, 64, kind="sequence")
+    fit, nxt = _drifted([t], 1.2, 1, 1, 30.0)           # no drift: replicas are worth keeping
+    _, whole = _drifted([t], 1.2, 1, 2, 30.0)           # the whole profile: other hot rows
+    model = CostModel(dedup=False)
+    held = plan_flexshard([t], topo, fit, 64, model=model, holdout=nxt)
+    again = plan_flexshard([t], topo, fit, 64, model=model, holdout=nxt, refit=whole)
+    assert held.plan.meta["selection"]["refit"] is False
+    chosen, refit = held.plan.tables["items"], again.plan.tables["items"]
+    assert again.plan.meta["chosen_from"] == held.plan.meta["chosen_from"]
+    assert again.plan.meta["selection"]["refit"] is True
+    assert chosen.global_ids.size > 0
+    assert refit.global_ids.size + refit.node_ids.size == chosen.global_ids.size + \
+        chosen.node_ids.size
+    hottest = np.argsort(-whole["items"].top_est, kind="stable")
+    top = set(whole["items"].top_ids[hottest[:refit.global_ids.size]].tolist())
+    assert set(refit.global_ids.tolist()) == top != set(chosen.global_ids.tolist())
+
+
+def test_refit_without_a_held_out_part_changes_nothing():
+    topo = Topology.uniform(2, 2, hbm_bytes_per_gpu=8e9)
+    t = EmbeddingTable("items", 4000, 64, kind="sequence")
+    fit, moved = _drifted([t], 1.2, 1, 2, 30.0)
+    model = CostModel(dedup=False)
+    a = plan_flexshard([t], topo, fit, 64, model=model)
+    b = plan_flexshard([t], topo, fit, 64, model=model, refit=moved)
+    assert a.plan == b.plan and "refit" not in str(b.plan.meta["selection"])

@@ -266,7 +266,8 @@ def _make_plan(strategy: str, tabs, topo, prof, summaries, batch_size: int, memo
         hold = (summaries_by_table(tabs, prof.holdout.summary(k=topk))
                 if prof.holdout is not None else None)
         result = plan_flexshard(tabs, topo, fit, batch_size, memory, model, target=target,
-                                holdout=hold, references=refs)
+                                holdout=hold, references=refs,
+                                refit=summaries if hold is not None else None)
         return result, result.plan
     if strategy == "torchrec":
         from ..placement.references import plan_torchrec

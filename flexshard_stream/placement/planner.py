@@ -238,7 +238,8 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
                    config: PlannerConfig | None = None, target: str | None = None,
                    holdout: Mapping[str, FrequencySummary] | None = None,
                    references: Mapping[str, Plan] | None = None,
-                   workload: Workload | None = None) -> PlanResult:
+                   workload: Workload | None = None,
+                   refit: Mapping[str, FrequencySummary] | None = None) -> PlanResult:
     """Plan every table's sharding kind and FlexShard tiers for ``tables`` on ``topo`` from
     per-table frequency summaries: propose (``placement.candidates``, ``placement.partition``)
     -> price -> select (``placement.pricing``), docs/PLANNER.md.
@@ -261,6 +262,10 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
         result's cost is then the held-out cost
     references : {name: plan} more whole plans to choose among (TorchRec's own plan:
         ``placement.references.plan_torchrec``), priced like the baselines
+    refit : {table name or feature: FrequencySummary} of the whole profile (``summaries`` and
+        ``holdout`` together): with ``holdout``, the chosen candidate's recipe (its origin, tier
+        sizes, cold layout) is built again on these statistics, so that its replicas are the
+        hottest rows of the whole profile, the freshest the planner has (docs/PLANNER.md)
     workload : the :class:`~flexshard_stream.placement.workload.Workload` instead of
         ``batch_size``, ``model`` and ``mean_lengths`` (loose arguments given beside it must
         agree); bound to ``summaries`` here (``Workload.for_stats``: every table's mean length,
@@ -270,9 +275,9 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     statistics or an unknown target; nothing is half-built.
     """
     memory, cfg = memory or MemoryPolicy(), config or PlannerConfig()
-    work = workload_of(batch_size, model, mean_lengths, workload, where="plan_flexshard")
+    unbound = workload_of(batch_size, model, mean_lengths, workload, where="plan_flexshard")
     sums = summaries_by_table(tables, summaries)
-    work = work.for_stats(tables, topo, sums)
+    work = unbound.for_stats(tables, topo, sums)
     model = work.model
     runtime = execution_profile(model.profile if target is None else target)
     pricing = AnalyticPricing(sums, work)
@@ -294,14 +299,56 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
         held = holdout_pricing(pricing, holdout)
         choice = select_on_holdout(pool, base.budget_bytes, held, top=cfg.holdout_candidates)
         best = choice.candidate if choice is not None else best
+    is_row_wise = best is row_wise
+    if choice is not None and refit is not None:
+        best = _refit(best, _Refit(tables, topo, refit, unbound, memory, cfg, runtime,
+                                   references or {}))
     base_cost = base.cost if choice is None else held.cost(base.plan)
-    result = _result(best, best is row_wise, base, memory, work, len(moves), runtime.name,
+    result = _result(best, is_row_wise, base, memory, work, len(moves), runtime.name,
                      choice, base_cost)
     fastest = search.best_baseline([row_wise, *search.whole.candidates],
                                    None if choice is None else held)
     if fastest is not None:
         result.best_baseline, result.best_baseline_cost = fastest
+    if choice is not None:
+        result.plan.meta["selection"]["refit"] = best is not choice.candidate
     return result
+
+
+@dataclass(frozen=True)
+class _Refit:
+    """What rebuilding a chosen candidate on the whole profile needs."""
+
+    tables: Sequence[EmbeddingTable]
+    topo: Topology
+    summaries: Mapping[str, FrequencySummary]
+    workload: Workload
+    memory: "MemoryPolicy"
+    cfg: "PlannerConfig"
+    runtime: Any
+    references: Mapping[str, Plan]
+
+
+def _refit(chosen: Candidate, r: _Refit) -> Candidate:
+    """``chosen``'s recipe built on the whole profile's statistics: a whole plan rebuilt by its
+    name (a reference kept as it is), tiers of the same sizes, cold layout and placement on the
+    same base. ``chosen`` itself when the rebuilt plan does not fit the budget (with its
+    margin) or the recipe cannot be rebuilt; the rebuilt candidate keeps ``chosen``'s origin."""
+    sums = summaries_by_table(r.tables, r.summaries)
+    work = r.workload.for_stats(r.tables, r.topo, sums)
+    pricing = AnalyticPricing(sums, work)
+    base = _Baselines.build(r.tables, r.topo, r.memory, pricing)
+    search = _Search(r.tables, r.topo, benefit_curves(r.tables, sums, r.topo, work), pricing,
+                     base, r.memory, r.cfg, r.runtime)
+    whole = search.rebuild_whole(chosen.origin.removeprefix("tiers on "), r.references)
+    if whole is None:
+        return chosen
+    if chosen.state is None:
+        new = whole
+    else:
+        new = search.rebuild_tiers(chosen, None if chosen.origin == "flexshard" else whole.plan)
+    runs = r.memory.host_memory or r.runtime.can_run(new.plan)
+    return new if runs and new.fits(base.budget_bytes) else chosen
 
 
 class _Search:
@@ -387,6 +434,35 @@ class _Search:
                 pricer.price(st, g)
             for st in self._thresholds():
                 pricer.price(st, -1)
+
+    def rebuild_whole(self, origin: str, references: Mapping[str, Plan]) -> Candidate | None:
+        """The whole plan named ``origin`` (row-wise, a baseline, a partition, a reference) on
+        this search's statistics, priced; None when there is no such plan."""
+        if origin in ("rw", "flexshard"):
+            return self.whole.baseline(self.base.row_wise, self.base.row_wise_cost)
+        if origin in references:
+            return self.whole.price_plan(references[origin], origin)
+        if origin in BASELINES:
+            plan = baseline_plans(self.tables, self.topo, self.pricing.summaries,
+                                  self.pricing.workload, (origin,))[origin]
+            return self.whole.price_plan(plan, origin)
+        if origin.startswith("partition"):
+            self.whole_plans({})
+            return next((c for c in self.whole.candidates if c.origin == origin), None)
+        return None
+
+    def rebuild_tiers(self, chosen: Candidate, base: Plan | None) -> Candidate:
+        """``chosen``'s tier sizes, cold layout and placement on this search's statistics: on
+        row-wise ranges (``base`` None) or on ``base``'s sharding kinds."""
+        if base is None:
+            builder = PlanBuilder(self.curves, self.topo, self.cfg.max_placed)
+            builder.share_cold_ranges(self.base.row_wise)
+        else:
+            builder = PlanBuilder(self.curves, self.topo, 0, base=base)
+        pricer = self._pricer(builder, chosen.origin, [chosen.weights])
+        place = any(tp.placed_ids.size for tp in chosen.plan.tables.values())
+        pricer.price(chosen.state, chosen.moves_applied, place=place)
+        return pricer.candidates[-1]
 
     def candidates(self) -> list[Candidate]:
         """Every priced candidate but row-wise, whole plans first, in the order priced."""
