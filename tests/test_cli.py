@@ -157,6 +157,17 @@ def test_demo_runs_on_the_embedded_trace(tmp_path):
     assert first.startswith("FlexShard gains nothing") or first.startswith(
         "FlexShard: ") and f"than {best}, the fastest baseline that fits" in first[:200]
     assert s["batch_size"] == 128 and s["totals"]["strategies"]["rw-hash"]["iterations"] > 0
+    # TorchRec's own plan is replayed beside the baselines where TorchRec is installed
+    import importlib.util
+    if importlib.util.find_spec("torchrec") is not None:
+        assert "torchrec" in s["strategies"] and (out / "plans" / "torchrec").is_dir()
+        assert "torchrec: TorchRec's own plan" in text
+        tr = s["totals"]["strategies"]["torchrec"]["comm_time_s_per_iter"]
+        fs = min(s["totals"]["strategies"][k]["comm_time_s_per_iter"]
+                 for k in ("static", "resharder"))
+        assert best == "torchrec" or f"{tr / fs:.2f}x over TorchRec's own plan" in first[:300]
+    else:
+        assert "TorchRec is not installed" in text and "torchrec" not in s["strategies"]
 
 
 def test_plan_host_memory_tier(tmp_path):

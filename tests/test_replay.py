@@ -354,3 +354,24 @@ def test_total_cost_counts_communication_migration_and_pauses(timed, log, tmp_pa
     assert t["resharder"]["total_cost_s"] == pytest.approx(t["static"]["total_cost_s"])
     waited = [c for w in dear.windows for c in w["checks"] if "waiting" in c["reason"]]
     assert waited and all(c["pause_s"] == 0.0 for c in waited)
+
+
+def test_torchrec_plan_is_replayed_and_chosen_among(log, tmp_path):
+    """``vs_torchrec``: TorchRec's plan made on window 0 replayed as one more baseline, written
+    with the others, and among the plans the static FlexShard plan is chosen from."""
+    pytest.importorskip("torchrec")
+    res = replay(log, TOPO, window="2s", out_dir=tmp_path / "out", batch_size=B,
+                 model=CostModel(profile="torchrec"), vs_torchrec=True)
+    s = res.summary
+    assert s["strategies"] == ["rw", "rw-hash", "twrw", "tw", "torchrec", "static", "resharder"]
+    tr = s["totals"]["strategies"]["torchrec"]
+    assert tr["iterations"] == s["totals"]["strategies"]["rw"]["iterations"] > 0
+    assert (tmp_path / "out" / "plans" / "torchrec").is_dir()
+    assert Plan.load(tmp_path / "out" / "plans" / "torchrec") == res.plans["torchrec"]
+    times = {k: v["comm_time_s"] for k, v in s["totals"]["strategies"].items()
+             if k in ("rw", "rw-hash", "twrw", "tw", "torchrec")}
+    best = s["totals"]["strategies"]["static"]["best_baseline"]
+    assert best in times and times[best] == min(
+        t for k, t in times.items()
+        if s["totals"]["strategies"][k]["peak_memory_bytes"] <= s["budget_bytes"] * (1 + 1e-9))
+    assert all(w["strategies"]["torchrec"]["iterations"] >= 0 for w in s["windows"])

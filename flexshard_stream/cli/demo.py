@@ -39,12 +39,34 @@ def headline(summary) -> str:
     if sp is None or not name:
         return "FlexShard: no baseline fits the budget to compare with."
     what = "the re-sharder" if best == "resharder" else "its static plan"
+    tr = _vs_torchrec(st, best)
     if sp < 1.005:
         return (f"FlexShard gains nothing here over {name}, the fastest baseline that fits "
-                f"({sp:.2f}x with {what}).")
+                f"({sp:.2f}x with {what}){tr}.")
     return (f"FlexShard: {sp:.2f}x less communication time per iteration than {name}, the "
-            f"fastest baseline that fits, with {what} (replayed out of sample: planned on the "
-            f"first window).")
+            f"fastest baseline that fits, with {what}{tr} (replayed out of sample: planned on "
+            f"the first window).")
+
+
+def _vs_torchrec(st, best: str) -> str:
+    """", 1.23x over TorchRec's own plan" when TorchRec's plan was replayed, else ""."""
+    mine, theirs = (st[best].get("comm_time_s_per_iter"),
+                    (st.get("torchrec") or {}).get("comm_time_s_per_iter"))
+    if not mine or not theirs or "torchrec" == st[best].get("best_baseline"):
+        return ""
+    return f"; {theirs / mine:.2f}x over TorchRec's own plan"
+
+
+def _torchrec_installed(profile: str) -> bool:
+    """Whether the demo replays TorchRec's own plan: TorchRec installed and its profile; a note
+    when it is not installed."""
+    if profile != "torchrec":
+        return False
+    if importlib.util.find_spec("torchrec") is None:
+        say("TorchRec is not installed: its own plan is not among the plans replayed (make "
+            "install-dev, or pip install 'flexshard-stream[torchrec]')")
+        return False
+    return True
 
 
 def _print_sketch(stats, topk: int) -> None:
@@ -85,9 +107,11 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
             f"synthetic, production-like skew, item histories of ~47 IDs per sample, 30 s of "
             f"samples) in windows of {window} on {topology}, B = {batch_size}")
         t0 = time.perf_counter()
+        with_torchrec = _torchrec_installed(profile)
         with ReplayProgress() as prog:
             res = run_replay([path], topology, window=window, out_dir=out, batch_size=batch_size,
-                             model=CostModel(dedup=dedup, profile=profile), progress=prog)
+                             model=CostModel(dedup=dedup, profile=profile), progress=prog,
+                             vs_torchrec=with_torchrec)
         say(headline(res.summary))
         say()
         _print_sketch(res.stats, topk)

@@ -87,8 +87,6 @@ def _what_flexshard(st) -> str:
 def print_replay(res) -> None:
     """Per strategy: bytes per iteration, crossing nodes, comm time, peak memory, speed-up vs
     rw; then what the re-sharder did, skipped rows and warnings."""
-    from ..online.replay import STRATEGIES as REPLAYED
-
     s = res.summary
     tot = s["totals"]
     st = tot["strategies"]
@@ -96,10 +94,11 @@ def print_replay(res) -> None:
         f"iteration(s) x {s['samples_per_iteration']:,} samples (B = {s['batch_size']}), "
         f"de-duplication {'on' if s['model']['dedup'] else 'off'}; per iteration, "
         f"{profile_label(s['model'].get('profile', 'ideal'))} figures:")
-    typer.echo(cost_rows([(n, st[n]) for n in REPLAYED], vs_rw=True))
+    typer.echo(cost_rows([(n, st[n]) for n in s["strategies"]], vs_rw=True))
     rs, sta = st["resharder"].get("speedup_vs_rw"), st["static"].get("speedup_vs_rw")
     say(f"rw: row-wise; rw-hash: row-wise, rows hashed; twrw: table-row-wise; tw: table-wise; "
-        f"static: a FlexShard plan made on the first window; resharder: that plan moved online "
+        + ("torchrec: TorchRec's own plan (its planner on the first window); "
+           if "torchrec" in st else "") + f"static: a FlexShard plan made on the first window; resharder: that plan moved online "
         f"by the re-sharder ({st['resharder']['deltas']} plan change(s) in {tot['checks']} "
         f"checks, {fmt_bytes(st['resharder']['migration_bytes'])} moved). {_what_flexshard(st)}"
         f" within a budget of {fmt_bytes(s['budget_bytes'])} per GPU"
@@ -264,7 +263,12 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                                                      "engine. Default: local 1, process the CPU "
                                                      "count, ray the cluster's CPUs."),
                json_out: bool = typer.Option(False, "--json", help="Print the totals as one JSON "
-                                             "object.")):
+                                             "object."),
+               vs_torchrec: bool = typer.Option(False, help="Replay TorchRec's own plan too "
+                                                "(its planner on the first window; the "
+                                                "torchrec extra, at most 64 tables; seconds to "
+                                                "minutes more). The demo does when TorchRec is "
+                                                "installed.")):
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder."""
     require_logs(logs)
     from ..online.replay import replay as run_replay
@@ -279,7 +283,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                              out_dir=out, batch_size=cfg["batch_size"], model=cfg["model"],
                              skip_bad_rows=skip_bad_rows, top_k=top_k, progress=prog,
                              engine=engine, evaluation=evaluation, address=address,
-                             num_workers=workers, ids=cfg["ids"])
+                             num_workers=workers, ids=cfg["ids"], vs_torchrec=vs_torchrec)
         if window_note:
             note(window_note)
         _check_replayed(res, cfg["batch_size"])

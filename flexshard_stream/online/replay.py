@@ -86,6 +86,7 @@ __all__ = [
     "ENGINES",
     "EVALUATIONS",
     "STRATEGIES",
+    "TORCHREC_STRATEGY",
     "SUMMARY_VERSION",
     "ReplayResult",
     "WindowSpec",
@@ -93,13 +94,14 @@ __all__ = [
     "replay",
 ]
 
-#: Strategy names, in the order they appear everywhere.
+#: Strategy names of every replay, in the order they appear everywhere.
 STRATEGIES = ("rw", "rw-hash", "twrw", "tw", "static", "resharder")
+#: TorchRec's own plan, made on window 0, replayed beside them with ``vs_torchrec`` (after
+#: ``tw``); the static FlexShard plan then has it among the plans it chooses from.
+TORCHREC_STRATEGY = "torchrec"
 #: The replayed strategies that are baselines: "vs best baseline" figures are against the
-#: fastest of them over the replay that fits the budget.
-BASELINES_REPLAYED = ("rw", "rw-hash", "twrw", "tw")
-#: The strategies whose plan never changes during a replay.
-_FIXED = ("rw", "rw-hash", "twrw", "tw", "static")
+#: fastest of them over the replay that fits the budget (TorchRec's plan too when replayed).
+BASELINES_REPLAYED = ("rw", "rw-hash", "twrw", "tw", TORCHREC_STRATEGY)
 #: Without ``window``: this many windows of equal sample counts.
 DEFAULT_WINDOWS = 10
 SUMMARY_VERSION = 1
@@ -525,17 +527,40 @@ class _Start:
     config: ReshardConfig
     decayed: StreamStats | DecayedStats
 
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        """The strategies replayed, in order: the fixed plans, then the re-sharder."""
+        return (*self.plans, "resharder")
+
+    @property
+    def fixed(self) -> tuple[str, ...]:
+        """The strategies whose plan never changes during the replay."""
+        return tuple(self.plans)
+
+
+def _torchrec_plan(tabs: Sequence[EmbeddingTable], topo: Topology, sums0, work0) -> Plan:
+    """TorchRec's own plan on window 0's statistics (its planner given B and the lengths)."""
+    from ..placement.references import plan_torchrec
+
+    try:
+        return plan_torchrec(tabs, topo, summaries=sums0, workload=work0).plan
+    except FlexShardError as e:
+        raise type(e)(f"TorchRec's plan on the first window failed: {e}") from None
+
 
 def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
                     decayed: StreamStats | DecayedStats,
-                    reshard_config: ReshardConfig | None) -> _Start:
+                    reshard_config: ReshardConfig | None, vs_torchrec: bool = False) -> _Start:
     """Plan on window 0: the FlexShard static plan (its budget bounds the re-sharder), twrw and tw
     balanced by window 0's lookups per iteration, rw and hashed rw; the re-sharder from the static plan (its
     default configuration: pause, horizon and hysteresis from the measured drift rate)."""
     sums0 = st0.summary(run.top_k)
     work0 = run.workload.for_stats(tabs, run.topo, sums0)   # window 0's lengths and iterations
+    refs = ({TORCHREC_STRATEGY: _torchrec_plan(tabs, run.topo, sums0, work0)}
+            if vs_torchrec else {})
     try:
-        static_res = plan_flexshard(tabs, run.topo, sums0, memory=MemoryPolicy(), workload=work0)
+        static_res = plan_flexshard(tabs, run.topo, sums0, memory=MemoryPolicy(), workload=work0,
+                                    references=refs)
     except FlexShardError as e:
         raise type(e)(f"the static FlexShard plan on the first window failed: {e}") from None
     budget = float(static_res.budget_bytes)
@@ -544,7 +569,7 @@ def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
         "rw-hash": build_baseline("rw-hash", tabs, run.topo),
         "twrw": build_baseline("twrw", tabs, run.topo, summaries=sums0, workload=work0),
         "tw": build_baseline("tw", tabs, run.topo, summaries=sums0, workload=work0),
-        "static": static_res.plan}
+        **refs, "static": static_res.plan}
     base_cfg = reshard_config or ReshardConfig()
     rs_cfg = dataclasses.replace(base_cfg, check_every=float("inf"), unit=run.unit,
                                  top_k=run.top_k)
@@ -563,7 +588,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
            progress: Callable[[dict[str, Any]], None] | None = None,
            engine: str = "local", evaluation: str = "trace", address: str | None = None,
            num_workers: int | None = None, ids: IdMode | str | None = None,
-           workload: Workload | None = None) -> ReplayResult:
+           workload: Workload | None = None, vs_torchrec: bool = False) -> ReplayResult:
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder.
 
     Parameters
@@ -609,6 +634,9 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     ids : how the log's IDs become table rows (:class:`~.logs.IdMode`): ``"raw"`` (default; a
         row with an ID out of its table's range is a bad row, ``"out_of_range"``), ``"hash"``
         (ID mod each table's ``num_rows``) or ``"hash:ROWS"``
+    vs_torchrec : also replay TorchRec's own plan made on window 0 (``"torchrec"``, after
+        ``tw``; the ``torchrec`` extra), one of the baselines and among the plans the static
+        FlexShard plan is chosen from; TorchRec's planner takes seconds to minutes
 
     Raises
     ------
@@ -638,8 +666,8 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     st0, decayed = _first_window(run, log, wins, report)
     if st0.samples == 0:
         raise LogError(f"no samples to replay in {', '.join(log.paths)}")
-    start = _starting_plans(run, log.tables, st0, decayed, reshard_config)
-    tot = {s: _Acc(run.G, run.keep_matrices) for s in STRATEGIES}
+    start = _starting_plans(run, log.tables, st0, decayed, reshard_config, vs_torchrec)
+    tot = {s: _Acc(run.G, run.keep_matrices) for s in start.strategies}
     replaying = functools.partial(report, "replaying")
     if run.analytic:
         windows = _analytic_pass(wins, run, log.reader.use_ts, start, tot, replaying)
@@ -676,7 +704,7 @@ def _summary_doc(run: _Run, log: _Log, engine: str, evaluation: str, workers: in
         "batch_size": run.B, "samples_per_iteration": run.spi,
         "window": {**run.spec.to_json(), "position": "ts" if log.reader.use_ts else "sample",
                    "t0": t0, "checks_per_window": 1 if run.analytic else run.Q},
-        "strategies": list(STRATEGIES),
+        "strategies": list(start.strategies),
         "model": dataclasses.asdict(run.model),
         "budget_bytes": start.budget,
         "resharder": _resharder_doc(run, start.config),
@@ -741,7 +769,7 @@ def _best_baseline(tot: Mapping[str, _Acc], budget: float) -> tuple[str | None, 
     per GPU fits ``budget`` (bytes), with that time (seconds over the replay); (None, None) when
     none fits (a "best baseline that fits" must fit)."""
     fits = [(b, tot[b].s["comm_time_s"]) for b in BASELINES_REPLAYED
-            if tot[b].n and tot[b].peak <= budget * (1 + 1e-9)]
+            if b in tot and tot[b].n and tot[b].peak <= budget * (1 + 1e-9)]
     return min(fits, key=lambda x: x[1]) if fits else (None, None)
 
 
@@ -765,7 +793,7 @@ def _totals(tot: Mapping[str, _Acc], start: _Start, final: Mapping[str, Plan],
                           for a in ("applied", "partial", "kept", "failed", "skipped")},
             "strategies": {s: _strategy_totals(s, tot[s], start.budget, rs, final[s], rw_time,
                                               best)
-                           for s in STRATEGIES}}
+                           for s in start.strategies}}
 
 
 def _warnings(run: _Run, windows: Sequence[Mapping[str, Any]],
@@ -811,7 +839,7 @@ def _window_doc(index: int, start: Any, end: Any, samples: int, sample_start: in
     counts = {a: 0 for a in ("applied", "partial", "kept", "failed", "skipped")}
     for d in decs:
         counts[d.action] = counts.get(d.action, 0) + 1
-    strat = {s: accs[s].to_json(budget) for s in STRATEGIES}
+    strat = {s: a.to_json(budget) for s, a in accs.items()}
     mig = _migration_totals(decs)
     strat["resharder"]["migration_bytes"] = mig["migration_bytes"]
     for s, a in accs.items():
@@ -845,7 +873,7 @@ def _analytic_pass(wins: Sequence[WindowStats], run: _Run, use_ts: bool, start: 
         n = int(st.samples)
         its = n // run.spi
         hist0 = len(rs.history)
-        accs = {s: _Acc(run.G, False) for s in STRATEGIES}
+        accs = {s: _Acc(run.G, False) for s in start.strategies}
         if its:
             for s, c in _analytic_costs(run, start, st.summary(run.top_k), want).items():
                 accs[s].add_cost(c, its)
@@ -881,7 +909,7 @@ def _analytic_costs(run: _Run, start: _Start, sums: Mapping[str, FrequencySummar
     plans, rs = start.plans, start.resharder
     costs = {s: evaluate_analytic(plans[s], sums, workload=run.workload,
                                   want_matrices=want_matrices)
-             for s in _FIXED}
+             for s in start.fixed}
     costs["resharder"] = (costs["static"] if rs.plan is plans["static"] else
                           evaluate_analytic(rs.plan, sums, workload=run.workload,
                                             want_matrices=want_matrices))
@@ -969,7 +997,7 @@ class _TracePass:
         self.fed = self.samples_seen      # every earlier sample was fed or is window 0
         self.win = _Window(w, self.samples_seen, history_start=len(self.rs.history),
                            late_start=self.cut.late,
-                           accs={s: _Acc(self.run.G, False) for s in STRATEGIES})
+                           accs={s: _Acc(self.run.G, False) for s in self.start.strategies})
         self.q = q
 
     def _feed(self, b: Batch) -> None:
@@ -987,7 +1015,7 @@ class _TracePass:
             return
         win, chunk, plans, run = self.win, self.chunk, self.start.plans, self.run
         costs = {s: evaluate_trace(plans[s], chunk, workload=run.workload, keep_matrices=False)
-                 for s in _FIXED}
+                 for s in self.start.fixed}
         costs["resharder"] = (costs["static"] if self.rs.plan is plans["static"]
                               else evaluate_trace(self.rs.plan, chunk, workload=run.workload))
         for s, tc in costs.items():
