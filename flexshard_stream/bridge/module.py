@@ -90,7 +90,8 @@ class _ExportedCollection(nn.Module):
                                      {e["table"]: ex.remaps[e["table"]] for e in entries})
         self.source_tables = [EmbeddingTable(**e["source_table"]) for e in entries]
         self.features = [t.feature for t in self.source_tables]
-        self.other_features = [e["source_table"]["feature"] for e in ex.manifest["tables"]
+        self.other_features = [EmbeddingTable(**e["source_table"]).feature
+                               for e in ex.manifest["tables"]
                                if e["source_table"]["kind"] != self.kind]
         self.id_mode = IdMode.parse(ids)
         self.moduli = _moduli(self.source_tables, self.id_mode)
