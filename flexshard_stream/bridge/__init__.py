@@ -2,8 +2,10 @@
 
 The sharding rule (``sharding``), TorchRec's own estimator formulas (``estimator``), TorchRec's
 planner on our tables (``planner``), the export of a plan as TorchRec tables with its row layout and
-ID remap (``export``, ``layout``, ``remap``), the torch side that loads it (``loader``), the real
-runtime harness in a gloo or fake world (``runtime``, ``world``, ``jobs``) and the one gate for the
-optional torch and torchrec imports (``gate``). torch is imported only inside functions that need
+ID remap (``export``, ``layout``, ``remap``), the torch side that loads it (``loader``), the
+drop-in modules a model holds in place of its TorchRec collections and their
+``DistributedModelParallel`` in one call (``module``), the real runtime harness in a gloo or fake
+world (``runtime``, ``world``, ``jobs``) and the one gate for the optional torch and torchrec
+imports (``gate``). torch is imported only inside functions that need
 it. Imports ``plans`` and below.
 """

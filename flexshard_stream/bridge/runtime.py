@@ -741,10 +741,10 @@ def run_sharded_cases(cases: Sequence[tuple[Sequence[EmbeddingTable], Any]
     after the other (each case its own ``DistributedModelParallel``); starting the processes
     costs seconds, a case a fraction of that. Returns one :class:`RunResult` per case.
 
-    A case may also be a TorchRec export (its directory or :class:`TorchRecExport`): the
-    exported tables run under the export's ``ShardingPlan`` (``torchrec_sharding_plan``), the
-    batches' original features go through its ``KJTRemap`` before the sharded model and the
-    outputs come back through ``KJTRemap.merge``; the result's outputs and gradients are those
+    A case may also be a TorchRec export (its directory or :class:`TorchRecExport`): each rank
+    runs what a user of the export runs, its drop-in modules (``bridge/module.py``) sharded by
+    ``build_dmp`` under the export's ``ShardingPlan``, fed the batches' original features, which
+    the modules split (``KJTRemap``) and merge back; the result's outputs and gradients are those
     of the original features and tables (compare them with :func:`run_unsharded` of the original
     tables), its counter has the exported tables' collectives (:func:`expected_export_collectives`).
     ``weights`` are then the original tables' (split onto the exported ones).

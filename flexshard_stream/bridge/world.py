@@ -6,12 +6,13 @@ its functions, so that the package imports without torch. It holds
 - :class:`CountingProcessGroup`, a ``torch.distributed.ProcessGroup`` written in Python that wraps a
   real gloo (or torch's fake) process group and records every collective that reaches it, from
   TorchRec's Python code and from DDP's C++ reducer alike (backend name ``fs_counting``);
-- the sharders: TorchRec 1.8's own, plus an ``EmbeddingBagCollectionSharder`` that also offers
-  row-wise and table-row-wise on CPU (TorchRec lists them for cuda and mtia only);
+- the sharders of a run (:func:`cpu_sharders`: exact SGD at learning rate 1, the opened CPU
+  sharder of :mod:`~flexshard_stream.bridge.module`, re-exported here);
 - the model of a run: one ``EmbeddingBagCollection`` (pooled tables) and one
   ``EmbeddingCollection`` (sequence tables) under one module, built from
-  :class:`~flexshard_stream.plans.tables.EmbeddingTable` rows, or an export's model, plan and
-  remap (:mod:`flexshard_stream.bridge.loader`);
+  :class:`~flexshard_stream.plans.tables.EmbeddingTable` rows, or an export's drop-in modules
+  (:class:`ExportedModel`, sharded by :func:`~flexshard_stream.bridge.module.build_dmp`: what a
+  user of the export runs);
 - :func:`rank_main`, the entry point of one spawned rank.
 """
 
@@ -32,14 +33,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec import EmbeddingBagConfig, EmbeddingConfig, KeyedJaggedTensor
-from torchrec.distributed.embedding import EmbeddingCollectionSharder
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
 from ..plans.tables import EmbeddingTable
 from ..stats.batch import Batch, slice_batch
-from .export import torchrec_sharding_plan
 from .jobs import (
     CaseJob,
     CollectiveRecord,
@@ -48,13 +46,21 @@ from .jobs import (
     RunError,
     upstream_gradient,
 )
-from .loader import EmbeddingModules, KJTRemap, exported_embeddings
-from .sharding import OPENED_SHARDING_TYPES, POOLED_MODULE, SEQUENCE_MODULE, TableSharding
+from .loader import EmbeddingModules
+from .module import (
+    CpuEmbeddingBagCollectionSharder,
+    build_dmp,
+    embedding_sharders,
+    exported_collections,
+    load_table_weights,
+    local_shards,
+)
+from .sharding import POOLED_MODULE, SEQUENCE_MODULE, TableSharding
 
 __all__ = ["CountingProcessGroup", "BACKEND", "FAKE_WORLD", "register_backend",
            "CpuEmbeddingBagCollectionSharder", "cpu_sharders", "FUSED_PARAMS",
            "build_collections", "parameter_sharding", "module_sharding_plan", "kjt_from_batch",
-           "load_weights", "rank_main", "spawn_ranks", "run_reference"]
+           "load_weights", "rank_main", "spawn_ranks", "run_reference", "ExportedModel"]
 
 #: Name under which the counting process group is registered with ``torch.distributed``.
 BACKEND = "fs_counting"
@@ -279,21 +285,6 @@ def register_backend() -> None:
 
 
 # ----------------------------------------------------------------------------- sharders and plans
-class CpuEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
-    """TorchRec's pooled sharder, offering row-wise and table-row-wise on CPU as well.
-
-    TorchRec 1.8 lists them for ``cuda`` (and ``mtia``) only (``embedding_types.py``,
-    ``BaseEmbeddingSharder.sharding_types``), so its planner refuses them on CPU
-    (``planner/enumerators.py``: "No available sharding type and compute kernel combination").
-    Their CPU code paths (fbgemm's CPU block bucketization, gloo's reduce-scatter) run; an
-    explicit ``plan=`` reaches them with TorchRec's own sharder too (``DistributedModelParallel``
-    does not check a plan against the sharder's list). Give this sharder to the planner."""
-
-    def sharding_types(self, compute_device_type: str) -> list[str]:
-        return list(dict.fromkeys(super().sharding_types(compute_device_type)
-                                  + list(OPENED_SHARDING_TYPES["pooled"])))
-
-
 #: Fused kernels update their rows in the backward pass; plain SGD with learning rate 1 makes
 #: the update the gradient itself (``w_before - w_after``), which is how a run reads it.
 FUSED_PARAMS = {"learning_rate": 1.0}
@@ -302,11 +293,7 @@ FUSED_PARAMS = {"learning_rate": 1.0}
 def cpu_sharders(open_row_wise: bool = True) -> list[Any]:
     """The sharders of a CPU run: pooled (opened or TorchRec's own) and sequence, their fused
     kernels on exact SGD with learning rate 1 (:data:`FUSED_PARAMS`)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-    fused = dict(FUSED_PARAMS, optimizer=EmbOptimType.EXACT_SGD)
-    pooled = CpuEmbeddingBagCollectionSharder if open_row_wise else EmbeddingBagCollectionSharder
-    return [pooled(fused_params=fused), EmbeddingCollectionSharder(fused_params=fused)]
+    return embedding_sharders("sgd", FUSED_PARAMS["learning_rate"], open_row_wise=open_row_wise)
 
 
 def parameter_sharding(table: EmbeddingTable, sh: TableSharding, world_size: int,
@@ -404,26 +391,37 @@ def _features(tables: Sequence[EmbeddingTable], kind: str) -> list[str]:
     return [t.feature for t in tables if t.kind == kind]
 
 
-def _forward(job: RankJob, case: CaseJob, model: nn.Module, batch: Batch,
-             remap: KJTRemap | None) -> dict[str, torch.Tensor]:
+def _forward(job: RankJob, case: CaseJob, model: nn.Module,
+             batch: Batch) -> dict[str, torch.Tensor]:
     """The model's outputs per feature on one local batch: a pooled and a sequence KJT of the
-    batch's features (an export case's original ones, split by ``remap`` before the model and
-    merged back after it)."""
+    batch's features (an export case's original ones: its drop-in modules split and merge)."""
     tables = case.input_tables
     pooled = kjt_from_batch(batch, _features(tables, "pooled"), job.values_dtype,
                             job.lengths_dtype, case.weighted)
     seq = kjt_from_batch(batch, _features(tables, "sequence"), job.values_dtype,
                          job.lengths_dtype)
-    if remap is None:
-        return dict(model(pooled, seq))
-    masks: dict[str, torch.Tensor] = {}
-    if pooled is not None:
-        pooled, m = remap.split(pooled)
-        masks.update(m)
-    if seq is not None:
-        seq, m = remap.split(seq)
-        masks.update(m)
-    return remap.merge(model(pooled, seq), masks)
+    return dict(model(pooled, seq))
+
+
+class ExportedModel(nn.Module):
+    """An export's drop-in modules (:mod:`~flexshard_stream.bridge.module`) as the model of a
+    run: ``forward(pooled, sequence)`` gives per original feature the pooled ``[B, D]`` or the
+    sequence ``[n, D]`` embeddings, as :class:`EmbeddingModules` does for the tables."""
+
+    def __init__(self, export_dir: str, weighted: bool = False):
+        super().__init__()
+        modules = exported_collections(export_dir, is_weighted=weighted)
+        self.pooled = modules.get("pooled")
+        self.sequence = modules.get("sequence")
+
+    def forward(self, pooled: KeyedJaggedTensor | None,
+                sequence: KeyedJaggedTensor | None) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        if self.pooled is not None and pooled is not None:
+            out.update(self.pooled(pooled).to_dict())
+        if self.sequence is not None and sequence is not None:
+            out.update({f: jt.values() for f, jt in self.sequence(sequence).items()})
+        return out
 
 
 def _loss(outputs: Mapping[str, torch.Tensor], job: RankJob, iteration: int,
@@ -466,19 +464,6 @@ def _init_rank(rank: int, job: RankJob) -> None:
                                 world_size=job.world_size, timeout=timeout)
 
 
-def _local_shards(dmp: nn.Module) -> dict[str, list[tuple[tuple[int, int], Any]]]:
-    """Per parameter name: (row offset, column offset) and tensor of each local shard."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    out: dict[str, list[tuple[tuple[int, int], Any]]] = {}
-    for name, t in dmp.state_dict().items():
-        if isinstance(t, ShardedTensor):
-            out[name] = [(tuple(s.metadata.shard_offsets), s.tensor) for s in t.local_shards()]
-        elif isinstance(t, torch.Tensor):
-            out[name] = [((0, 0), t)]
-    return out
-
-
 def _table_of(name: str, tables: Sequence[EmbeddingTable]) -> EmbeddingTable | None:
     parts = name.split(".")
     if len(parts) >= 2 and parts[-1] == "weight":
@@ -491,14 +476,7 @@ def _table_of(name: str, tables: Sequence[EmbeddingTable]) -> EmbeddingTable | N
 def load_weights(model: nn.Module, tables: Sequence[EmbeddingTable],
                  weights: Mapping[str, np.ndarray]) -> None:
     """Copy the full ``weights`` of each table into the (local shards of the) model."""
-    with torch.no_grad():
-        for name, shards in _local_shards(model).items():
-            t = _table_of(name, tables)
-            if t is None:
-                continue
-            full = torch.from_numpy(np.ascontiguousarray(weights[t.name], dtype=np.float32))
-            for (r0, c0), tensor in shards:
-                tensor.copy_(full[r0:r0 + tensor.shape[0], c0:c0 + tensor.shape[1]])
+    load_table_weights(model, {t.name: weights[t.name] for t in tables})
 
 
 def _fused_tables(case: CaseJob) -> list[EmbeddingTable]:
@@ -510,7 +488,7 @@ def _snapshot(model: nn.Module, tables: Sequence[EmbeddingTable]
     """Copies of the local shards of ``tables`` (before a fused kernel's update)."""
     names = {t.name for t in tables}
     out: dict[str, list[tuple[tuple[int, int], torch.Tensor]]] = {}
-    for name, shards in _local_shards(model).items():
+    for name, shards in local_shards(model).items():
         t = _table_of(name, tables)
         if t is not None and t.name in names:
             out[t.name] = [(o, x.detach().clone()) for o, x in shards if x.numel()]
@@ -526,7 +504,7 @@ def _gradients(model: nn.Module, case: CaseJob,
     after = _snapshot(model, [t for t in case.tables if t.name in before])
     for name, shards in before.items():
         out[name] = [(o, (b - a).numpy()) for (o, b), (_, a) in zip(shards, after[name])]
-    offsets = {name: [o for o, _ in shards] for name, shards in _local_shards(model).items()}
+    offsets = {name: [o for o, _ in shards] for name, shards in local_shards(model).items()}
     for name, p in model.named_parameters():
         t = _table_of(name, case.tables)
         if t is None or t.name in before or p.grad is None or p.numel() == 0:
@@ -537,7 +515,7 @@ def _gradients(model: nn.Module, case: CaseJob,
 
 
 def _iterate(job: RankJob, case: CaseJob, model: nn.Module, ranks: Sequence[int],
-             record: bool, remap: KJTRemap | None = None) -> list[RankResult]:
+             record: bool) -> list[RankResult]:
     """Forward and backward of every batch, on the initial weights each time; one result per
     rank in ``ranks`` (a sharded model runs its own rank; the reference runs every rank's
     samples and sums their losses)."""
@@ -550,7 +528,7 @@ def _iterate(job: RankJob, case: CaseJob, model: nn.Module, ranks: Sequence[int]
         for res in results:
             RECORDER.at(it, "forward")
             out = _forward(job, case, model, slice_batch(batch, res.rank * b,
-                                                         (res.rank + 1) * b), remap)
+                                                         (res.rank + 1) * b))
             total = total + _loss(out, job, it, res.rank)
             res.outputs.append({k: v.detach().numpy().copy() for k, v in out.items()})
         RECORDER.at(it, "backward")
@@ -567,21 +545,19 @@ def _iterate(job: RankJob, case: CaseJob, model: nn.Module, ranks: Sequence[int]
 def _run_case(rank: int, job: RankJob, case: CaseJob) -> RankResult:
     RECORDER.records.clear()
     RECORDER.at(None, "setup")
-    remap = None
-    if case.export_dir:     # what a user of the export runs: its model, plan and remap
-        model = exported_embeddings(case.export_dir, "cpu", case.weighted,
-                                    dense_sequence_hot=True)
-        plan = torchrec_sharding_plan(case.export_dir, device="cpu", dense_sequence_hot=True)
-        remap = KJTRemap(case.export_dir)
+    if case.export_dir:     # what a user of the export runs: its drop-in modules, build_dmp
+        dmp = build_dmp(ExportedModel(case.export_dir, case.weighted), device="cpu",
+                        pg=dist.group.WORLD, sharders=cpu_sharders(job.open_row_wise))
     else:
         model = build_collections(case.tables, case.weighted, shardings=case.shardings)
         plan = module_sharding_plan(case.tables, case.shardings, job.world_size,
                                     job.local_world_size)
-    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                   device=torch.device("cpu"), plan=plan,
-                                   sharders=cpu_sharders(job.open_row_wise))
+        dmp = DistributedModelParallel(model,
+                                       env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                       device=torch.device("cpu"), plan=plan,
+                                       sharders=cpu_sharders(job.open_row_wise))
     load_weights(dmp, case.tables, case.weights)
-    return _iterate(job, case, dmp, [rank], record=True, remap=remap)[0]
+    return _iterate(job, case, dmp, [rank], record=True)[0]
 
 
 def rank_main(rank: int, job: RankJob) -> None:
