@@ -110,7 +110,9 @@ SHARDING_PLAN_FILE = "sharding_plan.json"
 #: What an export directory holds (``fnmatch`` patterns): all a new export may replace; anything
 #: else in it is a user's, and the export is refused rather than delete it.
 EXPORT_FILES = (MANIFEST_FILE, CONSTRAINTS_FILE, CONFIGS_FILE, SHARDING_PLAN_FILE,
-                "*.remap_exceptions.npy", "*.remap_segments.npy")
+                "*.remap_exceptions.npy", "*.remap_segments.npy", "*.hot_ids.npy")
+#: ``hot_capacity="auto"``: a live table's hot slots are its plan's hot rows times this, rounded up.
+HOT_CAPACITY_FACTOR = 1.25
 HOT_SUFFIX = "__hot"
 COLD_SUFFIX = "__cold"
 
@@ -177,7 +179,9 @@ def _config(t: EmbeddingTable, name: str, rows: int, feature: str) -> dict[str, 
 def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: str = "auto",
                     node_replicas: str = "hot",
                     summaries: Mapping[str, FrequencySummary] | None = None,
-                    mean_lengths: Mapping[str, float] | None = None) -> dict[str, Any]:
+                    mean_lengths: Mapping[str, float] | None = None,
+                    hot_capacity: "str | int | Mapping[str, int] | None" = None
+                    ) -> dict[str, Any]:
     """Write ``plan`` as TorchRec 1.8 tables, constraints, a sharding plan and ID remaps.
 
     Parameters
@@ -202,6 +206,14 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
         gradient across all G GPUs instead of the N node copies. ``"cold"``: into the cold table, no
         memory above the plan's, but their lookups cross the network like any cold row (a plan
         made mostly of node replicas then keeps none of its benefit, docs/TORCHREC_EXPORT.md).
+    hot_capacity : {"auto"} or int or mapping, optional
+        A *live* export (:mod:`flexshard_stream.bridge.live`: deltas applied in a running job
+        without a rebuild): every table that has cold rows gets a hot table of this many slots
+        (``"auto"``: its plan's hot rows x :data:`HOT_CAPACITY_FACTOR`, rounded up; an int: that
+        many for every such table; a mapping: per table name, the others ``"auto"``), its plan's
+        hot rows in the first slots, and its cold table keeps *every* row of the table (hot rows'
+        cold copies included), so a delta changes no shape. Default None: the static export
+        (hot rows only in the hot table).
     summaries, mean_lengths : optional
         Frequency summaries and IDs per sample per table (by table name or feature). With a summary
         the constraints carry TorchRec ``pooling_factors`` split by access share: hot
@@ -233,7 +245,8 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
     with staging_directory(out_dir, kind=EXPORT_KIND, legacy=(MANIFEST_FILE,),
                            owns=EXPORT_FILES) as tmp:
         parts = [_export_table(tmp, i, name, tp, plan.topology, cold_sharding, node_replicas,
-                               summaries or {}, mean_lengths or {})
+                               summaries or {}, mean_lengths or {},
+                               _capacity_of(hot_capacity, name, tp, node_replicas))
                  for i, (name, tp) in enumerate(plan.tables.items())]
         manifest = _manifest(plan, cold_sharding, node_replicas, parts)
         _write_json(tmp / CONSTRAINTS_FILE, {
@@ -266,6 +279,24 @@ def _check_export(plan: Plan, cold_sharding: str, node_replicas: str) -> None:
                           f"{node_replicas!r}")
     if not plan.tables:
         raise ConfigError("the plan has no tables to export")
+
+
+def _capacity_of(hot_capacity: Any, name: str, tp: TablePlan, node_replicas: str
+                 ) -> int | None:
+    """Hot slots of table ``name`` in a live export (None: a static export, or a table with no
+    cold rows); ConfigError for a capacity that is not an int >= the plan's hot rows."""
+    if hot_capacity is None or tp.replicated:
+        return None
+    hot = tp.global_ids.size + (tp.node_ids.size if node_replicas == "hot" else 0)
+    cap = hot_capacity.get(name, "auto") if isinstance(hot_capacity, Mapping) else hot_capacity
+    if cap == "auto":
+        return int(math.ceil(hot * HOT_CAPACITY_FACTOR))
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < hot \
+            or cap > tp.table.num_rows:
+        raise ConfigError(f"hot_capacity of table {name!r}: expected 'auto' or an int in "
+                          f"[{hot}, {tp.table.num_rows}] (its plan's hot rows .. its rows), "
+                          f"got {cap!r}")
+    return int(cap)
 
 
 def check_export_target(out_dir: str | os.PathLike) -> None:
@@ -315,11 +346,13 @@ class _TableExport:
 def _export_table(tmp: Path, index: int, name: str, tp: TablePlan, topo: Topology,
                   cold_sharding: str, node_replicas: str,
                   summaries: Mapping[str, FrequencySummary],
-                  mean_lengths: Mapping[str, float]) -> _TableExport:
+                  mean_lengths: Mapping[str, float], capacity: int | None = None
+                  ) -> _TableExport:
     """Split table ``name`` into its hot and cold TorchRec tables and write its remap arrays into
-    ``tmp``."""
+    ``tmp`` (with ``capacity``: the live layout, :func:`_live_mapping`)."""
     t = tp.table
-    m = map_table(tp, topo, cold_sharding, node_replicas)
+    m = map_table(tp, topo, cold_sharding, node_replicas) if capacity is None else \
+        _live_mapping(tp, topo, cold_sharding, node_replicas, capacity)
     rows = np.full(topo.num_gpus, m.hot_rows, np.int64)
     if m.cold is not None:
         rows[m.cold.ranks] += m.cold.shard_rows
@@ -340,12 +373,19 @@ def _export_table(tmp: Path, index: int, name: str, tp: TablePlan, topo: Topolog
         fn = f"{stem}.remap_{part}.npy"
         remap[part] = {"file": fn, "dtype": "int64", "shape": list(arr.shape),
                        "sha256": write_npy(tmp / fn, arr, mode=0o644)}
+    live = None
+    if capacity is not None:
+        live = {"hot_capacity": capacity, "plan_hot_rows": int(m.hot_ids.size),
+                "hot_ids": {"file": f"{stem}.hot_ids.npy", "dtype": "int64",
+                            "shape": list(m.hot_ids.shape),
+                            "sha256": write_npy(tmp / f"{stem}.hot_ids.npy", m.hot_ids,
+                                                mode=0o644)}}
     out = _TableExport({}, {}, [], {}, pb, eb)
     hot = _hot_table(out, name, t, m, pf_hot, topo) if m.hot_rows else None
     cold = _cold_table(out, name, tp, topo, m, pf_cold) if m.cold is not None else None
     out.entry = {
         "table": name, "source_table": dataclasses.asdict(t),
-        "hot_rows": m.hot_rows, "hot": hot, "cold": cold,
+        "hot_rows": m.hot_rows, "hot": hot, "cold": cold, "live": live,
         "node_replicas": node_replicas if tp.node_ids.size else None,
         "hot_access_share": share,
         "row_bytes_per_gpu_max": {"plan": float(pb.max()), "export": float(eb.max())},
@@ -353,6 +393,26 @@ def _export_table(tmp: Path, index: int, name: str, tp: TablePlan, topo: Topolog
         "plan_cold": tp.cold.to_dict(), "plan_tiers": tp.tier_sizes(),
         "remap": remap, "remap_bytes": m.remap.nbytes, "notes": notes}
     return out
+
+
+def _live_mapping(tp: TablePlan, topo: Topology, cold_sharding: str, node_replicas: str,
+                  capacity: int) -> TableMapping:
+    """The live layout of one table: its cold table holds every row, laid out as the plan's
+    cold function would without replicas (the remap gives each row's cold index), and its hot
+    table ``capacity`` slots, the plan's hot rows (``hot_ids``, by ID) in the first ones.
+    ``hot_rows`` is then the hot table's rows (the capacity), not the plan's."""
+    empty = np.zeros(0, np.int64)
+    cold = map_table(dataclasses.replace(tp, global_ids=empty, node_ids=empty,
+                                         node_local=np.zeros(0, np.int32)),
+                     topo, cold_sharding, node_replicas)
+    hot = tp.global_ids if node_replicas != "hot" else np.union1d(tp.global_ids, tp.node_ids)
+    return dataclasses.replace(cold, hot_rows=int(capacity), live=True, hot_ids=hot.astype(np.int64),
+                               global_rows=int(tp.global_ids.size),
+                               node_rows_hot=int(tp.node_ids.size) if node_replicas == "hot"
+                               else 0,
+                               notes=cold.notes + [f"live: {capacity} hot slots ({hot.size} "
+                                                   f"hot rows); the cold table holds every "
+                                                   f"row"])
 
 
 def _length_and_hot_share(name: str, tp: TablePlan, m: TableMapping,
@@ -510,6 +570,22 @@ class TorchRecExport:
     path: Path
     manifest: dict[str, Any]
     remaps: dict[str, IdRemap]
+    #: Per live table (``hot_capacity``), the plan's hot rows by ID (slot i holds row i).
+    hot_ids: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        """Exported with ``hot_capacity`` (some table's rows move by :mod:`.live` deltas)."""
+        return bool(self.hot_ids) or any(e.get("live") for e in self.manifest["tables"])
+
+    def _static(self, table: str, what: str) -> dict[str, Any]:
+        """The entry of ``table``; ConfigError if it is live (its rows are not one remap's)."""
+        e = self.entry(table)
+        if e.get("live"):
+            raise ConfigError(f"{self.path}: table {table!r} is a live export (hot_capacity): "
+                              f"{what} maps rows through the live remap "
+                              f"(flexshard_stream.bridge.live), not the export's")
+        return e
 
     def entry(self, table: str) -> dict[str, Any]:
         """The manifest entry of an original table."""
@@ -524,8 +600,8 @@ class TorchRecExport:
         return int(self.entry(table)["hot_rows"])
 
     def apply(self, table: str, ids: Any) -> np.ndarray:
-        """New index (int64) of each original ID of ``table``."""
-        return self.remaps[self.entry(table)["table"]].apply(ids, f"table {table!r}")
+        """New index (int64) of each original ID of ``table`` (static tables only)."""
+        return self.remaps[self._static(table, "apply")["table"]].apply(ids, f"table {table!r}")
 
     def split(self, table: str, ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(is_hot, hot_ids, cold_ids)`` for original IDs of ``table``: the data loader's step."""
@@ -603,20 +679,33 @@ class TorchRecExport:
     def split_rows(self, table: str, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Per-row data of an original table (weights, gradients: ``rows[id]``) as the exported
         tables hold it: ``{<table>__hot: rows[ids of hot rows 0..K-1], <table>__cold: ...}``.
-        ``O(H)``: for moving trained weights."""
+        ``O(H)``: for moving trained weights. A live table: the hot slots hold its plan's hot
+        rows (zeros in the free slots), the cold table every row."""
         e = self.entry(table)
         remap = self.remaps[e["table"]]
         K = int(e["hot_rows"])
+        if e.get("live"):
+            return self._live_split_rows(e, rows)
         out = {}
         for part, lo, hi in (("hot", 0, K), ("cold", K, remap.num_rows)):
             if e[part] is not None:
                 out[e[part]["table"]] = rows[remap.original(np.arange(lo, hi, dtype=np.int64))]
         return out
 
+    def _live_split_rows(self, e: Mapping[str, Any], rows: np.ndarray) -> dict[str, np.ndarray]:
+        remap, ids = self.remaps[e["table"]], self.hot_ids[e["table"]]
+        out = {}
+        if e["hot"] is not None:
+            hot = np.zeros((int(e["hot_rows"]),) + rows.shape[1:], rows.dtype)
+            hot[:ids.size] = rows[ids]
+            out[e["hot"]["table"]] = hot
+        out[e["cold"]["table"]] = rows[remap.original(np.arange(remap.num_rows, dtype=np.int64))]
+        return out
+
     def merge_rows(self, table: str, parts: Mapping[str, np.ndarray]) -> np.ndarray:
         """The inverse of :meth:`split_rows`: per-row data of the exported tables back on the
-        original rows (e.g. a run's gradients)."""
-        e = self.entry(table)
+        original rows (e.g. a run's gradients); static tables only."""
+        e = self._static(table, "merge_rows")
         remap = self.remaps[e["table"]]
         K = int(e["hot_rows"])
         first = next(iter(parts.values()))
@@ -646,7 +735,7 @@ def _load_export(path: Path) -> TorchRecExport:
     if doc.get("format") != EXPORT_FORMAT:
         raise FormatError(f"{path / MANIFEST_FILE}: format {doc.get('format')!r}, expected "
                           f"{EXPORT_FORMAT!r}")
-    remaps = {}
+    remaps, hot_ids = {}, {}
     try:
         for e in doc["tables"]:
             spec = e["remap"]
@@ -666,12 +755,27 @@ def _load_export(path: Path) -> TorchRecExport:
             remap.verify(f"{path}: table {e['table']!r} remap")
             _check_entry(e, remap.num_rows, f"{path / MANIFEST_FILE}: table {e['table']!r}")
             remaps[e["table"]] = remap
+            if e.get("live"):
+                hot_ids[e["table"]] = _read_hot_ids(path, e, remap.num_rows)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         if isinstance(err, FlexShardError):
             raise
         raise FormatError(f"{path / MANIFEST_FILE}: inconsistent manifest "
                           f"({type(err).__name__}: {err})") from None
-    return TorchRecExport(path, doc, remaps)
+    return TorchRecExport(path, doc, remaps, hot_ids)
+
+
+def _read_hot_ids(path: Path, e: Mapping[str, Any], rows: int) -> np.ndarray:
+    """A live table's plan hot rows (``<T>.hot_ids.npy``: sorted, unique, in range, at most
+    the capacity); FormatError naming the file otherwise."""
+    s = e["live"]["hot_ids"]
+    ids = read_npy(path, s["file"], s["sha256"], "hot IDs file")
+    if ids.dtype != np.int64 or ids.ndim != 1 or list(ids.shape) != s["shape"] or \
+            ids.size > int(e["live"]["hot_capacity"]) or \
+            (ids.size and (ids[0] < 0 or ids[-1] >= rows or np.any(ids[1:] <= ids[:-1]))):
+        raise FormatError(f"{path / s['file']}: expected sorted unique int64 row IDs in "
+                          f"[0, {rows}), at most the hot capacity, shape {s['shape']}")
+    return ids
 
 
 def _check_entry(e: Mapping[str, Any], rows: int, where: str) -> None:
@@ -695,11 +799,18 @@ def _check_entry(e: Mapping[str, Any], rows: int, where: str) -> None:
     def ints_in(xs: list, hi: int) -> bool:
         return all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < hi for x in xs)
 
+    cold_rows = rows if e.get("live") else rows - hot
     if not ranks or len(ranks) != len(shard_rows) or not ints_in(ranks, 2**31) or \
-            not ints_in(shard_rows, 2**63) or sum(shard_rows) != rows - hot:
+            not ints_in(shard_rows, 2**63) or sum(shard_rows) != cold_rows:
         raise FormatError(f"{where}: cold 'ranks' and 'shard_rows' must be lists of as many "
                           f"integers (ranks in [0, 2**31), rows in [0, 2**63)), the shard rows "
-                          f"adding up to {rows - hot}")
+                          f"adding up to {cold_rows}")
+    if e.get("live"):
+        live = field_mapping(e, "live", where)
+        cap = field_int(live, "hot_capacity", where, hi=rows)
+        if cap != hot or (cap and (e.get("hot") or {}).get("rows") != cap):
+            raise FormatError(f"{where}: live hot_capacity {cap} must equal hot_rows {hot} "
+                              f"and the hot table's rows")
 
 
 def plan_from_export(export: TorchRecExport | str | os.PathLike) -> Plan:
@@ -716,6 +827,9 @@ def plan_from_export(export: TorchRecExport | str | os.PathLike) -> Plan:
     """
     ex = export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
     doc = ex.manifest
+    if ex.live:
+        raise ConfigError(f"{ex.path}: a live export (hot_capacity) runs the plan its current "
+                          f"slot map says (flexshard_stream.bridge.live), not one fixed plan")
     try:
         topo = Topology.from_dict(doc["topology"])
         tps = [_table_plan_of(EmbeddingTable(**e["source_table"]), ex.remaps[e["table"]],

@@ -102,11 +102,12 @@ class TableMapping:
     cold: ColdLayout | None
     notes: list[str]
     sharding: TorchRecSharding | None = None
+    live: bool = False
 
     @property
     def cold_rows(self) -> int:
-        """C: rows of the cold table."""
-        return self.remap.num_rows - self.hot_rows
+        """C: rows of the cold table (every row in a live export's, ``H - K`` otherwise)."""
+        return self.remap.num_rows if self.live else self.remap.num_rows - self.hot_rows
 
 
 #: Largest table whose hashed cold function is exported row by row (about a remap entry, 16

@@ -38,6 +38,7 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from ..errors import ConfigError
 from .export import (
     TorchRecExport,
     load_torchrec_export,
@@ -75,7 +76,7 @@ def remap_ids(ids: torch.Tensor, exc_ids: torch.Tensor, exc_new: torch.Tensor,
     return torch.where(exc_ids[pc] == x, exc_new[pc], seg_new[s] + (r - seg_rank[s]))
 
 
-def _remap_arrays(remap: IdRemap) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def remap_arrays(remap: IdRemap) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The four int64 columns :func:`remap_ids` reads (a run no ID reaches when every row is an
     exception)."""
     exc, seg = remap.exceptions, remap.segments
@@ -97,7 +98,7 @@ class TableRemap(nn.Module):
     def __init__(self, remap: IdRemap):
         super().__init__()
         self.num_rows = int(remap.num_rows)
-        for name, arr in zip(("exc_ids", "exc_new", "seg_rank", "seg_new"), _remap_arrays(remap)):
+        for name, arr in zip(("exc_ids", "exc_new", "seg_rank", "seg_new"), remap_arrays(remap)):
             self.register_buffer(name, torch.from_numpy(arr), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -126,6 +127,9 @@ class KJTRemap(nn.Module):
     def __init__(self, export: "TorchRecExport | str | os.PathLike"):
         super().__init__()
         ex = export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
+        if ex.live:
+            raise ConfigError(f"{ex.path}: a live export (hot_capacity) is remapped by "
+                              f"flexshard_stream.bridge.live.LiveRemap, not KJTRemap")
         self.index: Dict[str, int] = {}
         self.hot_key: List[str] = []
         self.cold_key: List[str] = []
@@ -142,7 +146,7 @@ class KJTRemap(nn.Module):
             self.hot_rows.append(int(e["hot_rows"]))
             self.num_rows.append(int(e["source_table"]["num_rows"]))
             self.pooled.append(e["source_table"]["kind"] == "pooled")
-            arrays = _remap_arrays(ex.remaps[e["table"]])
+            arrays = remap_arrays(ex.remaps[e["table"]])
             for col, arr in zip(cols, arrays):
                 col.append(arr)
             self.exc_off.append(self.exc_off[-1] + arrays[0].size)

@@ -55,9 +55,11 @@ from .export import (
     torchrec_sharding_plan,
 )
 from .loader import EmbeddingModules, KJTRemap
+from .slots import LiveRemap, RemappedBatch, SlotMap, slot_maps_of, split_live_rows
 from .sharding import OPENED_SHARDING_TYPES, POOLED_MODULE, SEQUENCE_MODULE
 
-__all__ = ["ExportedEmbeddingBagCollection", "ExportedEmbeddingCollection", "build_dmp",
+__all__ = ["ExportedEmbeddingBagCollection", "ExportedEmbeddingCollection", "ExportedCollection",
+           "build_dmp",
            "embedding_sharders", "CpuEmbeddingBagCollectionSharder", "FUSED_OPTIMIZERS",
            "fused_optimizer_of", "load_table_weights", "local_shards", "exported_collections"]
 
@@ -71,15 +73,17 @@ _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 # ----------------------------------------------------------------------------- the drop-in module
-class _ExportedCollection(nn.Module):
+class ExportedCollection(nn.Module):
     """The tables of one kind (``pooled`` / ``sequence``) of an export behind the interface of
-    the TorchRec module they replace (see the subclasses)."""
+    the TorchRec module they replace (see the subclasses). Of a live export (``hot_capacity``)
+    it routes by its slot maps (``slot_maps``, ``live_version``; :mod:`.live` moves rows)."""
 
     kind = ""
 
     def __init__(self, export: "TorchRecExport | str | os.PathLike", *,
                  ids: "IdMode | str | None" = None, is_weighted: bool = False,
-                 device: str = "cpu", dense_sequence_hot: Optional[bool] = None):
+                 device: str = "cpu", dense_sequence_hot: Optional[bool] = None,
+                 strict_version: bool = False):
         super().__init__()
         ex = export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
         entries = [e for e in ex.manifest["tables"] if e["source_table"]["kind"] == self.kind]
@@ -87,7 +91,9 @@ class _ExportedCollection(nn.Module):
             raise ConfigError(f"{ex.path}: the export has no {self.kind} tables for a "
                               f"{type(self).__name__}")
         self.export = TorchRecExport(ex.path, dict(ex.manifest, tables=entries),
-                                     {e["table"]: ex.remaps[e["table"]] for e in entries})
+                                     {e["table"]: ex.remaps[e["table"]] for e in entries},
+                                     {e["table"]: ex.hot_ids[e["table"]] for e in entries
+                                      if e["table"] in ex.hot_ids})
         self.source_tables = [EmbeddingTable(**e["source_table"]) for e in entries]
         self.features = [t.feature for t in self.source_tables]
         self.other_features = [EmbeddingTable(**e["source_table"]).feature
@@ -99,7 +105,11 @@ class _ExportedCollection(nn.Module):
             dense_sequence_hot = torch.device(device).type == "cpu"
         self.dense_sequence_hot = bool(dense_sequence_hot)
         self.is_weighted = bool(is_weighted) and self.kind == "pooled"
-        self.remap = KJTRemap(self.export)
+        self.strict_version = bool(strict_version)
+        self.stale_batches = 0          # batches split under an older version, split again
+        self.slot_maps: Dict[str, SlotMap] = slot_maps_of(self.export)
+        self.remap = LiveRemap(self.export, self.slot_maps, 0) if self.export.live \
+            else KJTRemap(self.export)
         self.embeddings = _kind_embeddings(self.export, self.kind, device, self.is_weighted,
                                            self.dense_sequence_hot)
 
@@ -123,8 +133,34 @@ class _ExportedCollection(nn.Module):
             if w.shape != (t.num_rows, t.dim):
                 raise ConfigError(f"table {t.name!r}: weights must be float32[{t.num_rows}, "
                                   f"{t.dim}], got {list(w.shape)}")
-            split.update(self.export.split_rows(t.name, w))
+            if t.name in self.slot_maps:
+                split.update(split_live_rows(self.export, self.slot_maps[t.name], w))
+            else:
+                split.update(self.export.split_rows(t.name, w))
         load_table_weights(self, split)
+
+    # -------------------------------------------------------------- live slots
+    @property
+    def live_version(self) -> int:
+        """Version of the slot maps the module routes by (0 as exported; each applied delta
+        adds one; always 0 for a static export)."""
+        return int(getattr(self.remap, "version", 0))
+
+    def swap_slots(self, slot_maps: Mapping[str, SlotMap], version: int) -> None:
+        """Route by ``slot_maps`` (every live table's) from now on, as ``version``: the remap
+        is replaced whole, in one assignment (:func:`flexshard_stream.bridge.live.apply_delta`
+        calls this after moving the rows)."""
+        if set(slot_maps) != set(self.slot_maps):
+            raise ConfigError(f"slot maps for {sorted(slot_maps)}, the module's live tables "
+                              f"are {sorted(self.slot_maps)}")
+        remap = LiveRemap(self.export, slot_maps, version)
+        self.slot_maps, self.remap = dict(slot_maps), remap
+
+    def remap_features(self, features: KeyedJaggedTensor) -> RemappedBatch:
+        """``features`` split under the current version, for a DataLoader worker: ``forward``
+        takes the result in place of the KJT (split again there if a delta came between)."""
+        features, split, is_hot = self._split(features)
+        return RemappedBatch(self.live_version, features, split, is_hot)
 
     # -------------------------------------------------------------- forward
     def _split(self, features: KeyedJaggedTensor
@@ -185,14 +221,26 @@ class _ExportedCollection(nn.Module):
                                  f"{int(v.max())}; ids='hash' takes raw IDs modulo the rows")
         return features
 
-    def _outputs(self, features: KeyedJaggedTensor) -> Tuple[KeyedJaggedTensor,
-                                                            Dict[str, torch.Tensor]]:
-        """The KJT as read (order, rows) and the outputs per original feature."""
+    def _outputs(self, features: "KeyedJaggedTensor | RemappedBatch"
+                 ) -> Tuple[KeyedJaggedTensor, Dict[str, torch.Tensor]]:
+        """The KJT as read (order, rows) and the outputs per original feature; a
+        :class:`RemappedBatch` of an older version is split again (BatchError with
+        ``strict_version``)."""
+        if isinstance(features, RemappedBatch):
+            if features.version == self.live_version:
+                return features.features, self.remap.merge(self.embeddings(features.split),
+                                                            features.is_hot)
+            if self.strict_version:
+                raise BatchError(f"{type(self).__name__}: the batch was split under slot "
+                                 f"version {features.version}, the module routes by version "
+                                 f"{self.live_version} (strict_version: refused, not re-split)")
+            self.stale_batches += 1
+            features = features.features
         features, split, is_hot = self._split(features)
         return features, self.remap.merge(self.embeddings(split), is_hot)
 
 
-class ExportedEmbeddingBagCollection(_ExportedCollection):
+class ExportedEmbeddingBagCollection(ExportedCollection):
     """The pooled tables of an export where a model's ``EmbeddingBagCollection`` was.
 
     ``forward(features)`` takes a KJT of the original pooled features (any order; original IDs,
@@ -224,7 +272,7 @@ class ExportedEmbeddingBagCollection(_ExportedCollection):
         return self.original_configs()
 
 
-class ExportedEmbeddingCollection(_ExportedCollection):
+class ExportedEmbeddingCollection(ExportedCollection):
     """The sequence tables of an export where a model's ``EmbeddingCollection`` was.
 
     ``forward(features)`` takes a KJT of the original sequence features and returns, per feature
@@ -248,12 +296,12 @@ class ExportedEmbeddingCollection(_ExportedCollection):
 
 
 def exported_collections(export: "TorchRecExport | str | os.PathLike", **kwargs: Any
-                         ) -> Dict[str, _ExportedCollection]:
+                         ) -> Dict[str, ExportedCollection]:
     """The drop-in modules of every kind the export has: ``{"pooled": ..., "sequence": ...}``
     (keyword arguments as the classes')."""
     ex = export if isinstance(export, TorchRecExport) else load_torchrec_export(export)
     kinds = {e["source_table"]["kind"] for e in ex.manifest["tables"]}
-    out: Dict[str, _ExportedCollection] = {}
+    out: Dict[str, ExportedCollection] = {}
     if "pooled" in kinds:
         out["pooled"] = ExportedEmbeddingBagCollection(ex, **kwargs)
     if "sequence" in kinds:
@@ -372,11 +420,11 @@ def fused_optimizer_of(export: TorchRecExport) -> str:
 
 
 # ----------------------------------------------------------------------------- the DMP
-def _dropins(model: nn.Module) -> Dict[str, _ExportedCollection]:
+def _dropins(model: nn.Module) -> Dict[str, ExportedCollection]:
     """Module path -> drop-in module of each kind in ``model``; ConfigError for none or two of
     a kind."""
     found = {path: m for path, m in model.named_modules()
-             if isinstance(m, _ExportedCollection)}
+             if isinstance(m, ExportedCollection)}
     if not found:
         raise ConfigError(f"{type(model).__name__} holds no ExportedEmbeddingBagCollection or "
                           f"ExportedEmbeddingCollection")
@@ -388,7 +436,7 @@ def _dropins(model: nn.Module) -> Dict[str, _ExportedCollection]:
     return found
 
 
-def _same_export(found: Mapping[str, _ExportedCollection],
+def _same_export(found: Mapping[str, ExportedCollection],
                  export: "TorchRecExport | str | os.PathLike | None") -> TorchRecExport:
     """The export the drop-in modules were built from (``export`` must be it if given: the same
     topology and table entries, remap checksums included)."""
@@ -438,7 +486,7 @@ def _set_local_world_size(ex: TorchRecExport) -> None:
                           f"LOCAL_WORLD_SIZE is {have!r}")
 
 
-def _module_paths(found: Mapping[str, _ExportedCollection]) -> Dict[str, str]:
+def _module_paths(found: Mapping[str, ExportedCollection]) -> Dict[str, str]:
     """Where the ``ShardingPlan`` puts each collection: inside its drop-in module."""
     out = {}
     for path, m in found.items():
@@ -450,7 +498,7 @@ def _module_paths(found: Mapping[str, _ExportedCollection]) -> Dict[str, str]:
     return out
 
 
-def _plan(ex: TorchRecExport, found: Mapping[str, _ExportedCollection],
+def _plan(ex: TorchRecExport, found: Mapping[str, ExportedCollection],
           device: torch.device) -> Any:
     """The export's ``ShardingPlan`` at the drop-in modules' paths (tables of a kind no module
     holds left out)."""

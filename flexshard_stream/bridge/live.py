@@ -1,0 +1,446 @@
+"""Live re-sharding: a :class:`~flexshard_stream.plans.delta.PlanDelta` applied inside a running
+TorchRec job at a step boundary, without rebuilding the ``DistributedModelParallel``.
+
+A live export (``export_torchrec(plan, out, hot_capacity="auto")``) gives every table with cold
+rows a data-parallel hot table of fixed capacity (slots) and a cold table that keeps every row
+(:mod:`flexshard_stream.bridge.slots`), so no delta changes a shape. :func:`apply_delta`, called
+by every rank at the same step (between ``optimizer.step()`` and the next forward):
+
+1. stages the move on each rank: per table, the rows the delta promotes into the hot tier
+   (global replicas; node replicas too when the export folds them into the hot table) and the
+   rows it demotes out of it, checked against the module's slot map (a delta whose base is not
+   the live state is an ``IncompatibleError``), the new slot map (promoted rows in the lowest
+   free slots, by ID; more rows than slots is a ``ConfigError`` with the numbers);
+2. agrees: an ``all_reduce`` of each rank's status; if any rank failed, every rank raises and
+   keeps its old plan (nothing was written);
+3. gathers the promoted rows (weights, and the row-wise Adagrad state) from their cold owners:
+   each owner fills its rows into a zero buffer, one ``all_reduce`` (sum) per table gives every
+   rank all of them (exact: one non-zero term per row);
+4. agrees again, then commits: each demoted row's hot copy (every rank holds it, DDP keeps the
+   copies equal) is written by the owner of its cold row into its cold shard, the gathered rows
+   into their slots, and the remap is swapped whole under the next version (the drop-in module
+   re-splits a :class:`~flexshard_stream.bridge.slots.RemappedBatch` of an older version).
+
+Rows whose placement changes only inside the cold tier (placed rows, node replicas exported as
+cold) do not move: the cold layout is fixed at export (their lookups stay correct, on the GPU the
+export gave them). A change of a table's cold function needs a new export and a rebuild
+(``ConfigError``).
+
+Optimizers (:func:`check_optimizers`): fused ``EXACT_SGD`` on the cold tables with plain SGD
+(``torch.optim.SGD``, no momentum, no weight decay, or no dense optimizer) on the hot tables; fused
+``EXACT_ROWWISE_ADAGRAD`` with :class:`RowWiseAdagrad` on the hot tables (the same update, dense;
+its per-row state moves with the rows). Anything else is refused: its state would not move.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import ConfigError, FlexShardError, IncompatibleError
+from ..plans.delta import COLD_CODE, PlanDelta, TableDelta
+from ..plans.topology import Topology
+from .module import ExportedCollection, local_shards
+from .slots import SlotMap
+
+__all__ = ["apply_delta", "ApplyReport", "TableMove", "RowWiseAdagrad", "check_optimizers",
+           "gather_original_weights", "live_modules"]
+
+
+# ----------------------------------------------------------------------------- the optimizer
+class RowWiseAdagrad(torch.optim.Optimizer):
+    """Row-wise Adagrad on dense 2-d parameters (the hot tables): per row ``m += mean(g^2)``,
+    ``w -= lr * g / (sqrt(m) + eps)``, fbgemm's ``EXACT_ROWWISE_ADAGRAD`` (no weight decay) on
+    every row; a row with a zero gradient does not change. State ``momentum1``: float32[rows]."""
+
+    def __init__(self, params: Any, lr: float = 0.01, eps: float = 1e-8):
+        if not lr > 0 or not eps > 0:
+            raise ConfigError(f"RowWiseAdagrad: lr and eps must be > 0, got {lr}, {eps}")
+        super().__init__(params, {"lr": float(lr), "eps": float(eps)})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # noqa: D102 (torch's signature)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.dim() != 2:
+                    raise ConfigError(f"RowWiseAdagrad: parameters must be 2-d tables, got "
+                                      f"{list(p.shape)}")
+                m = self.state[p].setdefault("momentum1", torch.zeros(p.shape[0],
+                                                                      dtype=torch.float32))
+                g = p.grad.to_dense() if p.grad.is_sparse else p.grad
+                m.add_(g.pow(2).mean(dim=1))
+                p.sub_(group["lr"] * g / (m.sqrt() + group["eps"]).unsqueeze(1))
+
+
+# ----------------------------------------------------------------------------- reports
+@dataclass
+class TableMove:
+    """One table's part of a delta: rows promoted into slots, rows demoted out of them, their
+    slots and cold indices, the slot map after; ``unmoved``: rows whose code changed inside the
+    cold tier (not moved, see the module docstring)."""
+
+    module: ExportedCollection
+    table: str
+    promote: np.ndarray
+    demote: np.ndarray
+    promote_slots: np.ndarray
+    demote_slots: np.ndarray
+    promote_cold: np.ndarray
+    demote_cold: np.ndarray
+    after: SlotMap
+    unmoved: int
+
+
+@dataclass
+class ApplyReport:
+    """What :func:`apply_delta` did: the version routed by afterwards, per table rows promoted,
+    demoted and left in the cold tier, rows moved in all and the seconds it took."""
+
+    version: int
+    tables: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    rows_moved: int = 0
+    seconds: float = 0.0
+
+
+# ----------------------------------------------------------------------------- finding tensors
+def live_modules(model: nn.Module) -> List[ExportedCollection]:
+    """The drop-in modules of live exports in ``model`` (a DMP or the model itself)."""
+    return [m for m in model.modules() if isinstance(m, ExportedCollection) and m.slot_maps]
+
+
+def _table_tensors(module: nn.Module) -> Dict[str, List[Tuple[int, torch.Tensor]]]:
+    """Exported table name -> (first row, tensor) of each local shard of its weight."""
+    out: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
+    for name, shards in local_shards(module).items():
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-1] == "weight":
+            out.setdefault(parts[-2], []).extend((int(o[0]), t) for o, t in shards)
+    return out
+
+
+def _fused_states(module: nn.Module) -> Dict[str, List[Tuple[int, torch.Tensor]]]:
+    """Exported cold table -> (first row, tensor) of each local shard of its row-wise Adagrad
+    ``momentum1`` (fbgemm's fused state; empty under SGD)."""
+    out: Dict[str, List[Tuple[int, torch.Tensor]]] = {}
+    for sub in module.modules():
+        opt = getattr(sub, "fused_optimizer", None)
+        if opt is None or sub is module:
+            continue
+        for key, state in opt.state_dict()["state"].items():
+            for sk, st in state.items():
+                if not sk.endswith("momentum1"):
+                    continue
+                table = key.split(".")[-2] if key.endswith(".weight") else key.split(".")[-1]
+                shards = st.local_shards() if hasattr(st, "local_shards") else None
+                if shards is None:
+                    out.setdefault(table, []).append((0, st))
+                else:
+                    out.setdefault(table, []).extend(
+                        (int(s.metadata.shard_offsets[0]), s.tensor) for s in shards)
+        break
+    return out
+
+
+def _hot_param(module: ExportedCollection, hot_table: str) -> torch.Tensor:
+    """The (replicated) weight of a hot table: one whole local tensor."""
+    shards = _table_tensors(module).get(hot_table, [])
+    if len(shards) != 1 or shards[0][0] != 0:
+        raise ConfigError(f"hot table {hot_table!r}: expected one whole replicated weight, "
+                          f"found {len(shards)} shards")
+    return shards[0][1]
+
+
+# ----------------------------------------------------------------------------- optimizers
+def _fused_kind(modules: List[ExportedCollection]) -> str:
+    """``"sgd"`` or ``"rowwise_adagrad"``: the fused optimizer of the cold tables (read from
+    their state: a momentum1 per cold table is row-wise Adagrad)."""
+    kinds = {"rowwise_adagrad" if _fused_states(m) else "sgd" for m in modules}
+    if len(kinds) > 1:
+        raise ConfigError(f"the drop-in modules run different fused optimizers ({kinds})")
+    return kinds.pop() if kinds else "sgd"
+
+
+def check_optimizers(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> str:
+    """The optimizer pair a live move supports, named (``"sgd"`` / ``"rowwise_adagrad"``), else
+    ConfigError: fused ``EXACT_SGD`` with ``optimizer`` None or ``torch.optim.SGD`` without
+    momentum, weight decay or Nesterov on the hot tables; fused ``EXACT_ROWWISE_ADAGRAD`` with
+    :class:`RowWiseAdagrad` on them (its state moves with the rows)."""
+    kind = _fused_kind(live_modules(model))
+    if kind == "sgd":
+        if optimizer is None or (type(optimizer) is torch.optim.SGD and all(
+                not g.get("momentum") and not g.get("weight_decay") and not g.get("nesterov")
+                for g in optimizer.param_groups)):
+            return kind
+        raise ConfigError(f"live moves under fused SGD need plain SGD (no momentum, no weight "
+                          f"decay) or no optimizer on the hot tables, got "
+                          f"{type(optimizer).__name__}: its state would not move with the rows")
+    if isinstance(optimizer, RowWiseAdagrad):
+        return kind
+    raise ConfigError(f"the cold tables run fused row-wise Adagrad: give the hot tables' "
+                      f"RowWiseAdagrad (flexshard_stream.bridge.live) as optimizer=, got "
+                      f"{type(optimizer).__name__}")
+
+
+def _hot_state(optimizer: Optional[torch.optim.Optimizer], param: torch.Tensor
+               ) -> Optional[torch.Tensor]:
+    """The RowWiseAdagrad ``momentum1`` of a hot weight (made, zero, if the optimizer has not
+    stepped it yet); None without state. The hot weight is matched by storage."""
+    if not isinstance(optimizer, RowWiseAdagrad):
+        return None
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.data_ptr() == param.data_ptr() and p.shape == param.shape:
+                return optimizer.state[p].setdefault(
+                    "momentum1", torch.zeros(p.shape[0], dtype=torch.float32))
+    raise ConfigError(f"the RowWiseAdagrad given does not hold the hot table of shape "
+                      f"{list(param.shape)}")
+
+
+# ----------------------------------------------------------------------------- staging
+def _hot_codes(codes: np.ndarray, node_hot: bool) -> np.ndarray:
+    """Whether each placement code puts its row in the hot table."""
+    node = (codes <= -2) & (codes != COLD_CODE)
+    return (codes == -1) | (node & node_hot)
+
+
+def _stage_table(module: ExportedCollection, td: TableDelta, node_hot: bool) -> TableMove:
+    """One table's move, checked against the module's slot map (nothing changed)."""
+    name = td.name
+    if td.cold_changed:
+        raise ConfigError(f"table {name!r}: the delta changes its cold function "
+                          f"({td.cold_old.kind} -> {td.cold_new.kind}); the cold layout is "
+                          f"fixed at export: export the new plan and rebuild")
+    old_hot, new_hot = _hot_codes(td.old_codes, node_hot), _hot_codes(td.new_codes, node_hot)
+    promote, demote = td.ids[~old_hot & new_hot], td.ids[old_hot & ~new_hot]
+    current = module.slot_maps[name]
+    already, absent = promote[current.slot_of(promote) >= 0], demote[current.slot_of(demote) < 0]
+    if already.size or absent.size:
+        raise IncompatibleError(
+            f"table {name!r}: the delta's base is not the live state (version "
+            f"{module.live_version}): rows {already[:5].tolist()} to promote are hot already, "
+            f"rows {absent[:5].tolist()} to demote are not hot")
+    after, got = current.moved(demote, promote)
+    cold = module.export.remaps[name]
+    return TableMove(module, name, promote, demote, got, current.slot_of(demote),
+                     cold.apply(promote), cold.apply(demote), after,
+                     int(td.ids.size - promote.size - demote.size))
+
+
+def _stage(modules: List[ExportedCollection], delta: PlanDelta) -> List[TableMove]:
+    """Every table's move (ConfigError / IncompatibleError for a delta that cannot apply)."""
+    if not isinstance(delta, PlanDelta):
+        raise ConfigError(f"apply_delta needs a PlanDelta, got {type(delta).__name__}")
+    if not modules:
+        raise ConfigError("the model holds no drop-in module of a live export (export with "
+                          "hot_capacity=...; a static export keeps no free hot slots)")
+    ex = modules[0].export
+    if Topology.from_dict(ex.manifest["topology"]) != delta.topology:
+        raise IncompatibleError(f"the delta is for another topology than export {ex.path}")
+    owner = {t: m for m in modules for t in m.slot_maps}
+    static = {e["table"] for m in modules for e in m.export.manifest["tables"]}
+    node_hot = ex.manifest.get("node_replicas") == "hot"
+    moves = []
+    for name, td in delta.tables.items():
+        if td.is_empty:
+            continue
+        if name in owner:
+            moves.append(_stage_table(owner[name], td, node_hot))
+        elif name in static and _hot_codes(np.concatenate([td.old_codes, td.new_codes]),
+                                           node_hot).any() or td.cold_changed:
+            raise ConfigError(f"table {name!r} has no hot slots in the export (not live, or "
+                              f"data-parallel whole): the delta's moves of it need a rebuild")
+        elif name not in static:
+            raise IncompatibleError(f"the delta changes table {name!r}, which no drop-in "
+                                    f"module of the model holds")
+    return moves
+
+
+# ----------------------------------------------------------------------------- agreement
+def _group(pg: Any) -> Any:
+    if pg is not None:
+        return pg
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+
+def _agree(err: Optional[BaseException], pg: Any, what: str, version: int) -> None:
+    """Raise on every rank if any rank failed ``what`` (its own error on a failed rank, a
+    ConfigError naming the failed ranks on the others)."""
+    failed = [0] if err is not None else []
+    if pg is not None:
+        flags = torch.zeros(dist.get_world_size(pg), dtype=torch.int32)
+        flags[dist.get_rank(pg)] = int(err is not None)
+        dist.all_reduce(flags, group=pg)
+        failed = torch.nonzero(flags).flatten().tolist()
+    if err is not None:
+        raise err
+    if failed:
+        raise ConfigError(f"apply_delta: rank(s) {failed} failed to {what}; every rank stays "
+                          f"on version {version}")
+
+
+# ----------------------------------------------------------------------------- the move
+def _fill_owned(buf: torch.Tensor, cold_idx: np.ndarray,
+                shards: List[Tuple[int, torch.Tensor]], cols: slice) -> None:
+    """Copy the rows at ``cold_idx`` this rank owns from its shards into ``buf[:, cols]``."""
+    idx = torch.from_numpy(cold_idx)
+    for r0, t in shards:
+        mine = (idx >= r0) & (idx < r0 + t.shape[0])
+        if bool(mine.any()):
+            rows = (idx[mine] - r0).long()
+            v = t[rows]
+            buf[mine, cols] = v if v.dim() == 2 else v.unsqueeze(1)
+
+
+def _write_owned(values: torch.Tensor, cold_idx: np.ndarray,
+                 shards: List[Tuple[int, torch.Tensor]]) -> None:
+    """Write ``values[k]`` into cold row ``cold_idx[k]`` where this rank owns it."""
+    idx = torch.from_numpy(cold_idx)
+    for r0, t in shards:
+        mine = (idx >= r0) & (idx < r0 + t.shape[0])
+        if bool(mine.any()):
+            v = values[mine]
+            t[(idx[mine] - r0).long()] = v if t.dim() == 2 else v.reshape(-1)
+
+
+def _names(mv: TableMove) -> Tuple[str, str]:
+    e = mv.module.export.entry(mv.table)
+    return e["hot"]["table"], e["cold"]["table"]
+
+
+def _gather(moves: List[TableMove], adagrad: bool, pg: Any
+            ) -> Tuple[List[torch.Tensor], Optional[BaseException]]:
+    """Per move, the promoted rows (``[P, D]``, then the Adagrad state column) from their cold
+    owners, on every rank: one ``all_reduce`` per table (every rank calls it, in move order,
+    even after a local failure, which is returned for the agreement)."""
+    out, err = [], None
+    for mv in moves:
+        _, cold = _names(mv)
+        dim = mv.module.export.entry(mv.table)["source_table"]["dim"]
+        buf = torch.zeros(mv.promote.size, dim + int(adagrad), dtype=torch.float32)
+        try:
+            _fill_owned(buf, mv.promote_cold, _table_tensors(mv.module).get(cold, []),
+                        slice(0, dim))
+            if adagrad:
+                _fill_owned(buf, mv.promote_cold, _fused_states(mv.module).get(cold, []),
+                            slice(dim, dim + 1))
+        except (RuntimeError, IndexError, ValueError) as e:
+            err = err or ConfigError(f"table {mv.table!r}: reading the promoted rows failed "
+                                     f"({type(e).__name__}: {e})")
+        if pg is not None and mv.promote.size:
+            dist.all_reduce(buf, group=pg)
+        out.append(buf)
+    return out, err
+
+
+def _commit(mv: TableMove, rows: torch.Tensor, optimizer: Optional[torch.optim.Optimizer]
+            ) -> None:
+    """Demoted rows back to their cold owners, the gathered rows into their slots."""
+    hot, cold = _names(mv)
+    w = _hot_param(mv.module, hot)
+    m = _hot_state(optimizer, w)
+    dim = w.shape[1]
+    ds, ps = torch.from_numpy(mv.demote_slots), torch.from_numpy(mv.promote_slots)
+    with torch.no_grad():
+        _write_owned(w[ds].clone(), mv.demote_cold, _table_tensors(mv.module).get(cold, []))
+        if m is not None:
+            _write_owned(m[ds].clone(), mv.demote_cold, _fused_states(mv.module).get(cold, []))
+            m[ds] = 0.0
+            m[ps] = rows[:, dim]
+        w[ps] = rows[:, :dim]
+
+
+def apply_delta(model: nn.Module, delta: PlanDelta, *,
+                optimizer: Optional[torch.optim.Optimizer] = None, pg: Any = None
+                ) -> ApplyReport:
+    """Apply ``delta`` to the live drop-in modules of ``model`` (a DMP from ``build_dmp``, or
+    the unsharded model) at a step boundary; every rank calls it at the same step with the same
+    delta (see the module docstring for what moves and how ranks agree).
+
+    Parameters
+    ----------
+    model : nn.Module
+        Holds the drop-in modules of a live export (``hot_capacity``).
+    delta : PlanDelta
+        From the plan the modules route by now (their slot maps) to the next.
+    optimizer : torch.optim.Optimizer, optional
+        The hot tables' optimizer (:func:`check_optimizers`): its state moves with the rows.
+    pg : ProcessGroup, optional
+        Default the default group (none: one process, no collectives).
+
+    Raises
+    ------
+    ConfigError
+        A delta over a table's hot capacity (the numbers named), a cold function change, an
+        optimizer whose state cannot move, or another rank's failure. Nothing is changed.
+    IncompatibleError
+        The delta's base is not the live state, or another topology.
+    """
+    t0 = time.perf_counter()
+    modules, group = live_modules(model), _group(pg)
+    version = max((m.live_version for m in modules), default=0)
+    err: Optional[BaseException] = None
+    moves: List[TableMove] = []
+    kind = "sgd"
+    try:
+        kind = check_optimizers(model, optimizer)
+        moves = _stage(modules, delta)
+        for mv in moves:                       # the hot state exists before anything moves
+            _hot_state(optimizer, _hot_param(mv.module, _names(mv)[0]))
+    except FlexShardError as e:
+        err = e
+    _agree(err, group, "stage the delta", version)
+    rows, err = _gather(moves, kind == "rowwise_adagrad", group)
+    _agree(err, group, "gather the promoted rows", version)
+    for mv, r in zip(moves, rows):
+        _commit(mv, r, optimizer)
+    report = ApplyReport(version + 1)
+    for m in modules:
+        after = {mv.table: mv.after for mv in moves if mv.module is m}
+        m.swap_slots({t: after.get(t, s) for t, s in m.slot_maps.items()}, version + 1)
+    for mv in moves:
+        report.tables[mv.table] = {"promoted": int(mv.promote.size),
+                                   "demoted": int(mv.demote.size), "unmoved": mv.unmoved}
+        report.rows_moved += int(mv.promote.size + mv.demote.size)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+# ----------------------------------------------------------------------------- reading back
+def _full_table(shards: List[Tuple[int, torch.Tensor]], rows: int, dim: int, pg: Any
+                ) -> torch.Tensor:
+    """A sharded table whole on every rank (sum of each rank's shards: O(rows) memory)."""
+    full = torch.zeros(rows, dim, dtype=torch.float32)
+    for r0, t in shards:
+        full[r0:r0 + t.shape[0]] = t.detach().reshape(t.shape[0], -1)
+    if pg is not None:
+        dist.all_reduce(full, group=pg)
+    return full
+
+
+def gather_original_weights(model: nn.Module, pg: Any = None) -> Dict[str, np.ndarray]:
+    """Every live table's weights on its original rows (float32[H, D]), on every rank: the cold
+    table gathered (an ``all_reduce``: ``O(H D)``, for tests and checks), the rows in hot slots
+    from the hot table. Collective: every rank calls it."""
+    group = _group(pg)
+    out = {}
+    for m in live_modules(model):
+        tensors = _table_tensors(m)
+        for name, sm in m.slot_maps.items():
+            e = m.export.entry(name)
+            H, D = int(e["source_table"]["num_rows"]), int(e["source_table"]["dim"])
+            cold = _full_table(tensors.get(e["cold"]["table"], []), H, D, group).numpy()
+            w = cold[m.export.remaps[name].apply(np.arange(H, dtype=np.int64))]
+            held = np.flatnonzero(sm.slots >= 0)
+            if held.size:
+                hot = _hot_param(m, e["hot"]["table"]).detach().numpy()
+                w[sm.slots[held]] = hot[held]
+            out[name] = w
+    return out

@@ -1,0 +1,198 @@
+"""The hot slots of a live export and the versioned remap that reads them (torch at the top).
+
+A live export (``export_torchrec(..., hot_capacity=...)``) gives every table with cold rows a hot
+table of ``capacity`` slots and a cold table holding *every* row (its cold index: the export's
+:class:`~flexshard_stream.bridge.remap.IdRemap`, fixed for the life of the job). Which rows sit in
+the slots changes at run time (:mod:`flexshard_stream.bridge.live`); this module holds that
+state:
+
+- :class:`SlotMap`: one table's slots (``slots[s]``: the original row in slot ``s``, -1 free),
+  numpy, immutable (a move makes a new one);
+- :class:`LiveRemap`: the ``KJTRemap`` of a set of slot maps: a row in a slot goes to
+  ``<feature>__hot`` at its slot, every other row to ``<feature>__cold`` at its cold index. It
+  carries the ``version`` of the slot maps it was built from; the drop-in module swaps a new
+  one in, whole, when a delta is applied;
+- :class:`RemappedBatch`: a KJT split under one version (e.g. in a DataLoader worker, by the
+  drop-in module's ``remap_features``), with the original KJT, so that a batch split under an
+  older version is split again (or refused with ``strict``), never looked up in the wrong rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torchrec import KeyedJaggedTensor
+
+from ..errors import ConfigError
+from .export import TorchRecExport
+from .loader import KJTRemap, remap_arrays, remap_ids
+
+__all__ = ["SlotMap", "LiveRemap", "RemappedBatch", "slot_maps_of"]
+
+
+@dataclass(frozen=True, eq=False)
+class SlotMap:
+    """The hot slots of one live table.
+
+    Attributes
+    ----------
+    table : str
+        The original table.
+    slots : ndarray of int64, shape (capacity,)
+        Original row held by each slot, -1 for a free slot.
+    """
+
+    table: str
+    slots: np.ndarray
+
+    def __post_init__(self) -> None:
+        s = np.ascontiguousarray(self.slots, dtype=np.int64).ravel()
+        held = s[s >= 0]
+        if np.unique(held).size != held.size:
+            raise ConfigError(f"table {self.table!r}: a row sits in two hot slots")
+        object.__setattr__(self, "slots", s)
+
+    @property
+    def capacity(self) -> int:
+        """Hot slots (rows of ``<table>__hot``)."""
+        return int(self.slots.size)
+
+    @property
+    def used(self) -> int:
+        """Slots holding a row."""
+        return int(np.count_nonzero(self.slots >= 0))
+
+    def hot_ids(self) -> np.ndarray:
+        """Rows in the slots, sorted (int64)."""
+        return np.sort(self.slots[self.slots >= 0])
+
+    def sorted_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, their slots)`` by row: what the remap searches."""
+        slot = np.flatnonzero(self.slots >= 0).astype(np.int64)
+        order = np.argsort(self.slots[slot], kind="stable")
+        return self.slots[slot][order], slot[order]
+
+    def slot_of(self, ids: np.ndarray) -> np.ndarray:
+        """Slot of each row (int64; -1 for a row not in a slot)."""
+        rows, slot = self.sorted_pairs()
+        ids = np.asarray(ids, np.int64)
+        out = np.full(ids.size, -1, np.int64)
+        if rows.size and ids.size:
+            p = np.minimum(np.searchsorted(rows, ids), rows.size - 1)
+            hit = rows[p] == ids
+            out[hit] = slot[p[hit]]
+        return out
+
+    def moved(self, demote: np.ndarray, promote: np.ndarray) -> tuple["SlotMap", np.ndarray]:
+        """The slot map after freeing the slots of ``demote`` and putting ``promote`` (sorted)
+        into the lowest free slots; and the slot each promoted row gets. ConfigError when they
+        do not fit (the numbers named)."""
+        slots = self.slots.copy()
+        slots[self.slot_of(demote)] = -1
+        free = np.flatnonzero(slots < 0)
+        if promote.size > free.size:
+            raise ConfigError(
+                f"table {self.table!r}: the delta does not fit the hot capacity: {self.used} "
+                f"rows hot - {demote.size} demoted + {promote.size} promoted = "
+                f"{self.used - demote.size + promote.size} > {self.capacity} slots "
+                f"(export with a larger hot_capacity)")
+        got = free[:promote.size].astype(np.int64)
+        slots[got] = promote
+        return SlotMap(self.table, slots), got
+
+
+def slot_maps_of(export: TorchRecExport) -> Dict[str, SlotMap]:
+    """The slot maps an export starts with: per live table its plan's hot rows in the first
+    slots (by ID), the other slots free."""
+    out = {}
+    for e in export.manifest["tables"]:
+        if not e.get("live"):
+            continue
+        ids = export.hot_ids[e["table"]]
+        slots = np.full(int(e["live"]["hot_capacity"]), -1, np.int64)
+        slots[:ids.size] = ids
+        out[e["table"]] = SlotMap(e["table"], slots)
+    return out
+
+
+class LiveRemap(KJTRemap):
+    """``KJTRemap`` of a live export under one set of slot maps (``version``): a row in a hot
+    slot gets new index ``slot`` (``<feature>__hot``), any other row ``capacity + cold index``
+    (``<feature>__cold`` at its cold index); static tables of the export as ``KJTRemap``.
+    Built whole for each version; ``split`` and ``merge`` are ``KJTRemap``'s."""
+
+    def __init__(self, export: TorchRecExport, slot_maps: Mapping[str, SlotMap], version: int):
+        nn.Module.__init__(self)
+        self.version = int(version)
+        self.index: Dict[str, int] = {}
+        self.hot_key: List[str] = []
+        self.cold_key: List[str] = []
+        self.hot_rows: List[int] = []
+        self.num_rows: List[int] = []
+        self.pooled: List[bool] = []
+        self.live: List[bool] = []
+        self._arrays: List[Sequence[torch.Tensor]] = []
+        for e in export.manifest["tables"]:
+            self.index[e["source_table"]["feature"] or e["table"]] = len(self.hot_key)
+            self.hot_key.append(e["hot"]["feature"] if e["hot"] else "")
+            self.cold_key.append(e["cold"]["feature"] if e["cold"] else "")
+            self.hot_rows.append(int(e["hot_rows"]))
+            self.num_rows.append(int(e["source_table"]["num_rows"]))
+            self.pooled.append(e["source_table"]["kind"] == "pooled")
+            self.live.append(bool(e.get("live")))
+            cold = [torch.from_numpy(a) for a in remap_arrays(export.remaps[e["table"]])]
+            hot: List[torch.Tensor] = []
+            if e.get("live"):
+                hot = [torch.from_numpy(a) for a in slot_maps[e["table"]].sorted_pairs()]
+            self._arrays.append(cold + hot)
+        self.keep_int32 = max(self.num_rows, default=0) <= 2**31
+
+    def table_ids(self, j: int, ids: torch.Tensor) -> torch.Tensor:
+        """New index of original IDs of the ``j``-th table under this version's slots."""
+        a = self._arrays[j]
+        cold = remap_ids(ids, a[0], a[1], a[2], a[3], self.num_rows[j])
+        if not self.live[j]:
+            return cold
+        rows, slot = a[4], a[5]
+        x = ids.to(torch.int64)
+        if rows.numel() == 0:
+            return cold + self.hot_rows[j]
+        p = torch.searchsorted(rows, x).clamp(max=rows.numel() - 1)
+        return torch.where(rows[p] == x, slot[p], cold + self.hot_rows[j])
+
+
+@dataclass(frozen=True, eq=False)
+class RemappedBatch:
+    """A KJT split by the :class:`LiveRemap` of ``version`` (``split``, ``is_hot``), with the
+    KJT it came from (``features``: this module's features in its order, IDs as rows). The
+    drop-in module's ``forward`` takes one in place of a KJT: the current version is used as
+    it is; an older one is split again from ``features`` (or refused with ``strict``)."""
+
+    version: int
+    features: KeyedJaggedTensor
+    split: KeyedJaggedTensor
+    is_hot: Dict[str, torch.Tensor]
+
+    def to(self, device: Any) -> "RemappedBatch":
+        return RemappedBatch(self.version, self.features.to(device), self.split.to(device),
+                             {k: v.to(device) for k, v in self.is_hot.items()})
+
+
+def split_live_rows(export: TorchRecExport, slot_map: SlotMap, rows: np.ndarray
+                    ) -> Dict[str, np.ndarray]:
+    """Per-row data of a live table (``rows[id]``: weights, optimizer state) as its exported
+    tables hold it under ``slot_map``: ``<table>__hot`` the rows in the slots (zeros in the
+    free ones), ``<table>__cold`` every row at its cold index. ``O(H)``."""
+    e = export.entry(slot_map.table)
+    remap = export.remaps[e["table"]]
+    out = {e["cold"]["table"]: rows[remap.original(np.arange(remap.num_rows, dtype=np.int64))]}
+    if e["hot"] is not None:
+        hot = np.zeros((slot_map.capacity,) + rows.shape[1:], rows.dtype)
+        held = slot_map.slots >= 0
+        hot[held] = rows[slot_map.slots[held]]
+        out[e["hot"]["table"]] = hot
+    return out

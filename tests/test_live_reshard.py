@@ -1,0 +1,146 @@
+"""Live re-sharding (bridge/live.py) in a gloo world of 4 CPU ranks, 2 per node: training on
+Amazon Beauty review histories with deltas applied mid-run (promotions and demotions) gives the
+losses, outputs and final weights of an unsharded reference trained on the same batches with the
+same optimizer (SGD; row-wise Adagrad, its state too); a delta over the hot capacity is refused
+with the numbers and training goes on on the old plan; a rank that refuses keeps every rank on the
+old plan; a batch split under an old version is split again, or refused by a strict module.
+Skipped without TorchRec."""
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torchrec")
+
+from flexshard_stream.bridge.export import export_torchrec, load_torchrec_export  # noqa: E402
+from flexshard_stream.errors import ConfigError  # noqa: E402
+from flexshard_stream.plans.delta import PlanDelta  # noqa: E402
+from flexshard_stream.plans.plan import ColdSharding, Plan, TablePlan  # noqa: E402
+from flexshard_stream.plans.tables import EmbeddingTable  # noqa: E402
+from flexshard_stream.plans.topology import Topology  # noqa: E402
+
+import live_worker as w  # noqa: E402
+
+TOPO = Topology.uniform(2, w.PER_NODE)
+ROWS = 12_102                 # Amazon Beauty item IDs 1..12101
+HOT = 24                      # hot rows per plan; hot_capacity "auto": 30 slots
+USERS_PER_STEP = w.WORLD * w.SAMPLES
+
+
+def _tables(state: int) -> list[EmbeddingTable]:
+    return [EmbeddingTable("item", ROWS, w.DIM, kind="pooled", optimizer_state_bytes=state),
+            EmbeddingTable("hist", ROWS, w.DIM, kind="sequence", optimizer_state_bytes=state)]
+
+
+def _top(steps: range, k: int) -> np.ndarray:
+    """The ``k`` items most looked up in the training batches of ``steps`` (both features)."""
+    ids = [np.concatenate([w.samples(s, r)[0]] + w.samples(s, r)[1])
+           for s in steps for r in range(w.WORLD)]
+    counts = np.bincount(np.concatenate(ids), minlength=ROWS)
+    return np.sort(np.argsort(-counts, kind="stable")[:k])
+
+
+def _plan(tables, hot: np.ndarray) -> Plan:
+    item, hist = tables
+    return Plan("live-test", TOPO, [
+        TablePlan(item, ColdSharding.ranges(range(4), ROWS), global_ids=hot),
+        TablePlan(hist, ColdSharding.hashed(range(4), seed=3), global_ids=hot)])
+
+
+@pytest.fixture(scope="module")
+def plans():
+    """Plans A, B, C (the hottest rows of steps 0-2, 3-5, 6-8) and D (too many hot rows)."""
+    return {"A": _top(range(0, 3), HOT), "B": _top(range(3, 6), HOT),
+            "C": _top(range(6, 9), HOT), "D": _top(range(0, 9), 3 * HOT)}
+
+
+def _setup(tmp: Path, hot: dict, state: int) -> tuple[Path, dict]:
+    tables = _tables(state)
+    ps = {k: _plan(tables, v) for k, v in hot.items()}
+    export_torchrec(ps["A"], tmp / "export", hot_capacity="auto")
+    paths = {}
+    for a, b in ("AB", "BC", "CD", "BD"):
+        paths[a + b] = str(PlanDelta.between(ps[a], ps[b]).save(tmp / f"{a}{b}.delta"))
+    return tmp / "export", paths
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(export_dir: Path, out: Path, jobs: list) -> dict:
+    import torch.multiprocessing as mp
+
+    mp.start_processes(w.main, args=(str(export_dir), str(out), _free_port(), jobs),
+                       nprocs=w.WORLD, start_method="spawn")
+    return {j["name"]: [json.loads((out / f"{j['name']}{r}.json").read_text())
+                        for r in range(w.WORLD)] for j in jobs}
+
+
+@pytest.fixture(scope="module")
+def sgd(plans, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("live_sgd")
+    export_dir, d = _setup(tmp, plans, 0)
+    job = {"name": "sgd", "adagrad": False, "steps": 9, "deltas": {
+        3: [d["AB"]],
+        5: {"per_rank": [[d["BC"]], [d["BC"]], [d["BC"]], [d["BD"]]]},   # rank 3 refuses
+        6: ["stale", d["BC"]],
+        7: [d["CD"]]}}                                                   # over capacity
+    return _spawn(export_dir, tmp, [job])["sgd"]
+
+
+def test_the_live_export_keeps_every_row_cold_and_fixed_hot_slots(plans, tmp_path):
+    export_dir, _ = _setup(tmp_path, plans, 0)
+    ex = load_torchrec_export(export_dir)
+    for e in ex.manifest["tables"]:
+        assert e["cold"]["rows"] == ROWS and sum(e["cold"]["shard_rows"]) == ROWS
+        assert e["live"]["hot_capacity"] == e["hot"]["rows"] == int(np.ceil(HOT * 1.25))
+        np.testing.assert_array_equal(ex.hot_ids[e["table"]], plans["A"])
+    with pytest.raises(ConfigError, match="live export"):
+        ex.apply("item", [1, 2])
+    with pytest.raises(ConfigError, match=r"hot_capacity of table 'item'.*\[24, 12102\]"):
+        export_torchrec(_plan(_tables(0), plans["A"]), tmp_path / "small", hot_capacity=10)
+
+
+def test_training_through_two_deltas_matches_the_unsharded_reference(sgd):
+    for r, res in enumerate(sgd):
+        assert res["versions"] == [2, 2]
+        np.testing.assert_allclose(res["losses"], res["ref_losses"], rtol=1e-5, atol=1e-6)
+        assert res["logit_err"] <= 1e-5, r
+        assert all(v > 1e-3 for v in res["weights_changed"].values())
+        assert all(v <= 1e-5 for v in res["weight_err"].values()), (r, res["weight_err"])
+    for key in ("3.0", "6.1"):
+        moved = sgd[0]["applied"][key]
+        assert moved["applied"], moved
+        assert all(t["promoted"] > 0 and t["demoted"] > 0 for t in moved["tables"].values())
+    assert all(res["slots"] == sgd[0]["slots"] for res in sgd)
+
+
+def test_a_delta_over_capacity_is_refused_and_training_goes_on(sgd):
+    for res in sgd:
+        refused = res["applied"]["7.0"]
+        assert not refused["applied"]
+        assert "does not fit the hot capacity" in refused["error"] and "> 30 slots" in \
+            refused["error"]
+        assert refused["version_before"] == refused["version_after"] == 2
+
+
+def test_a_rank_that_refuses_keeps_every_rank_on_the_old_plan(sgd):
+    for r, res in enumerate(sgd):
+        a = res["applied"]["5.0"]
+        assert not a["applied"] and a["version_before"] == a["version_after"] == 1
+        assert ("does not fit" in a["error"]) if r == 3 else ("rank(s) [3]" in a["error"])
+
+
+def test_a_batch_split_under_an_old_version_is_not_misrouted(sgd):
+    for res in sgd:
+        st = res["stale"]
+        assert st["batch_version"] == 1 and st["module_version"] == 2
+        assert "split under slot version 1" in st["strict_refusal"]
+        assert res["stale_batches"] == 2          # both modules split it again
