@@ -14,7 +14,12 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingCollection, KeyedJaggedTensor
 
-from flexshard_stream.bridge.live import RowWiseAdagrad, apply_delta, gather_original_weights
+from flexshard_stream.bridge.live import (
+    RowWiseAdagrad,
+    apply_delta,
+    gather_original_state,
+    gather_original_weights,
+)
 from flexshard_stream.bridge.module import (
     ExportedEmbeddingBagCollection,
     ExportedEmbeddingCollection,
@@ -122,6 +127,19 @@ class Reference:
             o.step()
         return [x.item() for x in losses], logits
 
+    def state(self) -> dict[str, np.ndarray]:
+        """RowWiseAdagrad's momentum1 per table (zeros for a table it has not stepped)."""
+        if len(self.opts) < 2:
+            return {}
+        out = {}
+        for k, v in self.model.state_dict().items():
+            if k.endswith(".weight") and "head" not in k:
+                p = dict(self.model.named_parameters())[k]
+                st = self.opts[1].state.get(p, {}).get("momentum1")
+                out[k.split(".")[-2]] = np.zeros(p.shape[0], np.float32) if st is None \
+                    else st.numpy().copy()
+        return out
+
     def weights(self) -> dict[str, np.ndarray]:
         sd = self.model.state_dict()
         return {k.split(".")[-2]: v.detach().numpy() for k, v in sd.items()
@@ -182,6 +200,10 @@ def run(rank: int, export_dir: str, deltas: dict, adagrad: bool, steps: int) -> 
     out["weight_err"] = {t: float(np.abs(got[t] - want[t]).max()) for t in got}
     out["weights_changed"] = {t: float(np.abs(want[t] - initial_weights(
         p.source_tables + s.source_tables)[t]).max()) for t in want}
+    if adagrad:
+        got_s, want_s = gather_original_state(dmp, hot_opt), ref.state()
+        out["state_err"] = {t: float(np.abs(got_s[t] - want_s[t]).max()) for t in got_s}
+        out["state_max"] = {t: float(want_s[t].max()) for t in want_s}
     out["versions"] = [dmp.module.sparse.live_version, dmp.module.seq.live_version]
     out["stale_batches"] = dmp.module.sparse.stale_batches + dmp.module.seq.stale_batches
     out["slots"] = {t: m.slot_maps[t].slots.tolist() for m in (dmp.module.sparse, dmp.module.seq)

@@ -84,7 +84,8 @@ def _spawn(export_dir: Path, out: Path, jobs: list) -> dict:
 
 
 @pytest.fixture(scope="module")
-def sgd(plans, tmp_path_factory):
+def runs(plans, tmp_path_factory):
+    """The SGD run (deltas, refusals, a stale batch) and the row-wise Adagrad run, one world."""
     tmp = tmp_path_factory.mktemp("live_sgd")
     export_dir, d = _setup(tmp, plans, 0)
     job = {"name": "sgd", "adagrad": False, "steps": 9, "deltas": {
@@ -92,7 +93,14 @@ def sgd(plans, tmp_path_factory):
         5: {"per_rank": [[d["BC"]], [d["BC"]], [d["BC"]], [d["BD"]]]},   # rank 3 refuses
         6: ["stale", d["BC"]],
         7: [d["CD"]]}}                                                   # over capacity
-    return _spawn(export_dir, tmp, [job])["sgd"]
+    adagrad = {"name": "adagrad", "adagrad": True, "steps": 8,
+               "deltas": {3: [d["AB"]], 6: [d["BC"]]}}
+    return _spawn(export_dir, tmp, [job, adagrad])
+
+
+@pytest.fixture(scope="module")
+def sgd(runs):
+    return runs["sgd"]
 
 
 def test_the_live_export_keeps_every_row_cold_and_fixed_hot_slots(plans, tmp_path):
@@ -144,3 +152,18 @@ def test_a_batch_split_under_an_old_version_is_not_misrouted(sgd):
         assert st["batch_version"] == 1 and st["module_version"] == 2
         assert "split under slot version 1" in st["strict_refusal"]
         assert res["stale_batches"] == 2          # both modules split it again
+
+
+def test_rowwise_adagrad_moves_its_state_with_the_rows(runs):
+    """Fused EXACT_ROWWISE_ADAGRAD on the cold tables, RowWiseAdagrad on the hot ones: through
+    two deltas the weights and the per-row state equal the reference's (RowWiseAdagrad on the
+    whole tables)."""
+    for r, res in enumerate(runs["adagrad"]):
+        assert res["versions"] == [2, 2]
+        assert all(a["applied"] for a in res["applied"].values())
+        np.testing.assert_allclose(res["losses"], res["ref_losses"], rtol=1e-5, atol=1e-6)
+        assert res["logit_err"] <= 1e-5, r
+        assert all(v <= 1e-5 for v in res["weight_err"].values()), (r, res["weight_err"])
+        assert all(v > 0 for v in res["state_max"].values())
+        assert all(v <= 1e-4 * res["state_max"][t]
+                   for t, v in res["state_err"].items()), (r, res["state_err"])

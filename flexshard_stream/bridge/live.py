@@ -50,6 +50,7 @@ from .module import ExportedCollection, local_shards
 from .slots import SlotMap
 
 __all__ = ["apply_delta", "ApplyReport", "TableMove", "RowWiseAdagrad", "check_optimizers",
+           "gather_original_state",
            "gather_original_weights", "live_modules"]
 
 
@@ -443,4 +444,28 @@ def gather_original_weights(model: nn.Module, pg: Any = None) -> Dict[str, np.nd
                 hot = _hot_param(m, e["hot"]["table"]).detach().numpy()
                 w[sm.slots[held]] = hot[held]
             out[name] = w
+    return out
+
+
+def gather_original_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer],
+                          pg: Any = None) -> Dict[str, np.ndarray]:
+    """Every live table's row-wise Adagrad ``momentum1`` on its original rows (float32[H]), on
+    every rank: the cold tables' fused state gathered, the slots' from ``optimizer`` (a
+    :class:`RowWiseAdagrad`). Empty under SGD. Collective, ``O(H)``: for tests and checks."""
+    group = _group(pg)
+    out = {}
+    for m in live_modules(model):
+        states = _fused_states(m)
+        if not states:
+            continue
+        for name, sm in m.slot_maps.items():
+            e = m.export.entry(name)
+            H = int(e["source_table"]["num_rows"])
+            cold = _full_table(states.get(e["cold"]["table"], []), H, 1, group).numpy()[:, 0]
+            s = cold[m.export.remaps[name].apply(np.arange(H, dtype=np.int64))]
+            held = np.flatnonzero(sm.slots >= 0)
+            if held.size:
+                hot = _hot_state(optimizer, _hot_param(m, e["hot"]["table"]))
+                s[sm.slots[held]] = hot.numpy()[held]
+            out[name] = s
     return out
