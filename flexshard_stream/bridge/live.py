@@ -98,6 +98,13 @@ class TableMove:
     demote_cold: np.ndarray
     after: SlotMap
     unmoved: int
+    _tensors: Optional[Dict[str, List[Tuple[int, torch.Tensor]]]] = None
+
+    def module_tensors(self) -> Dict[str, List[Tuple[int, torch.Tensor]]]:
+        """:func:`_table_tensors` of the module, read once per move."""
+        if self._tensors is None:
+            self._tensors = _table_tensors(self.module)
+        return self._tensors
 
 
 @dataclass
@@ -150,9 +157,11 @@ def _fused_states(module: nn.Module) -> Dict[str, List[Tuple[int, torch.Tensor]]
     return out
 
 
-def _hot_param(module: ExportedCollection, hot_table: str) -> torch.Tensor:
+def _hot_param(module: ExportedCollection, hot_table: str,
+               tensors: Optional[Dict[str, List[Tuple[int, torch.Tensor]]]] = None
+               ) -> torch.Tensor:
     """The (replicated) weight of a hot table: one whole local tensor."""
-    shards = _table_tensors(module).get(hot_table, [])
+    shards = (tensors if tensors is not None else _table_tensors(module)).get(hot_table, [])
     if len(shards) != 1 or shards[0][0] != 0:
         raise ConfigError(f"hot table {hot_table!r}: expected one whole replicated weight, "
                           f"found {len(shards)} shards")
@@ -271,15 +280,18 @@ def _group(pg: Any) -> Any:
     return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
 
 
-def _agree(err: Optional[BaseException], pg: Any, what: str, version: int) -> None:
+def _agree(err: Optional[BaseException], pg: Any, what: str, version: int,
+           failed: Optional[List[int]] = None) -> None:
     """Raise on every rank if any rank failed ``what`` (its own error on a failed rank, a
-    ConfigError naming the failed ranks on the others)."""
-    failed = [0] if err is not None else []
-    if pg is not None:
-        flags = torch.zeros(dist.get_world_size(pg), dtype=torch.int32)
-        flags[dist.get_rank(pg)] = int(err is not None)
-        dist.all_reduce(flags, group=pg)
-        failed = torch.nonzero(flags).flatten().tolist()
+    ConfigError naming the failed ranks on the others); ``failed``: the ranks, already
+    agreed (else one ``all_reduce`` of a flag per rank)."""
+    if failed is None:
+        failed = [0] if err is not None else []
+        if pg is not None:
+            flags = torch.zeros(dist.get_world_size(pg), dtype=torch.int32)
+            flags[dist.get_rank(pg)] = int(err is not None)
+            dist.all_reduce(flags, group=pg)
+            failed = torch.nonzero(flags).flatten().tolist()
     if err is not None:
         raise err
     if failed:
@@ -317,40 +329,47 @@ def _names(mv: TableMove) -> Tuple[str, str]:
 
 
 def _gather(moves: List[TableMove], adagrad: bool, pg: Any
-            ) -> Tuple[List[torch.Tensor], Optional[BaseException]]:
+            ) -> Tuple[List[torch.Tensor], Optional[BaseException], List[int]]:
     """Per move, the promoted rows (``[P, D]``, then the Adagrad state column) from their cold
-    owners, on every rank: one ``all_reduce`` per table (every rank calls it, in move order,
-    even after a local failure, which is returned for the agreement)."""
-    out, err = [], None
-    for mv in moves:
-        _, cold = _names(mv)
-        dim = mv.module.export.entry(mv.table)["source_table"]["dim"]
-        buf = torch.zeros(mv.promote.size, dim + int(adagrad), dtype=torch.float32)
+    owners, on every rank, and the ranks that failed to read theirs: one ``all_reduce`` (sum)
+    of every table's rows behind a flag per rank (every rank calls it, even after a local
+    failure, which is returned for the agreement)."""
+    world = dist.get_world_size(pg) if pg is not None else 1
+    dims = [int(mv.module.export.entry(mv.table)["source_table"]["dim"]) + int(adagrad)
+            for mv in moves]
+    sizes = [mv.promote.size * d for mv, d in zip(moves, dims)]
+    flat = torch.zeros(world + sum(sizes), dtype=torch.float32)
+    bufs = [b.view(mv.promote.size, d) for b, mv, d in
+            zip(torch.split(flat[world:], sizes), moves, dims)]
+    err = None
+    for mv, buf, d in zip(moves, bufs, dims):
+        cold = _names(mv)[1]
         try:
-            _fill_owned(buf, mv.promote_cold, _table_tensors(mv.module).get(cold, []),
-                        slice(0, dim))
+            _fill_owned(buf, mv.promote_cold, mv.module_tensors().get(cold, []),
+                        slice(0, d - int(adagrad)))
             if adagrad:
                 _fill_owned(buf, mv.promote_cold, _fused_states(mv.module).get(cold, []),
-                            slice(dim, dim + 1))
+                            slice(d - 1, d))
         except (RuntimeError, IndexError, ValueError) as e:
             err = err or ConfigError(f"table {mv.table!r}: reading the promoted rows failed "
                                      f"({type(e).__name__}: {e})")
-        if pg is not None and mv.promote.size:
-            dist.all_reduce(buf, group=pg)
-        out.append(buf)
-    return out, err
+    flat[dist.get_rank(pg) if pg is not None else 0] = float(err is not None)
+    if pg is not None:
+        dist.all_reduce(flat, group=pg)
+    failed = torch.nonzero(flat[:world]).flatten().tolist()
+    return bufs, err, failed
 
 
 def _commit(mv: TableMove, rows: torch.Tensor, optimizer: Optional[torch.optim.Optimizer]
             ) -> None:
     """Demoted rows back to their cold owners, the gathered rows into their slots."""
     hot, cold = _names(mv)
-    w = _hot_param(mv.module, hot)
+    w = _hot_param(mv.module, hot, mv.module_tensors())
     m = _hot_state(optimizer, w)
     dim = w.shape[1]
     ds, ps = torch.from_numpy(mv.demote_slots), torch.from_numpy(mv.promote_slots)
     with torch.no_grad():
-        _write_owned(w[ds].clone(), mv.demote_cold, _table_tensors(mv.module).get(cold, []))
+        _write_owned(w[ds].clone(), mv.demote_cold, mv.module_tensors().get(cold, []))
         if m is not None:
             _write_owned(m[ds].clone(), mv.demote_cold, _fused_states(mv.module).get(cold, []))
             m[ds] = 0.0
@@ -394,12 +413,12 @@ def apply_delta(model: nn.Module, delta: PlanDelta, *,
         kind = check_optimizers(model, optimizer)
         moves = _stage(modules, delta)
         for mv in moves:                       # the hot state exists before anything moves
-            _hot_state(optimizer, _hot_param(mv.module, _names(mv)[0]))
+            _hot_state(optimizer, _hot_param(mv.module, _names(mv)[0], mv.module_tensors()))
     except FlexShardError as e:
         err = e
     _agree(err, group, "stage the delta", version)
-    rows, err = _gather(moves, kind == "rowwise_adagrad", group)
-    _agree(err, group, "gather the promoted rows", version)
+    rows, err, failed = _gather(moves, kind == "rowwise_adagrad", group)
+    _agree(err, group, "gather the promoted rows", version, failed)
     for mv, r in zip(moves, rows):
         _commit(mv, r, optimizer)
     report = ApplyReport(version + 1)

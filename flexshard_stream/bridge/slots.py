@@ -51,10 +51,13 @@ class SlotMap:
 
     def __post_init__(self) -> None:
         s = np.ascontiguousarray(self.slots, dtype=np.int64).ravel()
-        held = s[s >= 0]
-        if np.unique(held).size != held.size:
+        slot = np.flatnonzero(s >= 0).astype(np.int64)
+        order = np.argsort(s[slot], kind="stable")
+        rows = s[slot][order]
+        if rows.size > 1 and np.any(rows[1:] == rows[:-1]):
             raise ConfigError(f"table {self.table!r}: a row sits in two hot slots")
         object.__setattr__(self, "slots", s)
+        object.__setattr__(self, "_pairs", (rows, slot[order]))
 
     @property
     def capacity(self) -> int:
@@ -68,13 +71,11 @@ class SlotMap:
 
     def hot_ids(self) -> np.ndarray:
         """Rows in the slots, sorted (int64)."""
-        return np.sort(self.slots[self.slots >= 0])
+        return self._pairs[0].copy()  # type: ignore[attr-defined]
 
     def sorted_pairs(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(rows, their slots)`` by row: what the remap searches."""
-        slot = np.flatnonzero(self.slots >= 0).astype(np.int64)
-        order = np.argsort(self.slots[slot], kind="stable")
-        return self.slots[slot][order], slot[order]
+        """``(rows, their slots)`` by row: what the remap searches (computed once)."""
+        return self._pairs  # type: ignore[attr-defined]
 
     def slot_of(self, ids: np.ndarray) -> np.ndarray:
         """Slot of each row (int64; -1 for a row not in a slot)."""
