@@ -158,7 +158,29 @@ def _try_apply(dmp, delta, opt) -> dict:
                 "version_before": version, "version_after": dmp.module.sparse.live_version}
 
 
-def run(rank: int, export_dir: str, deltas: dict, adagrad: bool, steps: int) -> dict:
+def _resume(dmp, export_dir: str, adagrad: bool, step: int, rank: int) -> dict:
+    """A new DMP of the export (version 0) loading ``dmp``'s state dict: its version, slots and
+    outputs on the next batch against ``dmp``'s."""
+    p = ExportedEmbeddingBagCollection(export_dir, ids="raw")
+    s = ExportedEmbeddingCollection(export_dir, ids="raw")
+    new = build_dmp(Model(p, s), device="cpu", optimizer="rowwise_adagrad" if adagrad else "sgd",
+                    learning_rate=LR)
+    before = new.module.sparse.live_version
+    new.load_state_dict(dmp.state_dict())
+    pk, sk, _ = kjts(step, rank)
+    with torch.no_grad():
+        err = float((new(pk, sk) - dmp(pk, sk)).abs().max())
+    return {"version_before": before, "versions": [new.module.sparse.live_version,
+                                                   new.module.seq.live_version],
+            "same_slots": all(np.array_equal(a.slot_maps[t].slots, b.slot_maps[t].slots)
+                              for a, b in ((new.module.sparse, dmp.module.sparse),
+                                           (new.module.seq, dmp.module.seq))
+                              for t in a.slot_maps),
+            "logit_err": err}
+
+
+def run(rank: int, export_dir: str, deltas: dict, adagrad: bool, steps: int,
+        job_checkpoint: bool = False) -> dict:
     """``steps`` steps; before step ``s`` the deltas listed under ``s`` (this rank's own, which
     may differ from the others'); before the last step the batch is split under the old version
     (a DataLoader worker's) and a delta applied after it."""
@@ -204,6 +226,8 @@ def run(rank: int, export_dir: str, deltas: dict, adagrad: bool, steps: int) -> 
         got_s, want_s = gather_original_state(dmp, hot_opt), ref.state()
         out["state_err"] = {t: float(np.abs(got_s[t] - want_s[t]).max()) for t in got_s}
         out["state_max"] = {t: float(want_s[t].max()) for t in want_s}
+    if job_checkpoint:
+        out["resumed"] = _resume(dmp, export_dir, adagrad, steps, rank)
     out["versions"] = [dmp.module.sparse.live_version, dmp.module.seq.live_version]
     out["stale_batches"] = dmp.module.sparse.stale_batches + dmp.module.seq.stale_batches
     out["slots"] = {t: m.slot_maps[t].slots.tolist() for m in (dmp.module.sparse, dmp.module.seq)
@@ -234,6 +258,7 @@ def main(rank: int, export_dir: str, out_dir: str, port: int, jobs: list) -> Non
     for job in jobs:
         deltas = {int(k): v["per_rank"][rank] if isinstance(v, dict) else v
                   for k, v in job["deltas"].items()}
-        res = run(rank, export_dir, deltas, job["adagrad"], job["steps"])
+        res = run(rank, export_dir, deltas, job["adagrad"], job["steps"],
+                  job.get("checkpoint", False))
         Path(out_dir, f"{job['name']}{rank}.json").write_text(json.dumps(res))
     torch.distributed.destroy_process_group()

@@ -88,7 +88,7 @@ def runs(plans, tmp_path_factory):
     """The SGD run (deltas, refusals, a stale batch) and the row-wise Adagrad run, one world."""
     tmp = tmp_path_factory.mktemp("live_sgd")
     export_dir, d = _setup(tmp, plans, 0)
-    job = {"name": "sgd", "adagrad": False, "steps": 9, "deltas": {
+    job = {"name": "sgd", "adagrad": False, "steps": 9, "checkpoint": True, "deltas": {
         3: [d["AB"]],
         5: {"per_rank": [[d["BC"]], [d["BC"]], [d["BC"]], [d["BD"]]]},   # rank 3 refuses
         6: ["stale", d["BC"]],
@@ -167,3 +167,12 @@ def test_rowwise_adagrad_moves_its_state_with_the_rows(runs):
         assert all(v > 0 for v in res["state_max"].values())
         assert all(v <= 1e-4 * res["state_max"][t]
                    for t, v in res["state_err"].items()), (r, res["state_err"])
+
+
+def test_a_checkpoint_resumes_on_the_plan_it_had(sgd):
+    """The slot maps and their version are part of the state dict: a DMP built from the export
+    (version 0) that loads it routes by version 2 and gives the same outputs."""
+    for res in sgd:
+        r = res["resumed"]
+        assert r["version_before"] == 0 and r["versions"] == [2, 2] and r["same_slots"]
+        assert r["logit_err"] <= 1e-6

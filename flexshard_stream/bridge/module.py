@@ -55,7 +55,7 @@ from .export import (
     torchrec_sharding_plan,
 )
 from .loader import EmbeddingModules, KJTRemap
-from .slots import LiveRemap, RemappedBatch, SlotMap, slot_maps_of, split_live_rows
+from .slots import LiveRemap, RemappedBatch, SlotMap, SlotState, slot_maps_of, split_live_rows
 from .sharding import OPENED_SHARDING_TYPES, POOLED_MODULE, SEQUENCE_MODULE
 
 __all__ = ["ExportedEmbeddingBagCollection", "ExportedEmbeddingCollection", "ExportedCollection",
@@ -110,6 +110,8 @@ class ExportedCollection(nn.Module):
         self.slot_maps: Dict[str, SlotMap] = slot_maps_of(self.export)
         self.remap = LiveRemap(self.export, self.slot_maps, 0) if self.export.live \
             else KJTRemap(self.export)
+        if self.slot_maps:      # saved with the model's state: a checkpoint resumes on its plan
+            self.live_state = SlotState(self.slot_maps)
         self.embeddings = _kind_embeddings(self.export, self.kind, device, self.is_weighted,
                                            self.dense_sequence_hot)
 
@@ -144,7 +146,17 @@ class ExportedCollection(nn.Module):
     def live_version(self) -> int:
         """Version of the slot maps the module routes by (0 as exported; each applied delta
         adds one; always 0 for a static export)."""
+        self._sync_slots()
         return int(getattr(self.remap, "version", 0))
+
+    def _sync_slots(self) -> None:
+        """Route by the slot maps of the module's state (``live_state``) when a loaded state
+        dict brought another version (a checkpoint resumes on the plan it had)."""
+        state = getattr(self, "live_state", None)
+        if state is not None and state.version_of() != self.remap.version:
+            maps = state.slot_maps(list(self.slot_maps), self.source_tables)
+            self.slot_maps, self.remap = maps, LiveRemap(self.export, maps, state.version_of(),
+                                                         like=self.remap)
 
     def swap_slots(self, slot_maps: Mapping[str, SlotMap], version: int) -> None:
         """Route by ``slot_maps`` (every live table's) from now on, as ``version``: the remap
@@ -153,12 +165,14 @@ class ExportedCollection(nn.Module):
         if set(slot_maps) != set(self.slot_maps):
             raise ConfigError(f"slot maps for {sorted(slot_maps)}, the module's live tables "
                               f"are {sorted(self.slot_maps)}")
-        remap = LiveRemap(self.export, slot_maps, version)
+        remap = LiveRemap(self.export, slot_maps, version, like=self.remap)
+        self.live_state.store(slot_maps, version)
         self.slot_maps, self.remap = dict(slot_maps), remap
 
     def remap_features(self, features: KeyedJaggedTensor) -> RemappedBatch:
         """``features`` split under the current version, for a DataLoader worker: ``forward``
         takes the result in place of the KJT (split again there if a delta came between)."""
+        self._sync_slots()
         features, split, is_hot = self._split(features)
         return RemappedBatch(self.live_version, features, split, is_hot)
 
@@ -226,6 +240,7 @@ class ExportedCollection(nn.Module):
         """The KJT as read (order, rows) and the outputs per original feature; a
         :class:`RemappedBatch` of an older version is split again (BatchError with
         ``strict_version``)."""
+        self._sync_slots()
         if isinstance(features, RemappedBatch):
             if features.version == self.live_version:
                 return features.features, self.remap.merge(self.embeddings(features.split),

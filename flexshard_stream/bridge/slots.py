@@ -31,7 +31,8 @@ from ..errors import ConfigError
 from .export import TorchRecExport
 from .loader import KJTRemap, remap_arrays, remap_ids
 
-__all__ = ["SlotMap", "LiveRemap", "RemappedBatch", "slot_maps_of"]
+__all__ = ["SlotMap", "LiveRemap", "RemappedBatch", "SlotState", "slot_maps_of",
+           "split_live_rows"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,7 +127,10 @@ class LiveRemap(KJTRemap):
     (``<feature>__cold`` at its cold index); static tables of the export as ``KJTRemap``.
     Built whole for each version; ``split`` and ``merge`` are ``KJTRemap``'s."""
 
-    def __init__(self, export: TorchRecExport, slot_maps: Mapping[str, SlotMap], version: int):
+    def __init__(self, export: TorchRecExport, slot_maps: Mapping[str, SlotMap], version: int,
+                 like: "LiveRemap | None" = None):
+        """``like``: a remap of the same export whose cold arrays (fixed for the job) are
+        shared instead of copied again."""
         nn.Module.__init__(self)
         self.version = int(version)
         self.index: Dict[str, int] = {}
@@ -145,7 +149,8 @@ class LiveRemap(KJTRemap):
             self.num_rows.append(int(e["source_table"]["num_rows"]))
             self.pooled.append(e["source_table"]["kind"] == "pooled")
             self.live.append(bool(e.get("live")))
-            cold = [torch.from_numpy(a) for a in remap_arrays(export.remaps[e["table"]])]
+            cold = list(like._arrays[len(self._arrays)][:4]) if like is not None else \
+                [torch.from_numpy(a) for a in remap_arrays(export.remaps[e["table"]])]
             hot: List[torch.Tensor] = []
             if e.get("live"):
                 hot = [torch.from_numpy(a) for a in slot_maps[e["table"]].sorted_pairs()]
@@ -197,3 +202,39 @@ def split_live_rows(export: TorchRecExport, slot_map: SlotMap, rows: np.ndarray
         hot[held] = rows[slot_map.slots[held]]
         out[e["hot"]["table"]] = hot
     return out
+
+
+class SlotState(nn.Module):
+    """The slot maps and their version as persistent buffers (``version``: int64 scalar;
+    ``slots_<i>``: int64[capacity] of the ``i``-th live table, export order), so they are saved
+    with the model's state and a loaded state dict brings them back (the drop-in module routes
+    by them from its next forward). Fixed shapes: loading never reallocates."""
+
+    def __init__(self, slot_maps: Mapping[str, SlotMap]):
+        super().__init__()
+        self.register_buffer("version", torch.zeros((), dtype=torch.int64))
+        for i, sm in enumerate(slot_maps.values()):
+            self.register_buffer(f"slots_{i}", torch.from_numpy(sm.slots.copy()))
+
+    def version_of(self) -> int:
+        return int(self.version)
+
+    def store(self, slot_maps: Mapping[str, SlotMap], version: int) -> None:
+        """Write ``slot_maps`` (the live tables in order) and ``version`` into the buffers."""
+        with torch.no_grad():
+            for i, sm in enumerate(slot_maps.values()):
+                getattr(self, f"slots_{i}").copy_(torch.from_numpy(sm.slots))
+            self.version.fill_(int(version))
+
+    def slot_maps(self, tables: Sequence[str], sources: Sequence[Any]) -> Dict[str, SlotMap]:
+        """The slot maps held (``tables`` in order); ConfigError for a row out of its table's
+        range or in two slots (a state dict of another export)."""
+        rows = {t.name: t.num_rows for t in sources}
+        out = {}
+        for i, name in enumerate(tables):
+            slots = getattr(self, f"slots_{i}").detach().cpu().numpy().copy()
+            if slots.size and (slots.min() < -1 or slots.max() >= rows[name]):
+                raise ConfigError(f"table {name!r}: the loaded slot map holds rows outside "
+                                  f"[0, {rows[name]}) (a state dict of another export?)")
+            out[name] = SlotMap(name, slots)
+        return out
