@@ -406,7 +406,8 @@ def _live_mapping(tp: TablePlan, topo: Topology, cold_sharding: str, node_replic
                                          node_local=np.zeros(0, np.int32)),
                      topo, cold_sharding, node_replicas)
     hot = tp.global_ids if node_replicas != "hot" else np.union1d(tp.global_ids, tp.node_ids)
-    return dataclasses.replace(cold, hot_rows=int(capacity), live=True, hot_ids=hot.astype(np.int64),
+    return dataclasses.replace(cold, hot_rows=int(capacity), live=True,
+                               hot_ids=hot.astype(np.int64),
                                global_rows=int(tp.global_ids.size),
                                node_rows_hot=int(tp.node_ids.size) if node_replicas == "hot"
                                else 0,
