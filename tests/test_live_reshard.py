@@ -176,3 +176,27 @@ def test_a_checkpoint_resumes_on_the_plan_it_had(sgd):
         r = res["resumed"]
         assert r["version_before"] == 0 and r["versions"] == [2, 2] and r["same_slots"]
         assert r["logit_err"] <= 1e-6
+
+
+def test_live_delta_keeps_the_cold_function_and_moves_only_the_hot_tier(plans):
+    """A re-sharder's target with another cold function and node replicas: the live part makes
+    the target's hot rows (global and node) the global replicas, nothing else changes."""
+    from flexshard_stream.bridge.live import live_delta
+
+    tables = _tables(0)
+    current = _plan(tables, plans["A"])
+    item, hist = tables
+    node = np.setdiff1d(plans["C"], plans["B"])[:5]
+    target = Plan("target", TOPO, [
+        TablePlan(item, ColdSharding.hashed(range(4), seed=9), global_ids=plans["B"]),
+        TablePlan(hist, ColdSharding.ranges(range(4), ROWS),
+                  global_ids=np.setdiff1d(plans["B"], node), node_ids=node,
+                  node_local=np.zeros(node.size, np.int32))])
+    delta = live_delta(current, target)
+    after = delta.apply(current)
+    for name in ("item", "hist"):
+        assert not delta.tables[name].cold_changed
+        assert after.tables[name].cold == current.tables[name].cold
+        want = np.union1d(target.tables[name].global_ids, target.tables[name].node_ids)
+        np.testing.assert_array_equal(after.tables[name].global_ids, want)
+        assert after.tables[name].node_ids.size == 0

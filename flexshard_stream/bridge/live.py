@@ -34,6 +34,7 @@ its per-row state moves with the rows). Anything else is refused: its state woul
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -45,12 +46,13 @@ from torch import nn
 
 from ..errors import ConfigError, FlexShardError, IncompatibleError
 from ..plans.delta import COLD_CODE, PlanDelta, TableDelta
+from ..plans.plan import Plan
 from ..plans.topology import Topology
 from .module import ExportedCollection, local_shards
 from .slots import SlotMap
 
 __all__ = ["apply_delta", "ApplyReport", "TableMove", "RowWiseAdagrad", "check_optimizers",
-           "gather_original_state",
+           "gather_original_state", "live_delta", "broadcast_delta",
            "gather_original_weights", "live_modules"]
 
 
@@ -488,3 +490,40 @@ def gather_original_state(model: nn.Module, optimizer: Optional[torch.optim.Opti
                 s[sm.slots[held]] = hot.numpy()[held]
             out[name] = s
     return out
+
+
+# ----------------------------------------------------------------------------- the hand-off
+def live_delta(current: Plan, target: Plan, *, node_hot: bool = True) -> PlanDelta:
+    """The part of the move ``current`` -> ``target`` (e.g. a re-sharder's decision) that a live
+    job applies: per table, the target's hot rows (global replicas, and node replicas with
+    ``node_hot``, the export's ``node_replicas="hot"``) become ``current``'s global replicas,
+    everything else of ``current`` stays (its cold function; its placed rows, less those now
+    hot). Data-parallel tables are left as they are. Same topology and tables, else
+    IncompatibleError (from ``PlanDelta.between``)."""
+    tps = []
+    for name, tp in current.tables.items():
+        tt = target.tables.get(name)
+        if tt is None or tp.replicated or tt.replicated:
+            tps.append(tp)
+            continue
+        hot = np.union1d(tt.global_ids, tt.node_ids) if node_hot else tt.global_ids
+        keep = ~np.isin(tp.placed_ids, hot)
+        tps.append(dataclasses.replace(
+            tp, global_ids=hot, node_ids=np.zeros(0, np.int64),
+            node_local=np.zeros(0, np.int32), placed_ids=tp.placed_ids[keep],
+            placed_gpus=tp.placed_gpus[keep]))
+    return PlanDelta.between(current, Plan(current.strategy, current.topology, tps,
+                                           dict(current.meta)))
+
+
+def broadcast_delta(delta: Optional[PlanDelta], src: int = 0, pg: Any = None
+                    ) -> Optional[PlanDelta]:
+    """``delta`` of rank ``src`` (its bytes, ``PlanDelta.to_bytes``) on every rank (None
+    stays None): how one rank's sidecar or re-sharder offers a delta that every rank then
+    applies at the same step. Collective; one process: ``delta`` itself."""
+    group = _group(pg)
+    if group is None:
+        return delta
+    box = [None if delta is None else delta.to_bytes()]
+    dist.broadcast_object_list(box, src=src, group=group)
+    return None if box[0] is None else PlanDelta.from_bytes(box[0], f"rank {src}'s delta")
