@@ -200,3 +200,49 @@ def test_live_delta_keeps_the_cold_function_and_moves_only_the_hot_tier(plans):
         want = np.union1d(target.tables[name].global_ids, target.tables[name].node_ids)
         np.testing.assert_array_equal(after.tables[name].global_ids, want)
         assert after.tables[name].node_ids.size == 0
+
+
+def _unsharded(plans, tmp_path):
+    from flexshard_stream.bridge.module import ExportedEmbeddingBagCollection
+
+    export_dir, deltas = _setup(tmp_path, plans, 0)
+    module = ExportedEmbeddingBagCollection(export_dir, ids="raw")
+    weights = w.initial_weights(module.source_tables)
+    module.load_original_weights(weights)
+    return module, weights, deltas
+
+
+def test_an_unsharded_module_moves_rows_and_keeps_every_weight(plans, tmp_path):
+    """One process, no collectives: after a delta the module routes the promoted rows to their
+    slots, and its weights on the original rows are the ones it had."""
+    import torch
+
+    from flexshard_stream.bridge.live import apply_delta, gather_original_weights
+
+    module, weights, deltas = _unsharded(plans, tmp_path)
+    kjt = w.kjts(0, 0)[0]
+    before = module(kjt).values()
+    report = apply_delta(module, PlanDelta.load(deltas["AB"]), optimizer=None)
+    assert report.version == module.live_version == 1
+    assert report.tables["item"]["promoted"] > 0 and report.tables["item"]["demoted"] > 0
+    assert report.not_held == ["hist"]          # the sequence table: no module here holds it
+    np.testing.assert_array_equal(module.slot_maps["item"].hot_ids(), plans["B"])
+    np.testing.assert_array_equal(gather_original_weights(module)["item"], weights["item"])
+    torch.testing.assert_close(module(kjt).values(), before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda ps: __import__("torch").optim.SGD(ps, lr=0.1, momentum=0.9), "plain SGD"),
+    (lambda ps: __import__("torch").optim.Adam(ps), "plain SGD"),
+    (lambda ps: __import__("flexshard_stream.bridge.live", fromlist=["x"]).RowWiseAdagrad(ps),
+     "keep no momentum1")])
+def test_optimizers_whose_state_cannot_move_are_refused(plans, tmp_path, make, match):
+    from flexshard_stream.bridge.live import apply_delta
+
+    module, _, deltas = _unsharded(plans, tmp_path)
+    slots = module.slot_maps["item"].slots.copy()
+    with pytest.raises(ConfigError, match=match):
+        apply_delta(module, PlanDelta.load(deltas["AB"]),
+                    optimizer=make(list(module.parameters())))
+    assert module.live_version == 0
+    np.testing.assert_array_equal(module.slot_maps["item"].slots, slots)

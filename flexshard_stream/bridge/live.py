@@ -112,10 +112,12 @@ class TableMove:
 @dataclass
 class ApplyReport:
     """What :func:`apply_delta` did: the version routed by afterwards, per table rows promoted,
-    demoted and left in the cold tier, rows moved in all and the seconds it took."""
+    demoted and left in the cold tier, the changed tables no module of the model holds (not
+    moved: nothing looks them up), rows moved in all and the seconds it took."""
 
     version: int
     tables: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    not_held: List[str] = field(default_factory=list)
     rows_moved: int = 0
     seconds: float = 0.0
 
@@ -171,21 +173,34 @@ def _hot_param(module: ExportedCollection, hot_table: str,
 
 
 # ----------------------------------------------------------------------------- optimizers
-def _fused_kind(modules: List[ExportedCollection]) -> str:
-    """``"sgd"`` or ``"rowwise_adagrad"``: the fused optimizer of the cold tables (read from
-    their state: a momentum1 per cold table is row-wise Adagrad)."""
-    kinds = {"rowwise_adagrad" if _fused_states(m) else "sgd" for m in modules}
-    if len(kinds) > 1:
-        raise ConfigError(f"the drop-in modules run different fused optimizers ({kinds})")
-    return kinds.pop() if kinds else "sgd"
+def _cold_tables_here(module: ExportedCollection) -> List[str]:
+    """The module's live cold tables of which this rank holds a shard."""
+    tensors = _table_tensors(module)
+    return [module.export.entry(t)["cold"]["table"] for t in module.slot_maps
+            if tensors.get(module.export.entry(t)["cold"]["table"])]
 
 
 def check_optimizers(model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> str:
     """The optimizer pair a live move supports, named (``"sgd"`` / ``"rowwise_adagrad"``), else
     ConfigError: fused ``EXACT_SGD`` with ``optimizer`` None or ``torch.optim.SGD`` without
     momentum, weight decay or Nesterov on the hot tables; fused ``EXACT_ROWWISE_ADAGRAD`` with
-    :class:`RowWiseAdagrad` on them (its state moves with the rows)."""
-    kind = _fused_kind(live_modules(model))
+    :class:`RowWiseAdagrad` on them (its state moves with the rows). The pair is named by
+    ``optimizer`` and checked against the fused state of the cold shards this rank holds (the
+    same answer on every rank of one job, whichever shards it holds)."""
+    modules = live_modules(model)
+    kind = "rowwise_adagrad" if isinstance(optimizer, RowWiseAdagrad) else "sgd"
+    held = [t for m in modules for t in _cold_tables_here(m)]
+    stateful = [t for m in modules for t in _fused_states(m) if t in held]
+    if kind == "rowwise_adagrad":
+        if held and len(stateful) < len(held):
+            raise ConfigError(f"RowWiseAdagrad on the hot tables needs fused row-wise Adagrad "
+                              f"on the cold ones; cold tables {sorted(set(held) - set(stateful))} "
+                              f"keep no momentum1 (build_dmp(optimizer='rowwise_adagrad'))")
+        return kind
+    if stateful:
+        raise ConfigError(f"the cold tables {stateful} run fused row-wise Adagrad: give the hot "
+                          f"tables' RowWiseAdagrad (flexshard_stream.bridge.live) as optimizer=, "
+                          f"got {type(optimizer).__name__}")
     if kind == "sgd":
         if optimizer is None or (type(optimizer) is torch.optim.SGD and all(
                 not g.get("momentum") and not g.get("weight_decay") and not g.get("nesterov")
@@ -194,11 +209,7 @@ def check_optimizers(model: nn.Module, optimizer: Optional[torch.optim.Optimizer
         raise ConfigError(f"live moves under fused SGD need plain SGD (no momentum, no weight "
                           f"decay) or no optimizer on the hot tables, got "
                           f"{type(optimizer).__name__}: its state would not move with the rows")
-    if isinstance(optimizer, RowWiseAdagrad):
-        return kind
-    raise ConfigError(f"the cold tables run fused row-wise Adagrad: give the hot tables' "
-                      f"RowWiseAdagrad (flexshard_stream.bridge.live) as optimizer=, got "
-                      f"{type(optimizer).__name__}")
+    return kind
 
 
 def _hot_state(optimizer: Optional[torch.optim.Optimizer], param: torch.Tensor
@@ -247,7 +258,8 @@ def _stage_table(module: ExportedCollection, td: TableDelta, node_hot: bool) -> 
 
 
 def _stage(modules: List[ExportedCollection], delta: PlanDelta) -> List[TableMove]:
-    """Every table's move (ConfigError / IncompatibleError for a delta that cannot apply)."""
+    """Every table's move (ConfigError / IncompatibleError for a delta that cannot apply);
+    tables of the export that no module of the model holds are left out (not looked up)."""
     if not isinstance(delta, PlanDelta):
         raise ConfigError(f"apply_delta needs a PlanDelta, got {type(delta).__name__}")
     if not modules:
@@ -265,13 +277,12 @@ def _stage(modules: List[ExportedCollection], delta: PlanDelta) -> List[TableMov
             continue
         if name in owner:
             moves.append(_stage_table(owner[name], td, node_hot))
-        elif name in static and _hot_codes(np.concatenate([td.old_codes, td.new_codes]),
-                                           node_hot).any() or td.cold_changed:
+        elif name not in static:
+            continue        # no module of the model looks it up: nothing to route or move
+        elif td.cold_changed or _hot_codes(np.concatenate([td.old_codes, td.new_codes]),
+                                           node_hot).any():
             raise ConfigError(f"table {name!r} has no hot slots in the export (not live, or "
                               f"data-parallel whole): the delta's moves of it need a rebuild")
-        elif name not in static:
-            raise IncompatibleError(f"the delta changes table {name!r}, which no drop-in "
-                                    f"module of the model holds")
     return moves
 
 
@@ -431,6 +442,8 @@ def apply_delta(model: nn.Module, delta: PlanDelta, *,
         report.tables[mv.table] = {"promoted": int(mv.promote.size),
                                    "demoted": int(mv.demote.size), "unmoved": mv.unmoved}
         report.rows_moved += int(mv.promote.size + mv.demote.size)
+    held = {e["table"] for m in modules for e in m.export.manifest["tables"]}
+    report.not_held = [n for n, td in delta.tables.items() if not td.is_empty and n not in held]
     report.seconds = time.perf_counter() - t0
     return report
 
