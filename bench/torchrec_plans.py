@@ -674,7 +674,11 @@ def demo_speedup() -> dict:
     from flexshard_stream.data import DEFAULT_TRACE
     from flexshard_stream.online.replay import replay
 
+    from flexshard_stream.cli.common import default_dedup
+
     d = demo_defaults()
+    if d["dedup"] is None:                       # the profile's default, as the demo resolves it
+        d["dedup"] = default_dedup(d["profile"])
     takes = set(inspect.signature(replay).parameters) - {"logs", "out_dir", "model", "progress",
                                                           "vs_torchrec"}
     # as the demo command: TorchRec's plan replayed too when TorchRec is installed
