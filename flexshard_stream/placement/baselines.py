@@ -108,6 +108,20 @@ def column_widths(dim: int, min_width: int = MIN_COLUMN_SHARD, max_shards: int |
     return np.full(dim // w, w, dtype=np.int64)
 
 
+def _least_loaded(load: np.ndarray, gpus: np.ndarray, shares: np.ndarray) -> list[int]:
+    """Each share in turn onto the least loaded of ``gpus`` not yet picked (ties: the lowest GPU),
+    ``load`` (per GPU) updated in place; the GPUs picked, one per share."""
+    free = np.ones(gpus.size, dtype=bool)
+    picked = []
+    for share in shares:
+        cand = np.where(free, load[gpus], np.inf)
+        g = int(gpus[cand == cand.min()].min())
+        free &= gpus != g
+        picked.append(g)
+        load[g] += share
+    return picked
+
+
 def _column_plan(strategy: str, kind: str, tables: Sequence[EmbeddingTable], topo: Topology,
                  groups: list[np.ndarray], lookups: Mapping[str, float] | None,
                  min_width: int) -> Plan:
@@ -122,12 +136,7 @@ def _column_plan(strategy: str, kind: str, tables: Sequence[EmbeddingTable], top
     tps, where = [], {}
     for i in np.argsort(-weights, kind="stable"):
         t, w, gpus = tables[i], widths[i], groups[int(group_of[i])]
-        picked = []
-        for share in w / t.dim * weights[i]:
-            free = [g for g in gpus if g not in picked]
-            g = int(min(free, key=lambda x: (load[x], x)))
-            picked.append(g)
-            load[g] += share
+        picked = _least_loaded(load, gpus, w / t.dim * weights[i])
         where[t.name] = picked
         tps.append((i, TablePlan(t, ColdSharding.columns(picked, w), sharding=kind)))
     tps = [tp for _, tp in sorted(tps, key=lambda x: x[0])]

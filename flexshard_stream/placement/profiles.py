@@ -21,6 +21,7 @@ both into per-GPU bytes by link class (:class:`Structured`). docs/COST_MODEL.md 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,11 +94,33 @@ class ExecutionProfile:
         table by table, before it builds whole plans)."""
         if self.name == "ideal":
             return []
-        return sharding_issues(tp, topology)
+        return list(_cached_sharding_issues(tp, topology))
 
     def can_run(self, plan: Plan) -> bool:
         """Whether this runtime executes ``plan`` as planned (:meth:`issues` is empty)."""
         return not self.issues(plan)
+
+
+#: The sharding rule's issues of each live table plan, per topology shape (GPUs, GPUs per node):
+#: a planner asks once per candidate plan for every table, and candidates share table plans.
+#: Keyed by identity (table plans compare by value, so they are not hashable), each entry beside
+#: a weak reference that drops it when its table plan goes; table plans are immutable (frozen,
+#: their arrays never written once built).
+_ISSUES: dict[int, tuple[weakref.ref, dict[tuple[int, int], tuple[str, ...]]]] = {}
+
+
+def _cached_sharding_issues(tp: TablePlan, topology: Topology) -> tuple[str, ...]:
+    """:func:`~flexshard_stream.bridge.sharding.sharding_issues` of ``tp``, computed once per
+    table plan and topology shape (all it reads of the topology)."""
+    key = id(tp)
+    entry = _ISSUES.get(key)
+    if entry is None or entry[0]() is not tp:
+        entry = _ISSUES[key] = (weakref.ref(tp, lambda _, k=key: _ISSUES.pop(k, None)), {})
+    shape = (topology.num_gpus, topology.gpus_per_node)
+    found = entry[1].get(shape)
+    if found is None:
+        found = entry[1][shape] = tuple(sharding_issues(tp, topology))
+    return found
 
 
 _PROFILES = {"torchrec": ExecutionProfile("torchrec", "TorchRec 1.8"),
