@@ -413,6 +413,7 @@ class PlanBuilder:
         self.base = base
         self._cold: dict[tuple[int, bytes], ColdSharding] = {}
         self._tables: dict[tuple, TablePlan] | None = {} if reuse_tables else None
+        self._bare: dict[str, TablePlan] = {}
 
     def runnable_state(self, state: State) -> list[tuple[int, int]]:
         """``state`` as this builder can build it: on a base plan, no tiers on data-parallel
@@ -431,11 +432,16 @@ class PlanBuilder:
         return out
 
     def share_cold_ranges(self, plan: Plan) -> None:
-        """Reuse ``plan``'s equal cold ranges (row-wise's equal ranges are the planner's)."""
+        """Reuse ``plan``'s equal cold ranges (row-wise's equal ranges are the planner's), and
+        its table plans without tiers for the tables a candidate leaves without any (one object:
+        its checks and flattening are done once)."""
         ones = np.ones(self.topology.num_gpus).tobytes()
         for tp in plan.tables.values():
             if tp.cold.kind == "range" and tp.cold.weights.tobytes() == ones:
                 self._cold[(tp.table.num_rows, ones)] = tp.cold
+                if not (tp.sharding or tp.has_host_tier or tp.global_ids.size
+                        or tp.node_ids.size or tp.placed_ids.size):
+                    self._bare[tp.table.name] = tp
 
     def build(self, state: State, *, place: bool = True,
               weights: np.ndarray | None = None) -> Plan:
@@ -476,6 +482,10 @@ class PlanBuilder:
         placed, placed_gpus = np.zeros(0, np.int64), np.zeros(0, np.int32)
         if place and self.max_placed > 0:
             placed, placed_gpus = self._placed_rows(c, k0 + k1, cold, w)
+        bare = self._bare.get(t.name)
+        if not (k0 or k1 or placed.size) and bare is not None and bare.cold is cold \
+                and bare.table == t:
+            return bare
         return TablePlan(t, cold, global_ids=g_ids, node_ids=n_ids[on], node_local=n_loc[on],
                          placed_ids=placed, placed_gpus=placed_gpus)
 

@@ -285,7 +285,8 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     curves = benefit_curves(tables, sums, topo, work)
     search = _Search(tables, topo, curves, pricing, base, memory, cfg, runtime)
     search.references = tuple(references or ())
-    row_wise = search.whole_plans({**baseline_plans(tables, topo, sums, work),
+    row_wise = search.whole_plans({**baseline_plans(tables, topo, sums, work,
+                                                    row_wise_plan=base.row_wise),
                                    **(references or {})})
     moves = search.tiers_on_row_wise()
     search.tiers_on_kinds()

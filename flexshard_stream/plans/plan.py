@@ -217,7 +217,8 @@ class ColdSharding:
 
     @classmethod
     def hashed(cls, gpus: Iterable[int], seed: int = 0) -> "ColdSharding":
-        return cls("hash", np.asarray(list(gpus)), seed=seed)
+        g = np.array(gpus) if isinstance(gpus, np.ndarray) else np.asarray(list(gpus))
+        return cls("hash", g, seed=seed)
 
     @classmethod
     def ranges(cls, gpus: Iterable[int], num_rows: int,
