@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 
 import numpy as np
 
@@ -420,15 +421,17 @@ class PlanBuilder:
         tables and node replicas made global on tables other than row-wise."""
         if self.base is None:
             return list(state)
+        return [(0, 0) if kind == "replicated" else (k0 + k1, 0) if kind != "row_wise"
+                else (k0, k1) for kind, (k0, k1) in zip(self._base_kinds, state)]
+
+    @cached_property
+    def _base_kinds(self) -> list[str]:
+        """Per curve, ``"replicated"`` or the base plan's sharding kind of its table (once: every
+        state priced on the base asks)."""
         out = []
-        for c, (k0, k1) in zip(self.curves, state):
+        for c in self.curves:
             tp = self.base[c.table.name]
-            if tp.replicated:
-                out.append((0, 0))
-            elif tp.sharding_kind(self.topology) != "row_wise":
-                out.append((k0 + k1, 0))
-            else:
-                out.append((k0, k1))
+            out.append("replicated" if tp.replicated else tp.sharding_kind(self.topology))
         return out
 
     def share_cold_ranges(self, plan: Plan) -> None:
