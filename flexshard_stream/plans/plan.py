@@ -452,6 +452,11 @@ class TablePlan:
     def special_sorted(self) -> tuple[np.ndarray, np.ndarray]:
         """Rows with an explicit placement, sorted, and their routing codes (int32): -1 global,
         -2 - m node replica on local GPU m, g placed on GPU g. Computed once per object."""
+        if not (self.node_ids.size or self.placed_ids.size):   # global replicas only: sorted
+            ids, codes = self.global_ids.view(), np.full(self.global_ids.size, -1, np.int32)
+            ids.flags.writeable = False
+            codes.flags.writeable = False
+            return ids, codes
         ids = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
         codes = np.concatenate([np.full(self.global_ids.size, -1, np.int32),
                                 (-2 - self.node_local).astype(np.int32),
