@@ -178,8 +178,9 @@ def table_column_wise(tables: Sequence[EmbeddingTable], topo: Topology, *,
 
 
 def data_parallel(tables: Sequence[EmbeddingTable], topo: Topology) -> Plan:
-    """Data-parallel: every table replicated on every GPU."""
-    return Plan("dp", topo, [TablePlan(t, ColdSharding.replicated()) for t in tables])
+    """Data-parallel: every table replicated on every GPU (one cold function object for all)."""
+    cold = ColdSharding.replicated()
+    return Plan("dp", topo, [TablePlan(t, cold) for t in tables])
 
 
 def hugectr_threshold(iterations: int, nodes: int, all_to_all_bw: float = 1.9e11,
