@@ -53,7 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flexshard_stream import synth  # noqa: E402
+from flexshard_stream.sources import synth  # noqa: E402
 from flexshard_stream.placement.baselines import row_wise, table_row_wise  # noqa: E402
 from flexshard_stream.placement.candidates import (  # noqa: E402
     benefit_curves,

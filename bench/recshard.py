@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paper import many_tables as paper_many_tables  # noqa: E402
 from paper import plan_and_eval
 
-from flexshard_stream import synth  # noqa: E402
+from flexshard_stream.sources import synth  # noqa: E402
 from flexshard_stream.placement.baselines import row_wise  # noqa: E402
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic, evaluate_trace  # noqa: E402
 from flexshard_stream.placement.recshard import (  # noqa: E402

@@ -106,20 +106,21 @@ def test_plan_records_how_it_was_made_and_evaluate_defaults_to_it(here):
             "FlexShard", "--batch-size", "64", "--out", "plan_h")
     _narrow(r.stdout)
     meta = Plan.load("plan_h").meta
-    assert meta["batch_size"] == 64 and meta["dedup"] is True and meta["ids"] == "raw"
-    assert meta["model"]["dedup"] is True and meta["requested_strategy"] == "flexshard"
+    # de-duplication off by default under the torchrec profile: TorchRec's own default
+    assert meta["batch_size"] == 64 and meta["dedup"] is False and meta["ids"] == "raw"
+    assert meta["model"]["dedup"] is False and meta["requested_strategy"] == "flexshard"
     # evaluated on the same half: the plan's B, no warning
     r = cli("evaluate", "--plan", "plan_h", "--log", "histories_first.parquet", "--json")
     assert "warning" not in r.err
     doc = json.loads(r.stdout)["flexshard"]
-    assert doc["batch_size"] == 64 and doc["dedup"] is True
+    assert doc["batch_size"] == 64 and doc["dedup"] is False
     # another B: used, with a warning that names both values
     r = cli("evaluate", "--plan", "plan_h", "--log", "histories_first.parquet",
-            "--batch-size", "16", "--no-dedup", "--json")
+            "--batch-size", "16", "--dedup", "--json")
     assert "B = 16" in r.err and "B = 64" in r.err
     assert "de-duplication off" in r.err and "de-duplication on" in r.err
     doc = json.loads(r.stdout)["flexshard"]
-    assert doc["batch_size"] == 16 and doc["dedup"] is False
+    assert doc["batch_size"] == 16 and doc["dedup"] is True
 
 
 def test_the_next_log_names_the_flag_that_fixes_it(here):

@@ -638,6 +638,14 @@ def _cold_choice(tp: TablePlan, topology: Topology, choice: str, counts: np.ndar
     return kind, (rank,), None, notes
 
 
+def _distinct_count(gpus: np.ndarray) -> int:
+    """Distinct values of ``gpus``: its size when strictly increasing (one pass; the usual
+    cold GPUs), else by sorting."""
+    if gpus.size < 2 or bool(np.all(gpus[1:] > gpus[:-1])):
+        return int(gpus.size)
+    return int(np.unique(gpus).size)
+
+
 def sharding_issues(tp: TablePlan, topology: Topology) -> list[str]:
     """What TorchRec 1.8 cannot run of table plan ``tp`` as planned, one sentence per reason
     (the ``torchrec`` execution profile's :meth:`table_issues
@@ -656,12 +664,12 @@ def sharding_issues(tp: TablePlan, topology: Topology) -> list[str]:
     if torchrec_kind(kind, tp.table.kind) != kind:
         out.append(f"{where}: TorchRec 1.8 offers no {kind} for sequence tables "
                    f"(embedding.py EmbeddingCollectionSharder.sharding_types)")
-    gpus = np.unique(tp.cold.gpus)
-    if kind == "row_wise" and gpus.size != topology.num_gpus:
-        out.append(f"{where}: rows on {gpus.size} of {topology.num_gpus} GPUs; TorchRec's "
+    gpus = _distinct_count(tp.cold.gpus)
+    if kind == "row_wise" and gpus != topology.num_gpus:
+        out.append(f"{where}: rows on {gpus} of {topology.num_gpus} GPUs; TorchRec's "
                    f"row_wise blocks cover every rank")
-    if kind == "table_row_wise" and gpus.size != topology.gpus_per_node:
-        out.append(f"{where}: rows on {gpus.size} of the node's {topology.gpus_per_node} "
+    if kind == "table_row_wise" and gpus != topology.gpus_per_node:
+        out.append(f"{where}: rows on {gpus} of the node's {topology.gpus_per_node} "
                    f"GPUs; TorchRec's table_row_wise blocks cover every rank of the node")
     if tp.has_host_tier:
         out.append(f"{where}: a host memory tier; TorchRec's UVM caching keeps in HBM what "

@@ -234,6 +234,17 @@ def resolve_setting(name: str, flag: str, given: Any, recorded: Any, where: str,
     return given
 
 
+def default_dedup(profile: Optional[str]) -> bool:
+    """In-batch de-duplication when neither an option nor a plan says: what the runtime does by
+    default. Off under the ``torchrec`` profile (TorchRec 1.8 requests every occurrence; its
+    ``use_index_dedup`` is opt-in), on under ``ideal``."""
+    return (profile or "torchrec") != "torchrec"
+
+
+DEDUP_HELP = ("In-batch de-duplication of IDs (recorded). Default: off under the torchrec "
+              "profile (TorchRec's own default: every occurrence requested), on under ideal.")
+
+
 def cost_model(recorded_model: Mapping[str, Any], dedup: bool, profile: Optional[str] = None):
     """The plan's cost model (every recorded field this version knows) with ``dedup`` and the
     execution ``profile`` as resolved (a plan recorded before profiles existed was priced

@@ -6,11 +6,21 @@ import importlib.util
 import os
 import time
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from ..errors import FlexShardError
-from .common import PROFILE_HELP, PROFILES, choice, fail, say, text_table
+from .common import (
+    DEDUP_HELP,
+    PROFILE_HELP,
+    PROFILES,
+    choice,
+    default_dedup,
+    fail,
+    say,
+    text_table,
+)
 from .replay import ReplayProgress, print_replay
 
 
@@ -39,6 +49,7 @@ def headline(summary) -> str:
     if sp is None or not name:
         return "FlexShard: no baseline fits the budget to compare with."
     what = "the re-sharder" if best == "resharder" else "its static plan"
+    name = "TorchRec's own plan (torchrec)" if name == "torchrec" else name
     tr = _vs_torchrec(st, best)
     if sp < 1.005:
         return (f"FlexShard gains nothing here over {name}, the fastest baseline that fits "
@@ -91,8 +102,7 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
                                         "(B)."),
          window: str = typer.Option(DEMO_WINDOW, help="Window: a duration on the trace's ts "
                                     "column ('10s') or a number of samples."),
-         dedup: bool = typer.Option(True, help="In-batch de-duplication of IDs (off: TorchRec's "
-                                    "assumption, one request per occurrence)."),
+         dedup: Optional[bool] = typer.Option(None, "--dedup/--no-dedup", help=DEDUP_HELP),
          profile: str = typer.Option("torchrec", callback=choice(PROFILES, "--profile"),
                                      help=PROFILE_HELP),
          report: bool = typer.Option(True, help="Write report.html and the PNGs (matplotlib).")):
@@ -110,7 +120,8 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
         with_torchrec = _torchrec_installed(profile)
         with ReplayProgress() as prog:
             res = run_replay([path], topology, window=window, out_dir=out, batch_size=batch_size,
-                             model=CostModel(dedup=dedup, profile=profile), progress=prog,
+                             model=CostModel(dedup=default_dedup(profile) if dedup is None
+                                             else dedup, profile=profile), progress=prog,
                              vs_torchrec=with_torchrec)
         say(headline(res.summary))
         say()

@@ -15,6 +15,7 @@ from ..formats.units import fmt_bytes, fmt_rows, fmt_seconds
 from ..sources.ids import DEFAULT_HEADROOM, IdMode
 from .common import (
     CROSSING_NOTE,
+    DEDUP_HELP,
     DEFAULT_BATCH_SIZE,
     IDS_HELP,
     PROFILE_HELP,
@@ -22,6 +23,7 @@ from .common import (
     choice,
     command_hint,
     cost_rows,
+    default_dedup,
     fail,
     ids_option,
     note,
@@ -452,7 +454,7 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
          batch_size: int = typer.Option(DEFAULT_BATCH_SIZE, help="Samples per GPU per iteration "
                                         "(B), recorded in the plan; hugectr counts profiled "
                                         "iterations with it."),
-         dedup: bool = typer.Option(True, help="Plan for in-batch de-duplication (recorded)."),
+         dedup: Optional[bool] = typer.Option(None, "--dedup/--no-dedup", help=DEDUP_HELP),
          profile: str = typer.Option("torchrec", callback=choice(PROFILES, "--profile"),
                                      help=PROFILE_HELP + " The planner prices its candidates "
                                           "under it (recorded)."),
@@ -491,7 +493,7 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
     from ..plans.topology import Topology
 
     mode = ids or IdMode()
-    model = CostModel(dedup=dedup, profile=profile)
+    model = CostModel(dedup=default_dedup(profile) if dedup is None else dedup, profile=profile)
     try:
         topo = Topology.load(topology)
         tabs, source = _resolve_tables(log, tables, mode)

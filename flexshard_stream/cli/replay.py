@@ -22,6 +22,7 @@ from .common import (
     choice,
     cost_model,
     cost_rows,
+    default_dedup,
     fail,
     ids_option,
     note,
@@ -137,7 +138,7 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
                               "TOML file), or --plan DIR to take it from a plan")
         return {"topology": Topology.load(topology), "tables": tables, "ids": ids or IdMode(),
                 "batch_size": batch_size or DEFAULT_BATCH_SIZE,
-                "model": CostModel(dedup=True if dedup is None else dedup,
+                "model": CostModel(dedup=default_dedup(profile) if dedup is None else dedup,
                                    profile=profile or "torchrec")}
     p = Plan.load(plan_dir)
     rec = recorded_settings(p)
@@ -153,7 +154,8 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
                                           rec["batch_size"], where, DEFAULT_BATCH_SIZE),
             "model": cost_model(rec["model"],
                                 resolve_setting("dedup", "--dedup/--no-dedup", dedup,
-                                                rec["dedup"], where, True),
+                                                rec["dedup"], where,
+                                                default_dedup(profile or rec["profile"])),
                                 resolve_setting("profile", "--profile", profile, rec["profile"],
                                                 where, "torchrec"))}
 

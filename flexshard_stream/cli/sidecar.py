@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from .common import PROFILE_HELP, PROFILES, choice, ids_option
+from .common import DEDUP_HELP, PROFILE_HELP, PROFILES, choice, default_dedup, ids_option
 
 
 def _default(name: str) -> Any:
@@ -50,8 +50,9 @@ def sidecar_command(
                                               "applied plan change, whatever it moves (default: "
                                               "the re-sharder's, docs/RESHARDER.md)."),
         memory_bytes: Optional[float] = typer.Option(None, help="Per-GPU memory budget (bytes; "
-                                                     "default: row-wise peak)."),
-        dedup: bool = typer.Option(True, help="Plan for in-batch de-duplication."),
+                                                     "default: each GPU's HBM less TorchRec's "
+                                                     "15% reservation, as plan)."),
+        dedup: Optional[bool] = typer.Option(None, "--dedup/--no-dedup", help=DEDUP_HELP),
         profile: str = typer.Option("torchrec", callback=choice(PROFILES, "--profile"),
                                     help=PROFILE_HELP),
         ids: Optional[str] = typer.Option(None, "--ids", callback=ids_option,
@@ -97,6 +98,7 @@ def sidecar_command(
     warnings.simplefilter("default", SidecarWarning)
     return run_ring(ring, tables, topology, out, batch_size=batch_size, config=cfg,
                     memory=MemoryPolicy(bytes_per_gpu=memory_bytes),
-                    model=CostModel(dedup=dedup, profile=profile), resume=resume,
+                    model=CostModel(dedup=default_dedup(profile) if dedup is None else dedup,
+                                                   profile=profile), resume=resume,
                     ring_dir=ring_dir, slots=slots, capacity_bytes=int(capacity_mb * (1 << 20)),
                     checksum=checksum, ids=ids, status_every_s=status_every, unlink=unlink)

@@ -39,18 +39,32 @@ MIN_COLUMN_SHARD = 128
 
 def row_wise(tables: Sequence[EmbeddingTable], topo: Topology, *, mode: str = "range",
              seed: int = 0) -> Plan:
-    """Row-wise: rows over all GPUs, ``mode`` "range" (contiguous) or "hash"."""
-    gpus = np.arange(topo.num_gpus)
-    tps = []
-    for t in tables:
-        if mode == "range":
-            cold = ColdSharding.ranges(gpus, t.num_rows)
-        elif mode == "hash":
-            cold = ColdSharding.hashed(gpus, seed)
-        else:
-            raise ConfigError(f"row-wise mode must be 'range' or 'hash', got {mode!r}")
-        tps.append(TablePlan(t, cold))
-    return Plan("rw", topo, tps, {"mode": mode})
+    """Row-wise: rows over all GPUs, ``mode`` "range" (contiguous) or "hash" (one hash function
+    object shared by every table; tables of equal size share their ranges)."""
+    if mode not in ("range", "hash"):
+        raise ConfigError(f"row-wise mode must be 'range' or 'hash', got {mode!r}")
+    colds = _equal_ranges(topo) if mode == "range" else _one_hash(topo, seed)
+    return Plan("rw", topo, [TablePlan(t, colds(t.num_rows)) for t in tables], {"mode": mode})
+
+
+def _equal_ranges(topo: Topology) -> Callable[[int], ColdSharding]:
+    """Equal ranges over all GPUs of ``topo`` for a table of the given rows, made once per
+    distinct row count (cold functions are immutable: plans share them)."""
+    gpus = np.arange(topo.num_gpus, dtype=np.int32)
+    made: dict[int, ColdSharding] = {}
+
+    def ranges(num_rows: int) -> ColdSharding:
+        cold = made.get(num_rows)
+        if cold is None:
+            cold = made[num_rows] = ColdSharding.ranges(gpus, num_rows)
+        return cold
+    return ranges
+
+
+def _one_hash(topo: Topology, seed: int) -> Callable[[int], ColdSharding]:
+    """The one hash function over all GPUs of ``topo``, whatever the rows."""
+    cold = ColdSharding.hashed(np.arange(topo.num_gpus, dtype=np.int32), seed)
+    return lambda num_rows: cold
 
 
 def _greedy(weights: np.ndarray, bins: int) -> np.ndarray:
@@ -108,6 +122,20 @@ def column_widths(dim: int, min_width: int = MIN_COLUMN_SHARD, max_shards: int |
     return np.full(dim // w, w, dtype=np.int64)
 
 
+def _least_loaded(load: np.ndarray, gpus: np.ndarray, shares: np.ndarray) -> list[int]:
+    """Each share in turn onto the least loaded of ``gpus`` not yet picked (ties: the lowest GPU),
+    ``load`` (per GPU) updated in place; the GPUs picked, one per share."""
+    free = np.ones(gpus.size, dtype=bool)
+    picked = []
+    for share in shares:
+        cand = np.where(free, load[gpus], np.inf)
+        g = int(gpus[cand == cand.min()].min())
+        free &= gpus != g
+        picked.append(g)
+        load[g] += share
+    return picked
+
+
 def _column_plan(strategy: str, kind: str, tables: Sequence[EmbeddingTable], topo: Topology,
                  groups: list[np.ndarray], lookups: Mapping[str, float] | None,
                  min_width: int) -> Plan:
@@ -122,12 +150,7 @@ def _column_plan(strategy: str, kind: str, tables: Sequence[EmbeddingTable], top
     tps, where = [], {}
     for i in np.argsort(-weights, kind="stable"):
         t, w, gpus = tables[i], widths[i], groups[int(group_of[i])]
-        picked = []
-        for share in w / t.dim * weights[i]:
-            free = [g for g in gpus if g not in picked]
-            g = int(min(free, key=lambda x: (load[x], x)))
-            picked.append(g)
-            load[g] += share
+        picked = _least_loaded(load, gpus, w / t.dim * weights[i])
         where[t.name] = picked
         tps.append((i, TablePlan(t, ColdSharding.columns(picked, w), sharding=kind)))
     tps = [tp for _, tp in sorted(tps, key=lambda x: x[0])]
@@ -155,8 +178,9 @@ def table_column_wise(tables: Sequence[EmbeddingTable], topo: Topology, *,
 
 
 def data_parallel(tables: Sequence[EmbeddingTable], topo: Topology) -> Plan:
-    """Data-parallel: every table replicated on every GPU."""
-    return Plan("dp", topo, [TablePlan(t, ColdSharding.replicated()) for t in tables])
+    """Data-parallel: every table replicated on every GPU (one cold function object for all)."""
+    cold = ColdSharding.replicated()
+    return Plan("dp", topo, [TablePlan(t, cold) for t in tables])
 
 
 def hugectr_threshold(iterations: int, nodes: int, all_to_all_bw: float = 1.9e11,
@@ -174,21 +198,23 @@ def hugectr_threshold(iterations: int, nodes: int, all_to_all_bw: float = 1.9e11
 def hugectr_hybrid(tables: Sequence[EmbeddingTable], topo: Topology,
                    summaries: Mapping[str, FrequencySummary], *, iterations: int,
                    all_to_all_bw: float = 1.9e11, all_reduce_bw: float = 1.3e11,
-                   efficiency: float = 1.0) -> Plan:
+                   efficiency: float = 1.0, row_wise_plan: Plan | None = None) -> Plan:
     """HugeCTR hybrid embedding (last in v23.12), from profiled statistics.
 
     ``summaries`` cover ``iterations`` profiled iterations. A row is frequent when its estimated
     count reaches :func:`hugectr_threshold`; the frequent set is then grown to a multiple of G with
-    the next most frequent rows (as HugeCTR rounds up). Infrequent rows are row-wise.
+    the next most frequent rows (as HugeCTR rounds up). Infrequent rows are row-wise: the equal
+    ranges of ``row_wise_plan`` (a :func:`row_wise` plan of the same tables and topology, shared
+    rather than rebuilt) or new ones.
     """
     if iterations <= 0:
         raise ConfigError(f"iterations must be > 0, got {iterations}")
     thr = hugectr_threshold(iterations, topo.nodes, all_to_all_bw, all_reduce_bw, efficiency)
     G = topo.num_gpus
-    gpus = np.arange(G)
     tps = []
     frequent = {}
     by_name = summaries_by_table(tables, summaries)
+    colds = _row_wise_colds(row_wise_plan, tables, topo)
     for t in tables:
         s = by_name[t.name]
         ok = (s.top_ids >= 0) & (s.top_ids < t.num_rows)
@@ -199,10 +225,24 @@ def hugectr_hybrid(tables: Sequence[EmbeddingTable], topo: Topology,
         if k:
             k = min(ids.size, -(-k // G) * G)
         frequent[t.name] = k
-        tps.append(TablePlan(t, ColdSharding.ranges(gpus, t.num_rows),
-                             global_ids=np.sort(ids[:k])))
+        tps.append(TablePlan(t, colds(t), global_ids=np.sort(ids[:k])))
     return Plan("hugectr", topo, tps, {"threshold": thr, "iterations": iterations,
                                        "frequent_rows": frequent})
+
+
+def _row_wise_colds(plan: Plan | None, tables: Sequence[EmbeddingTable], topo: Topology
+                    ) -> Callable[[EmbeddingTable], ColdSharding]:
+    """Each table's equal ranges over all GPUs: those of ``plan`` (checked to be a row-wise plan
+    of ``tables`` on ``topo``) or new ones."""
+    if plan is None:
+        ranges = _equal_ranges(topo)
+        return lambda t: ranges(t.num_rows)
+    if plan.strategy != "rw" or plan.topology != topo or \
+            [t.name for t in tables] != list(plan.tables) or \
+            any(plan.tables[t.name].table != t for t in tables):
+        raise ConfigError(f"row_wise_plan must be the row-wise plan of these tables on this "
+                          f"topology; got a {plan.strategy!r} plan of {len(plan.tables)} tables")
+    return lambda t: plan.tables[t.name].cold
 
 
 STRATEGIES: dict[str, Callable[..., Plan]] = {
@@ -213,13 +253,14 @@ STRATEGIES: dict[str, Callable[..., Plan]] = {
 def build_baseline(strategy: str, tables: Sequence[EmbeddingTable], topo: Topology, *,
                    summaries: Mapping[str, FrequencySummary] | None = None,
                    iterations: int | None = None, lookups: Mapping[str, float] | None = None,
-                   workload: Workload | None = None) -> Plan:
+                   workload: Workload | None = None, row_wise_plan: Plan | None = None) -> Plan:
     """Dispatch by name ("rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "hugectr").
 
     With ``workload`` (and ``summaries``), ``iterations`` defaults to its ``iterations_profiled``
     and ``lookups`` to its lookups per iteration per table (``total / iterations_profiled``),
     as the planner's baselines take them (:func:`baseline_plans`); a workload not yet profiled is
-    bound to ``summaries`` first (``Workload.for_stats``).
+    bound to ``summaries`` first (``Workload.for_stats``). ``row_wise_plan``: the row-wise plan
+    of these tables, returned for "rw" and its ranges shared by "hugectr" (not rebuilt).
     """
     if workload is not None and summaries is not None:
         by_name = summaries_by_table(tables, summaries)
@@ -228,6 +269,9 @@ def build_baseline(strategy: str, tables: Sequence[EmbeddingTable], topo: Topolo
         iterations = workload.iterations_profiled if iterations is None else iterations
         lookups = workload.lookups_per_iteration(by_name) if lookups is None else lookups
     if strategy in ("rw", "rw-range"):
+        if row_wise_plan is not None:
+            _row_wise_colds(row_wise_plan, tables, topo)  # checked
+            return row_wise_plan
         return row_wise(tables, topo)
     if strategy == "rw-hash":
         return row_wise(tables, topo, mode="hash")
@@ -244,7 +288,8 @@ def build_baseline(strategy: str, tables: Sequence[EmbeddingTable], topo: Topolo
     if strategy == "hugectr":
         if summaries is None or iterations is None:
             raise ConfigError("the hugectr strategy needs profiled statistics and iterations")
-        return hugectr_hybrid(tables, topo, summaries, iterations=iterations)
+        return hugectr_hybrid(tables, topo, summaries, iterations=iterations,
+                              row_wise_plan=row_wise_plan)
     raise ConfigError(f"unknown strategy {strategy!r}; choose one of rw, rw-hash, tw, twrw, cw, "
                       "twcw, dp, hugectr")
 
@@ -264,14 +309,20 @@ def profiled_iterations(summaries: Mapping[str, FrequencySummary], topo: Topolog
 
 def baseline_plans(tables: Sequence[EmbeddingTable], topo: Topology,
                    summaries: Mapping[str, FrequencySummary], workload: Workload | int,
-                   strategies: Sequence[str] = BASELINES) -> dict[str, Plan]:
+                   strategies: Sequence[str] = BASELINES, *,
+                   row_wise_plan: Plan | None = None) -> dict[str, Plan]:
     """Every baseline of ``strategies`` as the planner and the never-worse check build it: tables
     balanced by their lookups per iteration (``total / iterations_profiled``), HugeCTR's
     threshold over the workload's ``iterations_profiled`` (a workload not yet profiled, or a
-    batch size, is bound to ``summaries``: ``Workload.for_stats``)."""
+    batch size, is bound to ``summaries``: ``Workload.for_stats``). ``row_wise_plan``: the
+    row-wise plan already built (the planner's), used as "rw" and for HugeCTR's ranges; without
+    it row-wise is built once for both."""
     by_name = summaries_by_table(tables, summaries)
     work = workload_of(workload, where="baseline_plans")
     if work.iterations_profiled is None:
         work = work.for_stats(tables, topo, by_name)
-    return {s: build_baseline(s, tables, topo, summaries=by_name, workload=work)
+    if row_wise_plan is None and {"rw", "hugectr"} & set(strategies):
+        row_wise_plan = row_wise(tables, topo)
+    return {s: build_baseline(s, tables, topo, summaries=by_name, workload=work,
+                              row_wise_plan=row_wise_plan)
             for s in strategies}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 
 import numpy as np
 
@@ -413,29 +414,37 @@ class PlanBuilder:
         self.base = base
         self._cold: dict[tuple[int, bytes], ColdSharding] = {}
         self._tables: dict[tuple, TablePlan] | None = {} if reuse_tables else None
+        self._bare: dict[str, TablePlan] = {}
 
     def runnable_state(self, state: State) -> list[tuple[int, int]]:
         """``state`` as this builder can build it: on a base plan, no tiers on data-parallel
         tables and node replicas made global on tables other than row-wise."""
         if self.base is None:
             return list(state)
+        return [(0, 0) if kind == "replicated" else (k0 + k1, 0) if kind != "row_wise"
+                else (k0, k1) for kind, (k0, k1) in zip(self._base_kinds, state)]
+
+    @cached_property
+    def _base_kinds(self) -> list[str]:
+        """Per curve, ``"replicated"`` or the base plan's sharding kind of its table (once: every
+        state priced on the base asks)."""
         out = []
-        for c, (k0, k1) in zip(self.curves, state):
+        for c in self.curves:
             tp = self.base[c.table.name]
-            if tp.replicated:
-                out.append((0, 0))
-            elif tp.sharding_kind(self.topology) != "row_wise":
-                out.append((k0 + k1, 0))
-            else:
-                out.append((k0, k1))
+            out.append("replicated" if tp.replicated else tp.sharding_kind(self.topology))
         return out
 
     def share_cold_ranges(self, plan: Plan) -> None:
-        """Reuse ``plan``'s equal cold ranges (row-wise's equal ranges are the planner's)."""
+        """Reuse ``plan``'s equal cold ranges (row-wise's equal ranges are the planner's), and
+        its table plans without tiers for the tables a candidate leaves without any (one object:
+        its checks and flattening are done once)."""
         ones = np.ones(self.topology.num_gpus).tobytes()
         for tp in plan.tables.values():
             if tp.cold.kind == "range" and tp.cold.weights.tobytes() == ones:
                 self._cold[(tp.table.num_rows, ones)] = tp.cold
+                if not (tp.sharding or tp.has_host_tier or tp.global_ids.size
+                        or tp.node_ids.size or tp.placed_ids.size):
+                    self._bare[tp.table.name] = tp
 
     def build(self, state: State, *, place: bool = True,
               weights: np.ndarray | None = None) -> Plan:
@@ -476,6 +485,10 @@ class PlanBuilder:
         placed, placed_gpus = np.zeros(0, np.int64), np.zeros(0, np.int32)
         if place and self.max_placed > 0:
             placed, placed_gpus = self._placed_rows(c, k0 + k1, cold, w)
+        bare = self._bare.get(t.name)
+        if not (k0 or k1 or placed.size) and bare is not None and bare.cold is cold \
+                and bare.table == t:
+            return bare
         return TablePlan(t, cold, global_ids=g_ids, node_ids=n_ids[on], node_local=n_loc[on],
                          placed_ids=placed, placed_gpus=placed_gpus)
 

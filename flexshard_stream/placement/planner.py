@@ -285,7 +285,8 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     curves = benefit_curves(tables, sums, topo, work)
     search = _Search(tables, topo, curves, pricing, base, memory, cfg, runtime)
     search.references = tuple(references or ())
-    row_wise = search.whole_plans({**baseline_plans(tables, topo, sums, work),
+    row_wise = search.whole_plans({**baseline_plans(tables, topo, sums, work,
+                                                    row_wise_plan=base.row_wise),
                                    **(references or {})})
     moves = search.tiers_on_row_wise()
     search.tiers_on_kinds()
@@ -394,7 +395,7 @@ class _Search:
         few = len(curves) <= cfg.variant_tables
         self.prefixes = prefix_states(moves, prefix_grid(len(moves), cfg.prefix_candidates,
                                                          self.coarse), len(curves))
-        builder = PlanBuilder(curves, topo, cfg.max_placed, reuse_tables=self.coarse)
+        builder = PlanBuilder(curves, topo, cfg.max_placed, reuse_tables=True)
         builder.share_cold_ranges(self.base.row_wise)
         pricer = self._pricer(builder, "flexshard", cold_layouts(topo, cfg.bandwidth_aware))
         self.tier_pricers.append(pricer)
@@ -427,7 +428,8 @@ class _Search:
                   if c.origin != "rw" and any(not tp.replicated for tp in c.plan.tables.values())]
         wholes.sort(key=lambda c: c.cost.iteration_time_s)
         for c in wholes[: self.cfg.kind_bases]:
-            pricer = self._pricer(PlanBuilder(self.curves, self.topo, 0, base=c.plan),
+            pricer = self._pricer(PlanBuilder(self.curves, self.topo, 0, base=c.plan,
+                                              reuse_tables=True),
                                   f"tiers on {c.origin}")
             self.tier_pricers.append(pricer)
             for g, st in self.prefixes:

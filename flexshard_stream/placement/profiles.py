@@ -21,6 +21,7 @@ both into per-GPU bytes by link class (:class:`Structured`). docs/COST_MODEL.md 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,18 +87,54 @@ class ExecutionProfile:
         profile prices the plan's own routing (``plan_from_export`` gives the exact plan)."""
         if self.name == "ideal":
             return []
-        return [m for tp in plan.tables.values() for m in self.table_issues(tp, plan.topology)]
+        topo = plan.topology
+        return list(_PLAN_ISSUES.get(plan, (topo.num_gpus, topo.gpus_per_node), lambda: tuple(
+            m for tp in plan.tables.values() for m in _cached_sharding_issues(tp, topo))))
 
     def table_issues(self, tp: TablePlan, topology: Topology) -> list[str]:
         """:meth:`issues` of one table plan on ``topology`` (for a planner filtering candidates
         table by table, before it builds whole plans)."""
         if self.name == "ideal":
             return []
-        return sharding_issues(tp, topology)
+        return list(_cached_sharding_issues(tp, topology))
 
     def can_run(self, plan: Plan) -> bool:
         """Whether this runtime executes ``plan`` as planned (:meth:`issues` is empty)."""
         return not self.issues(plan)
+
+
+class _ByIdentity:
+    """Values computed once per live object and key: by identity (plans and table plans compare
+    by value, so they are not hashable), each entry beside a weak reference that drops it when
+    its object goes. The objects are immutable (frozen; their arrays never written once built)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, dict]] = {}
+
+    def get(self, obj: Any, key: Any, compute):
+        """``compute()``, once per ``(obj, key)`` while ``obj`` lives."""
+        entries, oid = self._entries, id(obj)
+        entry = entries.get(oid)
+        if entry is None or entry[0]() is not obj:
+            entry = entries[oid] = (weakref.ref(obj, lambda _, k=oid: entries.pop(k, None)), {})
+        found = entry[1].get(key)
+        if found is None:
+            found = entry[1][key] = compute()
+        return found
+
+
+#: The sharding rule's issues of each table plan and each plan, per topology shape (GPUs, GPUs
+#: per node: all the rule reads of it): a planner asks about every candidate, candidates share
+#: table plans, and the same candidates are asked again when the result is chosen.
+_TABLE_ISSUES = _ByIdentity()
+_PLAN_ISSUES = _ByIdentity()
+
+
+def _cached_sharding_issues(tp: TablePlan, topology: Topology) -> tuple[str, ...]:
+    """:func:`~flexshard_stream.bridge.sharding.sharding_issues` of ``tp``, computed once per
+    table plan and topology shape."""
+    return _TABLE_ISSUES.get(tp, (topology.num_gpus, topology.gpus_per_node),
+                             lambda: tuple(sharding_issues(tp, topology)))
 
 
 _PROFILES = {"torchrec": ExecutionProfile("torchrec", "TorchRec 1.8"),

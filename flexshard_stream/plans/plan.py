@@ -106,7 +106,9 @@ SHARDING_CODES: dict[str, int] = {k: i for i, k in enumerate(SHARDING_KINDS)}
 _SHARDING_COLD = {"table_wise": ("hash", "range"), "row_wise": ("hash", "range"),
                   "table_row_wise": ("hash", "range"), "column_wise": ("columns",),
                   "table_column_wise": ("columns",), "data_parallel": ("replicated",)}
-_EXACT_HASH_COUNT_ROWS = 1 << 24
+#: Up to this many rows a hashed table's rows per GPU are counted exactly (one sweep of every row,
+#: under 0.5 ms); above, :func:`expected_rows_per_hash_slot` (docs/PLANNER.md, "Hashed rows per GPU").
+_EXACT_HASH_COUNT_ROWS = 1 << 18
 
 
 def infer_row_kind(gpus: Any, num_gpus: int, gpus_per_node: int) -> str:
@@ -118,8 +120,10 @@ def infer_row_kind(gpus: Any, num_gpus: int, gpus_per_node: int) -> str:
     g = np.asarray(gpus)
     if g.size == 1:
         return "table_wise"
-    distinct = np.unique(g)
-    if distinct.size < num_gpus and np.unique(distinct // gpus_per_node).size == 1:
+    if g.size == 0 or g.min() // gpus_per_node != g.max() // gpus_per_node:
+        return "row_wise"
+    # one node: fewer distinct GPUs than the topology's unless the topology is that one node
+    if gpus_per_node < num_gpus or np.unique(g).size < num_gpus:
         return "table_row_wise"
     return "row_wise"
 
@@ -213,7 +217,8 @@ class ColdSharding:
 
     @classmethod
     def hashed(cls, gpus: Iterable[int], seed: int = 0) -> "ColdSharding":
-        return cls("hash", np.asarray(list(gpus)), seed=seed)
+        g = np.array(gpus) if isinstance(gpus, np.ndarray) else np.asarray(list(gpus))
+        return cls("hash", g, seed=seed)
 
     @classmethod
     def ranges(cls, gpus: Iterable[int], num_rows: int,
@@ -331,6 +336,31 @@ def hashed_rows_per_slot(num_rows: int, slots: int, seed: int,
         counts -= np.bincount(owners, minlength=slots)
     return counts
 
+
+def expected_rows_per_hash_slot(num_rows: int, slots: int, seed: int,
+                                skip_sorted: np.ndarray) -> np.ndarray:
+    """Rows (int64[slots]) a hashed cold function sends to each slot, in closed form: every slot's
+    expected share of all ``num_rows`` rows (``num_rows // slots``, the remainder one row each to
+    the first slots), less the rows ``skip_sorted`` it owns (hashed exactly; those ``>= num_rows``
+    ignored), at least 0. No row is swept: the cost is that of the skipped rows.
+
+    Error (the hash modelled as uniform, as everywhere in the cost model): slot ``j`` is off by
+    the deviation of its share of all rows from ``num_rows / slots``, a binomial's, standard
+    deviation ``sqrt(num_rows / slots)``; within ``6 sqrt(num_rows / slots) + 1`` rows on every
+    slot but with probability under ``slots * 2e-9`` (docs/PLANNER.md, "Hashed rows per GPU";
+    tests/test_planspeed.py checks it against the sweep). The total is exact unless a slot's
+    skipped rows exceed its share (then it is clipped at 0)."""
+    n = int(slots)
+    counts = np.full(n, int(num_rows) // n, dtype=np.int64)
+    counts[: int(num_rows) % n] += 1
+    skip = np.asarray(skip_sorted, dtype=np.int64)
+    skip = skip[skip < num_rows]
+    if skip.size:
+        owners = (mix64_np(skip, int(seed)) % np.uint64(n)).astype(np.int64)
+        counts -= np.bincount(owners, minlength=n)
+        np.maximum(counts, 0, out=counts)
+    return counts
+
 @dataclass(frozen=True, eq=False)
 class TablePlan:
     """The placement of one embedding table (see the module docstring for the tiers).
@@ -422,6 +452,11 @@ class TablePlan:
     def special_sorted(self) -> tuple[np.ndarray, np.ndarray]:
         """Rows with an explicit placement, sorted, and their routing codes (int32): -1 global,
         -2 - m node replica on local GPU m, g placed on GPU g. Computed once per object."""
+        if not (self.node_ids.size or self.placed_ids.size):   # global replicas only: sorted
+            ids, codes = self.global_ids.view(), np.full(self.global_ids.size, -1, np.int32)
+            ids.flags.writeable = False
+            codes.flags.writeable = False
+            return ids, codes
         ids = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
         codes = np.concatenate([np.full(self.global_ids.size, -1, np.int32),
                                 (-2 - self.node_local).astype(np.int32),
@@ -517,9 +552,8 @@ class TablePlan:
             counts -= np.bincount(inside, minlength=n)
         elif H <= _EXACT_HASH_COUNT_ROWS:
             counts = hashed_rows_per_slot(H, n, c.seed, special)
-        else:  # expected value; the hash balances to ~1e-4 relative at this size
-            counts = np.full(n, (H - special.size) // n, dtype=np.int64)
-            counts[: (H - special.size) % n] += 1
+        else:
+            counts = expected_rows_per_hash_slot(H, n, c.seed, special)
         rows += np.bincount(c.gpus, weights=counts, minlength=G).astype(np.int64)
         return rows
 

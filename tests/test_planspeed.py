@@ -1,0 +1,216 @@
+"""Planning at the speed of the work (issue 25): the faster paths give today's answers where they
+are exact, and stay within their stated error where they are not.
+
+- hashed rows per GPU: exact (the sweep) up to 2^18 rows, above in closed form within
+  ``6 sqrt(H / n) + 1`` rows per slot (docs/PLANNER.md, "Hashed rows per GPU");
+- row-kind inference, column shards' GPUs: the old implementations kept here as references;
+- whole plans: digests of ``plan_flexshard``'s plans on cases where every count is exact, recorded
+  from the planner before these changes (main at 8e16c89): identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flexshard_stream.kernels.routing import hash_owner_counts
+from flexshard_stream.placement.baselines import column_wise, column_widths, table_column_wise
+from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard
+from flexshard_stream.placement.profiles import execution_profile
+from flexshard_stream.plans.plan import (
+    ColdSharding,
+    TablePlan,
+    expected_rows_per_hash_slot,
+    infer_row_kind,
+)
+from flexshard_stream.plans.tables import EmbeddingTable
+from flexshard_stream.plans.topology import Topology
+from flexshard_stream.sources.synth import zipf_pmf_head
+from flexshard_stream.stats.summary import FrequencySummary
+
+EXACT_ROWS = 1 << 18
+
+
+# ----------------------------------------------------------------------------- hashed rows
+@pytest.mark.parametrize("rows", [EXACT_ROWS + 1, 3_000_017, 1 << 24])
+@pytest.mark.parametrize("slots", [32, 24, 4096])
+def test_closed_form_hash_counts_within_the_stated_error(rows, slots):
+    """Above the exact limit the per-slot rows are within 6 sqrt(H / n) + 1 of the sweep's, the
+    skipped rows taken off exactly, the total exact."""
+    rng = np.random.default_rng(rows + slots)
+    skip = np.unique(rng.integers(0, rows + 50, 500))
+    seed = 7
+    want = hash_owner_counts(rows, slots, np.uint64(seed), skip)
+    got = expected_rows_per_hash_slot(rows, slots, seed, skip)
+    assert got.dtype == np.int64 and got.shape == (slots,)
+    assert got.sum() == rows - np.count_nonzero(skip < rows)
+    bound = 6 * np.sqrt(rows / slots) + 1
+    assert np.abs(got - want).max() <= bound
+
+
+def test_closed_form_clips_at_zero_when_skipped_rows_exceed_a_share():
+    skip = np.arange(0, 900, dtype=np.int64)
+    got = expected_rows_per_hash_slot(1000, 2, 0, skip)
+    assert got.min() >= 0
+
+
+@pytest.mark.parametrize("rows", [1, 1000, EXACT_ROWS])
+@pytest.mark.parametrize("slots", [1, 32, 4096])
+def test_hashed_rows_per_gpu_exact_up_to_the_limit(rows, slots):
+    """Up to 2^18 rows a hashed table plan's rows per GPU are the sweep's (the old path)."""
+    topo = Topology.uniform(max(1, slots // 8), min(8, slots))
+    G = topo.num_gpus
+    t = EmbeddingTable("t", rows, 64, "fp32", "sequence")
+    g_ids = np.arange(0, rows, max(1, rows // 10), dtype=np.int64)[:10]
+    tp = TablePlan(t, ColdSharding.hashed(np.arange(G), 3), global_ids=g_ids)
+    want = hash_owner_counts(rows, G, np.uint64(3), g_ids) + g_ids.size
+    assert np.array_equal(tp.rows_per_gpu(topo), want)
+
+
+# ----------------------------------------------------------------------------- row kinds
+def _old_infer_row_kind(gpus, num_gpus, gpus_per_node):
+    g = np.asarray(gpus)
+    if g.size == 1:
+        return "table_wise"
+    distinct = np.unique(g)
+    if distinct.size < num_gpus and np.unique(distinct // gpus_per_node).size == 1:
+        return "table_row_wise"
+    return "row_wise"
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes=st.integers(1, 4), m=st.integers(1, 8), data=st.data())
+def test_infer_row_kind_as_before(nodes, m, data):
+    G = nodes * m
+    gpus = data.draw(st.lists(st.integers(0, G - 1), min_size=0, max_size=3 * G))
+    assert infer_row_kind(np.array(gpus, np.int64), G, m) == _old_infer_row_kind(
+        np.array(gpus, np.int64), G, m)
+
+
+# ----------------------------------------------------------------------------- column shards
+def _old_greedy(weights, bins):
+    load = np.zeros(bins)
+    out = np.zeros(weights.size, dtype=np.int64)
+    for i in np.argsort(-weights, kind="stable"):
+        b = int(np.argmin(load))
+        out[i] = b
+        load[b] += weights[i]
+    return out
+
+
+def _old_column_gpus(tables, topo, groups, lookups, min_width=128):
+    """GPUs of each table's column shards as baselines._column_plan placed them before."""
+    size = min(g.size for g in groups)
+    widths = [column_widths(t.dim, min_width, size) for t in tables]
+    weights = np.array([float(lookups.get(t.name, 0.0)) * t.embedding_bytes + 1e-9 * t.table_bytes
+                        for t in tables])
+    group_of = _old_greedy(weights, len(groups))
+    load = np.zeros(topo.num_gpus)
+    where = {}
+    for i in np.argsort(-weights, kind="stable"):
+        t, w, gpus = tables[i], widths[i], groups[int(group_of[i])]
+        picked = []
+        for share in w / t.dim * weights[i]:
+            free = [g for g in gpus if g not in picked]
+            g = int(min(free, key=lambda x: (load[x], x)))
+            picked.append(g)
+            load[g] += share
+        where[t.name] = picked
+    return where
+
+
+@settings(max_examples=40, deadline=None)
+@given(nodes=st.integers(1, 3), m=st.sampled_from([1, 2, 4, 8]),
+       dims=st.lists(st.sampled_from([64, 128, 256, 512, 1024]), min_size=1, max_size=12),
+       data=st.data())
+def test_column_shards_placed_as_before(nodes, m, dims, data):
+    """Ties (equal lookups) included: the lowest GPU among the least loaded, as the old min."""
+    topo = Topology.uniform(nodes, m)
+    tables = [EmbeddingTable(f"t{i}", 1000, d, "fp32", "pooled") for i, d in enumerate(dims)]
+    lookups = {t.name: float(data.draw(st.sampled_from([0, 1, 5]))) for t in tables}
+    every = [np.arange(topo.num_gpus)]
+    per_node = [topo.gpus_of_node(n).astype(np.int64) for n in range(topo.nodes)]
+    assert column_wise(tables, topo, lookups=lookups).meta["gpus_of_table"] == \
+        _old_column_gpus(tables, topo, every, lookups)
+    assert table_column_wise(tables, topo, lookups=lookups).meta["gpus_of_table"] == \
+        _old_column_gpus(tables, topo, per_node, lookups)
+
+
+# ----------------------------------------------------------------------------- capability cache
+def test_cached_capability_answers_per_table_plan_and_topology_shape():
+    """The same table plan on two topology shapes: each answered for its own shape."""
+    t = EmbeddingTable("t", 10_000, 64, "fp32", "sequence")
+    tp = TablePlan(t, ColdSharding.ranges(np.arange(8), t.num_rows))
+    prof = execution_profile("torchrec")
+    assert prof.table_issues(tp, Topology.uniform(1, 8)) == []
+    issues = prof.table_issues(tp, Topology.uniform(2, 8))
+    assert issues and "8 of the node's 8" not in issues[0]
+    assert prof.table_issues(tp, Topology.uniform(1, 8)) == []
+    got = prof.table_issues(tp, Topology.uniform(2, 8))
+    got.append("changed")   # a caller's list: the cache keeps its own
+    assert prof.table_issues(tp, Topology.uniform(2, 8)) == issues
+
+
+# ----------------------------------------------------------------------------- whole plans
+def tables_and_summaries(T, seed, max_rows_log10):
+    """T tables of 1e3..10**max_rows_log10 rows (bench/paper.py's many_tables, smaller), one
+    Zipf summary of 200 top rows each."""
+    rng = np.random.default_rng(seed)
+    rows = np.round(10 ** rng.uniform(3, max_rows_log10, T)).astype(np.int64)
+    dims = rng.choice([64, 128, 256], T)
+    kinds = np.where(rng.random(T) < 0.7, "sequence", "pooled")
+    alphas = rng.uniform(0.9, 1.2, T)
+    tables, sums = [], {}
+    for i in range(T):
+        H = int(rows[i])
+        L = float(rng.uniform(100, 200) if kinds[i] == "sequence" else rng.uniform(1, 40))
+        t = EmbeddingTable(f"t{i:04d}", H, int(dims[i]), "fp32", str(kinds[i]),
+                           optimizer_state_bytes=4)
+        kk = min(200, H)
+        p = zipf_pmf_head(kk, H, float(alphas[i]))
+        total = 10 ** 9
+        est = p * total
+        ids = rng.choice(H, kk, replace=False).astype(np.int64)
+        sums[t.name] = FrequencySummary(t.name, total, ids, est, est, est, float(H), float(H),
+                                        float(H), float(total * max(0.0, 1.0 - p.sum())),
+                                        float(H - kk), H, True, int(total / L), L)
+        tables.append(t)
+    return tables, sums
+
+
+def plan_digest(result):
+    """A digest of a planner result: every table plan (cold function, kind, tiers, placed rows,
+    host split) and the cost, the choice and the best baseline."""
+    h = hashlib.sha256()
+    plan = result.plan
+    for name in sorted(plan.tables):
+        tp = plan.tables[name]
+        h.update(json.dumps([name, tp.cold.to_dict(), tp.sharding,
+                             tp.sharding_kind(plan.topology)]).encode())
+        for a in (tp.global_ids, tp.node_ids, tp.node_local, tp.placed_ids, tp.placed_gpus,
+                  tp.hbm_fraction):
+            h.update(np.ascontiguousarray(a).tobytes())
+    h.update(repr((result.cost.iteration_time_s, result.cost.peak_memory_bytes,
+                   plan.meta.get("chosen_from"), result.best_baseline)).encode())
+    return h.hexdigest()[:16]
+
+
+#: (tables, seed, nodes, GPUs per node, memory baseline or None for the default policy) and the
+#: digest the planner gave before issue 25 (every table below 10^5.4 < 2^18 rows: exact counts).
+EXACT_CASES = [((12, 0, 2, 8, "rw"), "3d49952374007487"),
+               ((40, 3, 64, 8, None), "1d8aa9b041c07977"),
+               ((6, 5, 512, 8, "rw"), "c95529498b17ad93")]
+
+
+@pytest.mark.parametrize("case,digest", EXACT_CASES)
+def test_plans_identical_to_before_where_counts_are_exact(case, digest):
+    T, seed, N, M, base = case
+    tables, sums = tables_and_summaries(T, seed, 5.4)
+    assert max(t.num_rows for t in tables) <= EXACT_ROWS
+    memory = MemoryPolicy(baseline=base) if base else MemoryPolicy()
+    assert plan_digest(plan_flexshard(tables, Topology.uniform(N, M), sums, 64, memory)) == digest
