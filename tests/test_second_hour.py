@@ -63,3 +63,88 @@ def test_a_missing_log_is_refused_before_the_heavy_imports(tmp_path, argv):
                          text=True, timeout=120).stdout.splitlines()
     assert out[0] == "2 False False", out
     assert "no such log file" in "\n".join(out) or "no log file matches" in "\n".join(out)
+
+
+# ------------------------------------------------------------------ OS errors on an output path
+def _small_log(path):
+    rng = np.random.default_rng(5)
+    rows = ["ts,a,b"] + [f"{1.7e9 + i * 0.05:.2f},{min(int(rng.zipf(1.3)), 99)},"
+                         f"{min(int(rng.zipf(1.2)), 499)}" for i in range(600)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """A log, its plan and a statistics snapshot, for the writers below to write again."""
+    d = tmp_path_factory.mktemp("written")
+    log = _small_log(d / "log.csv")
+    r = CliRunner().invoke(app, ["plan", "--log", str(log), "--topology", "1x2", "--out",
+                                 str(d / "plan"), "--batch-size", "32"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["stats", str(log), "--save", str(d / "s.fss"), "--json"])
+    assert r.exit_code == 0, r.output
+    return d
+
+
+def _writers(d, out):
+    log = str(d / "log.csv")
+    return {"plan": ["plan", "--log", log, "--topology", "1x2", "--out", out, "--batch-size",
+                     "32"],
+            "export": ["export", "--plan", str(d / "plan"), "--out", out],
+            "stats": ["stats", log, "--save", out, "--json"],
+            "merge": ["merge", str(d / "s.fss"), "-o", out],
+            "tables": ["tables", log, "--out", out, "--json"]}
+
+
+def _fault(kind, d, monkeypatch):
+    """An output path the OS refuses to write, and the reason the error line must give."""
+    import errno
+    import os
+    if kind == "name too long":
+        return str(d / ("x" * 300)), os.strerror(errno.ENAMETOOLONG)
+    if kind == "under a file":
+        (d / "afile").write_text("x")
+        return str(d / "afile" / "out"), "not a directory"
+    real = os.replace
+
+    def full(src, dst, *a, **kw):   # every writer renames its finished file or folder in
+        if "fresh" in str(dst):
+            raise OSError(errno.ENOSPC if kind == "disk full" else errno.EROFS,
+                          os.strerror(errno.ENOSPC if kind == "disk full" else errno.EROFS),
+                          str(dst))
+        return real(src, dst, *a, **kw)
+    monkeypatch.setattr(os, "replace", full)
+    return str(d / "fresh"), os.strerror(errno.ENOSPC if kind == "disk full" else errno.EROFS)
+
+
+@pytest.mark.parametrize("command", ["plan", "export", "stats", "merge", "tables"])
+@pytest.mark.parametrize("kind", ["name too long", "under a file", "disk full", "read-only"])
+def test_an_os_error_on_an_output_path_is_one_error_line(written, tmp_path, monkeypatch,
+                                                         command, kind):
+    """ENOSPC, EROFS, ENAMETOOLONG on an output path printed a traceback (exit 1) from plan,
+    export, stats --save, merge -o and tables --out."""
+    out, reason = _fault(kind, tmp_path, monkeypatch)
+    r = CliRunner().invoke(app, _writers(written, out)[command])
+    assert r.exit_code == 2, (r.output, r.exception)
+    line = [x for x in r.output.splitlines() if x.startswith("error:")]
+    assert line and line[0].startswith(f"error: cannot write {out}") \
+        or "a parent of it is not a directory" in r.output, r.output
+    assert reason in r.output or kind == "under a file", r.output
+    assert "Traceback" not in r.output
+
+
+def test_the_sidecar_checks_out_before_creating_its_ring(tmp_path):
+    """The sidecar created its 64 MB ring before checking --out and left it behind."""
+    from flexshard_stream.plans.tables import EmbeddingTable, save_tables
+    tables = tmp_path / "t.toml"
+    save_tables([EmbeddingTable("a", 100, 8)], tables)
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    for out in (tmp_path / ("x" * 300), tmp_path / "t.toml" / "out"):
+        r = CliRunner().invoke(app, ["sidecar", "--ring", "r1", "--ring-dir", str(rings),
+                                     "--tables", str(tables), "--topology", "1x2", "--out",
+                                     str(out)])
+        assert r.exit_code == 2, (r.output, r.exception)
+        assert r.output.startswith("error: cannot write") or "not a directory" in r.output
+        assert list(rings.iterdir()) == [], "a ring was left behind"

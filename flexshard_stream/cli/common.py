@@ -7,7 +7,9 @@ helper needs beyond them it imports inside.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
 import time
 from pathlib import Path
@@ -92,6 +94,33 @@ def fail(e: BaseException | str, flags: Optional[Sequence[str]] = None) -> None:
     message become the flags that do the same here (only ``flags``, when given)."""
     typer.echo(f"error: {cli_message(e, flags)}", err=True)
     raise typer.Exit(2)
+
+
+def os_reason(e: OSError) -> str:
+    """What went wrong in ``e``, in the operating system's words ("No space left on device")."""
+    return e.strerror or str(e)
+
+
+@contextlib.contextmanager
+def writing(path: Any):
+    """Inside: an OS error (a full disk, a read-only file system, no permission, a name too long,
+    a file where a directory goes) is one line, ``error: cannot write PATH: reason``, exit 2;
+    library errors are :func:`fail` lines too."""
+    try:
+        yield
+    except FlexShardError as e:
+        fail(e)
+    except OSError as e:
+        fail(f"cannot write {_failed_path(e, path)}: {os_reason(e)}")
+
+
+def _failed_path(e: OSError, path: Any) -> Any:
+    """The path an OS error names: ``path`` when the file it failed on is ``path``'s or sits
+    beside it (a temp file, the hidden versions area), else that file (a ring, a lock)."""
+    if e.filename is None:
+        return path
+    parent = os.path.dirname(os.path.abspath(path))
+    return path if os.path.abspath(e.filename).startswith(parent + os.sep) else e.filename
 
 
 def require_logs(paths) -> None:

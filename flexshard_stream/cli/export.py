@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from .common import choice
+from .common import choice, fail, writing
 
 #: ``export_torchrec.COLD_SHARDINGS`` and ``NODE_REPLICAS`` (spelled here: the module is imported
 #: only when the command runs; tests/test_export_torchrec.py checks they agree).
@@ -34,9 +34,15 @@ def export_command(
     """Export a plan for TorchRec 1.8: tables, constraints, ShardingPlan, ID remap
     (docs/TORCHREC_EXPORT.md). Needs no torch."""
     from ..bridge.export import describe_export, export_torchrec
+    from ..errors import FlexShardError
     from ..plans.plan import Plan
 
-    manifest = export_torchrec(Plan.load(plan_dir), out, cold_sharding=cold_sharding,
-                               node_replicas=node_replicas)
+    try:
+        plan = Plan.load(plan_dir)
+    except FlexShardError as e:
+        fail(e)
+    with writing(out):
+        manifest = export_torchrec(plan, out, cold_sharding=cold_sharding,
+                                   node_replicas=node_replicas)
     typer.echo(json.dumps(manifest) if json_out
                else "\n".join(describe_export(manifest) + [f"written to {out}"]))

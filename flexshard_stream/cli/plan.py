@@ -36,6 +36,7 @@ from .common import (
     vs_best_text,
     warn,
     warn_time_columns,
+    writing,
 )
 
 #: ``plan --strategy`` values (FlexShard, the baselines of placement.baselines, and TorchRec's
@@ -515,7 +516,8 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
             _refuse_over_memory(label, p, cost, sparse)
         _record_settings(p, batch_size=batch_size, model=model, ids=mode, requested=strategy,
                          tables_source=source)
-        p.save(out)
+        with writing(out):
+            p.save(out)
     except FlexShardError as e:
         fail(e)
     doc = _plan_doc(p, result, cost, out, label, strategy, reader)

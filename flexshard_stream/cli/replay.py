@@ -25,6 +25,7 @@ from .common import (
     fail,
     ids_option,
     note,
+    os_reason,
     profile_label,
     recorded_settings,
     require_logs,
@@ -286,7 +287,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
     except FlexShardError as e:
         fail(e)
     except OSError as e:
-        fail(f"cannot write {out}: {e}")
+        fail(f"cannot write {out}: {os_reason(e)}")
     if json_out:
         typer.echo(json.dumps({"out": str(out), "profile": cfg["model"].profile,
                                "engine": res.summary["engine"],

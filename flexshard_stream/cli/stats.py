@@ -21,6 +21,7 @@ from .common import (
     sketch_logs,
     text_table,
     warn,
+    writing,
 )
 
 
@@ -104,7 +105,8 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
         st, secs, skipped = sketch_logs(logs, feats, read_batch_size, show_progress=not json_out,
                                         rows=rows, skip_bad_rows=skip_bad_rows)
         if save is not None:
-            st.save(save)
+            with writing(save):
+                st.save(save)
     except FlexShardError as e:
         fail(e)
     if any(skipped.values()):

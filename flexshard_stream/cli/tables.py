@@ -23,6 +23,7 @@ from .common import (
     sketch_logs,
     text_table,
     warn_time_columns,
+    writing,
 )
 
 
@@ -103,11 +104,12 @@ def tables_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs 
         sizing = size_tables(st.tables, kinds, headroom=headroom, ids=mode, dim=dim,
                              dtype=dtype.lower(), optimizer_state_bytes=optimizer_state_bytes)
         if out is not None:
-            save_tables([s.table for s in sizing], out, notes={s.table.name: s.note()
-                                                               for s in sizing},
-                        header=[f"Sized by flexshard-stream tables from "
-                                f"{', '.join(str(p) for p in logs)} ({st.samples:,} samples); "
-                                f"use with --ids {mode}."])
+            with writing(out):
+                save_tables([s.table for s in sizing], out,
+                            notes={s.table.name: s.note() for s in sizing},
+                            header=[f"Sized by flexshard-stream tables from "
+                                    f"{', '.join(str(p) for p in logs)} ({st.samples:,} "
+                                    f"samples); use with --ids {mode}."])
     except FlexShardError as e:
         fail(e, ("--ids",))
     if json_out:

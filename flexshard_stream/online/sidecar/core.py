@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from ...formats.files import claim_directory
 from ...plans.plan import Plan
 from ...plans.tables import EmbeddingTable, load_tables
 from ...plans.topology import Topology
@@ -38,7 +37,8 @@ from .ingest import BoundedQueue, IngestWorker, Sampling, SidecarStats
 from .ledger import Ledger
 from .loader import AttachedLoader, copy_batch, to_batch
 from .planning import PlanningWorker
-from .publisher import Publisher, lock_directory
+from .outdir import lock_directory, prepare_out_dir
+from .publisher import Publisher
 from .rate import RateController
 
 __all__ = ["Sidecar"]
@@ -141,9 +141,8 @@ class Sidecar:
             checkpoint_every_s=cfg.checkpoint_every_s, counters_every_s=cfg.counters_every_s,
             nice=cfg.nice, sampling=self._sampling())
         # refuses a file or a non-empty directory a sidecar did not write (nothing of the user's
-        # is overwritten or pruned); directories of earlier versions are known by their entries
-        claim_directory(self.out_dir, "sidecar",
-                        legacy=(".lock", "state.json", "counters.json", "checkpoints"))
+        # is overwritten or pruned), another user's or a world-writable one, symlinked entries
+        prepare_out_dir(self.out_dir)
         self._lock_fd = lock_directory(self.out_dir)
         try:
             self._start(resume)

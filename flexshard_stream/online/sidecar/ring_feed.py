@@ -28,6 +28,7 @@ from ..resharder import ReshardConfig
 from .common import SidecarError, log
 from .config import RING_MODE, SidecarConfig
 from .core import Sidecar
+from .outdir import prepare_out_dir
 
 __all__ = ["run_ring"]
 
@@ -76,6 +77,7 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
         tabs = load_tables(tables) if isinstance(tables, (str, os.PathLike)) else list(tables)
         rows = row_map(tabs, ids)
         topo = topology if isinstance(topology, Topology) else Topology.load(topology)
+        prepare_out_dir(out)   # before the ring: a refused --out leaves no ring behind
         r = Ring.create(ring, slots=slots, capacity_bytes=capacity_bytes, directory=ring_dir,
                         checksum=checksum, exist_ok=True)
         try:
