@@ -148,3 +148,145 @@ def test_the_sidecar_checks_out_before_creating_its_ring(tmp_path):
         assert r.exit_code == 2, (r.output, r.exception)
         assert r.output.startswith("error: cannot write") or "not a directory" in r.output
         assert list(rings.iterdir()) == [], "a ring was left behind"
+
+
+# ------------------------------------------------------------------ the sidecar's losses and its out_dir
+def _sidecar(out, **kw):
+    from flexshard_stream.online.sidecar import Sidecar
+    from flexshard_stream.plans.tables import EmbeddingTable
+    return Sidecar([EmbeddingTable("item", 1000, 8)], Topology.uniform(1, 2), 8, out_dir=out,
+                   checkpoint_every_s=None, **kw)
+
+
+def _batch(seed):
+    from flexshard_stream import Batch
+    return Batch(["item"], np.random.default_rng(seed).integers(0, 1000, 32),
+                 np.full(4, 8, np.int64))
+
+
+def _full_disk_after(monkeypatch, good: int):
+    """Checkpoints fail with ENOSPC after the first ``good`` ones."""
+    import errno
+    from flexshard_stream.online.sidecar import ledger
+    real, calls = ledger.write_checkpoint, []
+
+    def write(*a, **kw):
+        calls.append(1)
+        if len(calls) > good:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a, **kw)
+    monkeypatch.setattr(ledger, "write_checkpoint", write)
+
+
+def test_a_failed_final_checkpoint_is_an_error_naming_what_is_lost(tmp_path, monkeypatch):
+    """With --out on a full disk the sidecar returned 0 on SIGTERM, its last checkpoint holding
+    192 of 4,584 batches; only the next start said the rest was lost."""
+    from flexshard_stream.online.sidecar import CheckpointLostError
+    _full_disk_after(monkeypatch, good=1)
+    sc = _sidecar(tmp_path / "out")
+    for i in range(3):
+        sc.submit(_batch(i))
+    sc.flush()
+    first = sc.checkpoint()
+    for i in range(5):
+        sc.submit(_batch(10 + i))
+    with pytest.raises(CheckpointLostError, match=r"final checkpoint failed .*No space left"
+                       r".*: 5 of the 8 batches .*160 IDs.* lost for a restart") as e:
+        sc.close()
+    assert str(first) in str(e.value) and (e.value.lost_batches, e.value.lost_ids) == (5, 160)
+
+
+def test_the_ring_sidecar_reports_a_failed_final_checkpoint_and_raises(tmp_path, monkeypatch):
+    import secrets
+    import threading
+
+    from flexshard_stream.online.sidecar import CheckpointLostError
+    from flexshard_stream.online.sidecar.ring_feed import run_ring
+    from flexshard_stream.plans.tables import EmbeddingTable
+    from flexshard_stream.sources.ring import Ring
+    _full_disk_after(monkeypatch, good=0)
+    name = f"sh-{secrets.token_hex(4)}"
+    ring = Ring.create(name, slots=1, capacity_bytes=1 << 20, directory=tmp_path)
+    prod = ring.producer()
+    for i in range(6):
+        prod.submit(_batch(i))
+    prod.close()
+    ring.close()
+    stop, events = threading.Event(), []
+    stop.set()                                     # drain what is there (unlink), then stop
+    with pytest.raises(CheckpointLostError, match="6 of the 6 batches"):
+        run_ring(name, [EmbeddingTable("item", 1000, 8)], Topology.uniform(1, 2),
+                 tmp_path / "out", ring_dir=tmp_path, slots=1, capacity_bytes=1 << 20,
+                 batch_size=8, stop=stop, emit=events.append, handle_signals=False,
+                 checkpoint_every_s=None, unlink=True)
+    done = events[-1]
+    assert done["event"] == "stopped" and done["lost_batches"] == 6 and "final" in done["error"]
+
+
+def test_the_sidecar_command_exits_2_when_its_final_checkpoint_fails(tmp_path, monkeypatch):
+    from flexshard_stream.online import sidecar as pkg
+    from flexshard_stream.online.sidecar import CheckpointLostError
+
+    def lost(*a, **kw):
+        raise CheckpointLostError("the final checkpoint failed (...): 9 of the 9 batches", 9, 9)
+    monkeypatch.setattr(pkg, "run_ring", lost)
+    r = CliRunner().invoke(app, ["sidecar", "--ring", "r", "--tables", "t.toml", "--topology",
+                                 "1x2", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and r.output.startswith("error: the final checkpoint failed")
+
+
+def _planted(tmp_path):
+    """Another user's world-writable directory with the sidecar's marker, and a victim."""
+    out, victim = tmp_path / "shared", tmp_path / "victim"
+    out.mkdir()
+    victim.mkdir()
+    (out / ".flexshard-kind").write_text("sidecar\n")
+    for i in range(3):
+        (victim / f"{i:06d}").write_text("theirs")
+    return out, victim
+
+
+@pytest.mark.parametrize("entry", ["plans", ".lock", "decisions.jsonl", "deltas"])
+def test_the_sidecar_refuses_symlinked_entries_of_its_out_dir(tmp_path, entry):
+    """Symlinks planted in its out_dir made the sidecar (as root) delete a victim's files while
+    pruning, create a file through `.lock` and append through `decisions.jsonl`."""
+    from flexshard_stream.errors import ConfigError
+    out, victim = _planted(tmp_path)
+    target = victim if entry in ("plans", "deltas") else victim / "made-by-root"
+    (out / entry).symlink_to(target)
+    with pytest.raises(ConfigError, match=rf"{entry}: a symlink where the sidecar keeps"):
+        _sidecar(out)
+    assert sorted(p.name for p in victim.iterdir()) == ["000000", "000001", "000002"]
+
+
+@pytest.mark.parametrize("how", ["world-writable", "another owner"])
+def test_the_sidecar_refuses_an_out_dir_others_can_write(tmp_path, how):
+    import os
+
+    from flexshard_stream.errors import ConfigError
+    out, _ = _planted(tmp_path)
+    if how == "world-writable":
+        out.chmod(0o777)
+        match = "others can write into it"
+    else:
+        os.chown(out, 12345, 12345)
+        match = "belongs to uid 12345"
+    with pytest.raises(ConfigError, match=match):
+        _sidecar(out)
+    assert sorted(p.name for p in out.iterdir()) == [".flexshard-kind"]
+
+
+def test_link_plan_never_deletes_a_real_directory(tmp_path):
+    """link_plan rmtree'd a real directory at out_dir/plan (one it did not write)."""
+    import os
+
+    from flexshard_stream.errors import ConfigError
+    out = tmp_path / "out"
+    sc = _sidecar(out)
+    sc.close()
+    os.unlink(out / "plan")
+    (out / "plan").mkdir()
+    (out / "plan" / "mine.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="did not write"):
+        _sidecar(out, resume=True)
+    assert (out / "plan" / "mine.txt").read_text() == "mine"

@@ -30,7 +30,14 @@ from ..resharder import (
     made_for,
 )
 from .checkpoint import ResumeReport, holds_previous_run, resume
-from .common import Coordination, SidecarError, deadline_after, log, remove_temp_entries
+from .common import (
+    CheckpointLostError,
+    Coordination,
+    SidecarError,
+    deadline_after,
+    log,
+    remove_temp_entries,
+)
 from .config import SidecarConfig
 from .cores import TableThreads
 from .ingest import BoundedQueue, IngestWorker, Sampling, SidecarStats
@@ -262,7 +269,8 @@ class Sidecar:
     def close(self, timeout: float | None = None, *, checkpoint: bool = True) -> None:
         """Stop accepting batches, drain the queue, let a pending check finish, write a final
         checkpoint (unless ``checkpoint=False``) and the counters, stop the threads. Raises a
-        pending background error after shutting down. Idempotent."""
+        pending background error after shutting down; :class:`CheckpointLostError`, naming the
+        batches a restart loses, when the final checkpoint failed. Idempotent."""
         if self._closed:
             return
         self._not_from_worker("close")
@@ -281,7 +289,27 @@ class Sidecar:
         else:
             log.warning("sidecar threads did not finish within %s s; the final checkpoint may "
                         "be missing", timeout)
+        self._raise_if_lost()
         self._sync.raise_pending()
+
+    def _raise_if_lost(self) -> None:
+        """After the threads ended: CheckpointLostError when the final checkpoint failed,
+        naming the batches and IDs no checkpoint holds and the last one that a restart uses."""
+        ing = self._ingest
+        if ing.final_error is None:
+            return
+        errors = self._sync.errors
+        self._sync.pop_error()
+        batches, ids = ing.batches_in_stats - ing.saved[0], ing.ids_in_stats - ing.saved[1]
+        last = (f"the last good checkpoint, {ing.last_checkpoint}, holds {ing.saved[0]:,}"
+                if ing.last_checkpoint is not None else
+                f"no checkpoint of this run was written (a restart resumes {ing.saved[0]:,})")
+        err = ing.final_error
+        raise CheckpointLostError(
+            f"the final checkpoint failed ({type(err).__name__}: {err}): {batches:,} of the "
+            f"{ing.batches_in_stats:,} batches in the statistics ({ids:,} IDs) are in no "
+            f"checkpoint and are lost for a restart; {last}; {errors} background error(s) in "
+            f"this run, see the log", batches, ids) from err
 
     def __enter__(self) -> Sidecar:
         return self

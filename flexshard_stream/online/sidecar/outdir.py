@@ -79,11 +79,13 @@ def _check_private(path: Path) -> None:
         return
     except OSError as e:
         raise ConfigError(f"cannot write {path}: {e.strerror or e}") from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+    if stat.S_ISLNK(st.st_mode):
+        return   # named by check_out_dir (a folder of its own) or check_output_directory
+    if not stat.S_ISDIR(st.st_mode):
         if path.name in OWN_FOLDERS:
-            raise ConfigError(f"{path}: not a directory (a symlink or a file where the sidecar "
-                              "keeps a folder of its own); refusing to write through it")
-        return   # check_output_directory names what is wrong with out_dir itself
+            raise ConfigError(f"{path}: a file where the sidecar keeps a folder of its own; "
+                              "refusing to write there (remove it, or choose another --out)")
+        return
     if st.st_uid != os.geteuid():
         raise ConfigError(f"{path} belongs to uid {st.st_uid}, not to this user (uid "
                           f"{os.geteuid()}); the sidecar writes only into its own directories")
