@@ -290,3 +290,43 @@ def test_link_plan_never_deletes_a_real_directory(tmp_path):
     with pytest.raises(ConfigError, match="did not write"):
         _sidecar(out, resume=True)
     assert (out / "plan" / "mine.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------ export file names
+def _hashed_plan(*tables):
+    from flexshard_stream.placement.baselines import row_wise
+    from flexshard_stream.plans.tables import EmbeddingTable
+    return row_wise([EmbeddingTable(n, rows, 4) for n, rows in tables],
+                    Topology.uniform(1, 2, hbm_bytes_per_gpu=1e9), mode="hash")
+
+
+@pytest.mark.parametrize("tables", [[("t1", 100), ("my table", 37)],     # "t1" was index 1's
+                                    [("my table", 37), ("t0", 100)],
+                                    [("x" * 240, 100), ("y" * 240, 37)],
+                                    [("A", 100), ("a", 37)]])             # case-blind systems
+def test_export_gives_every_table_its_own_files(tmp_path, tables):
+    """A table `t1` beside an unsafe-named table at index 1 shared `t1.remap_*.npy` (the
+    self-check refused a valid plan); a 240-character name raised `File name too long`."""
+    from flexshard_stream.bridge.export import export_torchrec, load_torchrec_export
+    plan = _hashed_plan(*tables)
+    export_torchrec(plan, tmp_path / "e")
+    ex = load_torchrec_export(tmp_path / "e")
+    files = [p.name for p in (tmp_path / "e").iterdir() if p.name.endswith(".npy")]
+    assert len({f.lower() for f in files}) == 2 * len(tables) and max(map(len, files)) < 100
+    for name, rows in tables:
+        ids = np.arange(rows, dtype=np.int64)
+        assert sorted(ex.apply(name, ids).tolist()) == ids.tolist()
+
+
+def test_datasketches_features_that_look_alike_get_two_files(tmp_path):
+    """`export_datasketches` mapped features `a/b` and `a_b` to one file: the second silently
+    overwrote the first."""
+    from flexshard_stream import Batch
+    from flexshard_stream.sources.distributed import export_datasketches
+    from flexshard_stream.stats.stream import StreamStats
+    stats = StreamStats({"a/b": 100, "a_b": 100})
+    stats.update(Batch(["a/b", "a_b"], [1, 2, 2, 7], [3, 1]))
+    files = export_datasketches(stats, tmp_path / "ds")
+    paths = {files[f]["frequent_items"] for f in ("a/b", "a_b")}
+    assert len(paths) == 2 and all((tmp_path / "ds" / p).is_file() for p in paths)
+    assert files["a_b"]["frequent_items"].endswith("/a_b.frequent_items.bin")

@@ -910,9 +910,8 @@ def export_datasketches(stats: StreamStats, out_dir: PathLike) -> dict[str, dict
     ``out_dir`` must be absent, empty or such an export (marker kind ``datasketches``): a user's
     other directory is refused (:func:`~flexshard_stream.formats.files.claim_directory`)."""
     from ..formats.container import write_atomic
-    from ..formats.files import claim_directory
-    safe_names = {f: "".join(c if c.isalnum() or c in "-_." else "_" for c in f)
-                  for f in stats.tables}
+    from ..formats.files import claim_directory, file_stems
+    safe_names = file_stems(stats.tables)   # a/b and a_b: two files, never one overwritten
     d = claim_directory(out_dir, "datasketches", legacy=tuple(
         f"{s}.frequent_items.bin" for s in safe_names.values()))
     out: dict[str, dict[str, str]] = {}
