@@ -330,3 +330,26 @@ def test_datasketches_features_that_look_alike_get_two_files(tmp_path):
     paths = {files[f]["frequent_items"] for f in ("a/b", "a_b")}
     assert len(paths) == 2 and all((tmp_path / "ds" / p).is_file() for p in paths)
     assert files["a_b"]["frequent_items"].endswith("/a_b.frequent_items.bin")
+
+
+# ------------------------------------------------------------------ replay --plan
+def test_replay_plan_replays_the_users_plan(written, tmp_path):
+    """`replay --plan DIR` replayed a fresh static plan made on window 0, not the user's."""
+    import json
+
+    from flexshard_stream.plans.delta import plan_fingerprint
+    from flexshard_stream.plans.plan import Plan
+    d = written
+    rw = tmp_path / "rw"
+    r = CliRunner().invoke(app, ["plan", "--log", str(d / "log.csv"), "--topology", "1x2",
+                                 "--strategy", "rw-hash", "--out", str(rw), "--batch-size", "32"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(app, ["replay", str(d / "log.csv"), "--plan", str(rw), "--out",
+                                 str(out), "--window", "200"])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["static_plan"] == "given" and "the plan given with --plan" in r.output
+    static = Plan.load(out / "plans" / "static")
+    assert plan_fingerprint(static) == plan_fingerprint(Plan.load(rw))
+    assert "rw-hash" in s["strategies"] and "replicate no row" in r.output

@@ -85,6 +85,12 @@ def _what_flexshard(st) -> str:
             "every table")
 
 
+def _static_text(summary) -> str:
+    """What the replay's static plan is: the user's (``--plan``) or one made on window 0."""
+    return ("the plan given with --plan" if summary.get("static_plan") == "given"
+            else "a FlexShard plan made on the first window")
+
+
 def print_replay(res) -> None:
     """Per strategy: bytes per iteration, crossing nodes, comm time, peak memory, speed-up vs
     rw; then what the re-sharder did, skipped rows and warnings."""
@@ -100,7 +106,7 @@ def print_replay(res) -> None:
     typer.echo(cost_rows([(n, st[n]) for n in REPLAYED], vs_rw=True))
     rs, sta = st["resharder"].get("speedup_vs_rw"), st["static"].get("speedup_vs_rw")
     say(f"rw: row-wise; rw-hash: row-wise, rows hashed; twrw: table-row-wise; tw: table-wise; "
-        f"static: a FlexShard plan made on the first window; resharder: that plan moved online "
+        f"static: {_static_text(s)}; resharder: that plan moved online "
         f"by the re-sharder ({st['resharder']['deltas']} plan change(s) in {tot['checks']} "
         f"checks, {fmt_bytes(st['resharder']['migration_bytes'])} moved). {_what_flexshard(st)}"
         f" within a budget of {fmt_bytes(s['budget_bytes'])} per GPU"
@@ -138,6 +144,7 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
             raise ConfigError("replay needs a topology: --topology (a preset such as 2x8, or a "
                               "TOML file), or --plan DIR to take it from a plan")
         return {"topology": Topology.load(topology), "tables": tables, "ids": ids or IdMode(),
+                "plan": None,
                 "batch_size": batch_size or DEFAULT_BATCH_SIZE,
                 "model": CostModel(dedup=True if dedup is None else dedup,
                                    profile=profile or "torchrec")}
@@ -148,7 +155,11 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
     if topo != p.topology:
         warn(f"--topology {topology} differs from {topology_name(p.topology)} that {where} was "
              f"made for; replaying on {topology}")
-    return {"topology": topo,
+    own = tables is None and topo == p.topology
+    if not own:
+        warn(f"the static plan replayed is made on the first window, not {where}'s: its "
+             "topology or tables were replaced by the options")
+    return {"topology": topo, "plan": p if own else None,
             "tables": tables if tables is not None else [tp.table for tp in p.tables.values()],
             "ids": resolve_setting("ids", "--ids", ids, rec["ids"], where, IdMode()),
             "batch_size": resolve_setting("batch_size", "--batch-size", batch_size,
@@ -214,10 +225,12 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                                                  "sample, in time order."),
                out: Path = typer.Option(..., help="Directory to write (summary.json, cdf.json, "
                                         "plans/, traffic/); replaced atomically."),
-               plan_dir: Optional[Path] = typer.Option(None, "--plan", help="Take the topology, "
-                                                       "tables, ID mode, B and de-duplication "
-                                                       "from this plan (flexshard-stream plan); "
-                                                       "options given win, with a warning."),
+               plan_dir: Optional[Path] = typer.Option(None, "--plan", help="Replay this plan "
+                                                       "(flexshard-stream plan) as the static "
+                                                       "one, the re-sharder starting from it; "
+                                                       "topology, tables, ID mode, B and "
+                                                       "de-duplication from it (options given "
+                                                       "win, with a warning)."),
                topology: Optional[str] = typer.Option(None, help="Topology TOML file or preset "
                                                       "name (2x8, 16x8, 16x8_skewed); needed "
                                                       "without --plan."),
@@ -280,7 +293,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                              out_dir=out, batch_size=cfg["batch_size"], model=cfg["model"],
                              skip_bad_rows=skip_bad_rows, top_k=top_k, progress=prog,
                              engine=engine, evaluation=evaluation, address=address,
-                             num_workers=workers, ids=cfg["ids"])
+                             num_workers=workers, ids=cfg["ids"], plan=cfg["plan"])
         if window_note:
             note(window_note)
         _check_replayed(res, cfg["batch_size"])

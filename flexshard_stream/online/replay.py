@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -524,33 +525,61 @@ class _Start:
     resharder: Resharder
     config: ReshardConfig
     decayed: StreamStats | DecayedStats
+    given: bool = False        # the static plan is the caller's (replay(plan=...))
+
+
+def _static_plan(run: _Run, tabs: Sequence[EmbeddingTable], sums0: Any, work0: Workload,
+                 given: Plan | None) -> tuple[Plan, float]:
+    """The static plan and the re-sharder's budget (bytes per GPU): the ``given`` plan (the
+    user's, its tables those of the log) with the budget it was made within, else a FlexShard plan
+    made on window 0 and its budget."""
+    if given is not None:
+        _check_given_plan(given, tabs, run.topo)
+        budget = given.meta.get("budget_bytes")
+        if isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0:
+            return given, float(budget)
+    try:
+        res = plan_flexshard(tabs, run.topo, sums0, memory=MemoryPolicy(), workload=work0)
+    except FlexShardError as e:
+        raise type(e)(f"the static FlexShard plan on the first window failed: {e}") from None
+    return (res.plan if given is None else given), float(res.budget_bytes)
+
+
+def _check_given_plan(plan: Plan, tabs: Sequence[EmbeddingTable], topo: Topology) -> None:
+    """ConfigError unless ``plan`` places exactly the tables ``tabs`` on ``topo``."""
+    if plan.topology != topo:
+        raise ConfigError(f"the plan to replay was made for {plan.topology.name}, not the "
+                          f"replay's {topo.name}; replay it on its own topology")
+    mine = {t.name: t for t in tabs}
+    theirs = {name: tp.table for name, tp in plan.tables.items()}
+    if mine != theirs:
+        differ = sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
+        raise ConfigError(f"the plan to replay places other tables than the replay's (differing: "
+                          f"{', '.join(differ[:5])}); replay with the plan's own tables")
 
 
 def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
                     decayed: StreamStats | DecayedStats,
-                    reshard_config: ReshardConfig | None) -> _Start:
-    """Plan on window 0: the FlexShard static plan (its budget bounds the re-sharder), twrw and tw
-    balanced by window 0's lookups per iteration, rw and hashed rw; the re-sharder from the static plan (its
-    default configuration: pause, horizon and hysteresis from the measured drift rate)."""
+                    reshard_config: ReshardConfig | None, given: Plan | None = None) -> _Start:
+    """Plan on window 0: the static plan (``given``, else FlexShard's on window 0; its budget
+    bounds the re-sharder), twrw and tw balanced by window 0's lookups per iteration, rw and
+    hashed rw; the re-sharder from the static plan (its default configuration: pause, horizon and
+    hysteresis from the measured drift rate)."""
     sums0 = st0.summary(run.top_k)
     work0 = run.workload.for_stats(tabs, run.topo, sums0)   # window 0's lengths and iterations
-    try:
-        static_res = plan_flexshard(tabs, run.topo, sums0, memory=MemoryPolicy(), workload=work0)
-    except FlexShardError as e:
-        raise type(e)(f"the static FlexShard plan on the first window failed: {e}") from None
-    budget = float(static_res.budget_bytes)
+    static, budget = _static_plan(run, tabs, sums0, work0, given)
     plans: dict[str, Plan] = {
         "rw": build_baseline("rw", tabs, run.topo),
         "rw-hash": build_baseline("rw-hash", tabs, run.topo),
         "twrw": build_baseline("twrw", tabs, run.topo, summaries=sums0, workload=work0),
         "tw": build_baseline("tw", tabs, run.topo, summaries=sums0, workload=work0),
-        "static": static_res.plan}
+        "static": static}
     base_cfg = reshard_config or ReshardConfig()
     rs_cfg = dataclasses.replace(base_cfg, check_every=float("inf"), unit=run.unit,
                                  top_k=run.top_k)
     rs = Resharder(tabs, run.topo, stats=decayed, memory=MemoryPolicy(bytes_per_gpu=budget),
-                   config=rs_cfg, plan=static_res.plan, workload=run.workload)
-    return _Start(plans, budget, rs, rs_cfg, decayed)
+                   config=rs_cfg, plan=static, workload=run.workload)
+    return _Start(plans, budget, rs, rs_cfg, decayed, given is not None)
 
 
 def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
@@ -563,7 +592,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
            progress: Callable[[dict[str, Any]], None] | None = None,
            engine: str = "local", evaluation: str = "trace", address: str | None = None,
            num_workers: int | None = None, ids: IdMode | str | None = None,
-           workload: Workload | None = None) -> ReplayResult:
+           workload: Workload | None = None, plan: Plan | None = None) -> ReplayResult:
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder.
 
     Parameters
@@ -609,6 +638,10 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     ids : how the log's IDs become table rows (:class:`~.logs.IdMode`): ``"raw"`` (default; a
         row with an ID out of its table's range is a bad row, ``"out_of_range"``), ``"hash"``
         (ID mod each table's ``num_rows``) or ``"hash:ROWS"``
+    plan : the static plan to replay (the user's, e.g. ``Plan.load`` of ``flexshard-stream plan
+        --out``) instead of a FlexShard plan made on window 0; the re-sharder starts from it,
+        within the budget it records (``meta["budget_bytes"]``, else window 0's planner's). Its
+        tables and topology must be the replay's (ConfigError)
 
     Raises
     ------
@@ -638,7 +671,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     st0, decayed = _first_window(run, log, wins, report)
     if st0.samples == 0:
         raise LogError(f"no samples to replay in {', '.join(log.paths)}")
-    start = _starting_plans(run, log.tables, st0, decayed, reshard_config)
+    start = _starting_plans(run, log.tables, st0, decayed, reshard_config, plan)
     tot = {s: _Acc(run.G, run.keep_matrices) for s in STRATEGIES}
     replaying = functools.partial(report, "replaying")
     if run.analytic:
@@ -679,6 +712,7 @@ def _summary_doc(run: _Run, log: _Log, engine: str, evaluation: str, workers: in
         "strategies": list(STRATEGIES),
         "model": dataclasses.asdict(run.model),
         "budget_bytes": start.budget,
+        "static_plan": "given" if start.given else "window 0",
         "resharder": _resharder_doc(run, start.config),
         "windows": windows,
         "totals": totals,
