@@ -353,3 +353,40 @@ def test_replay_plan_replays_the_users_plan(written, tmp_path):
     static = Plan.load(out / "plans" / "static")
     assert plan_fingerprint(static) == plan_fingerprint(Plan.load(rw))
     assert "rw-hash" in s["strategies"] and "replicate no row" in r.output
+
+
+# ------------------------------------------------------------------ plans named on the command line
+def test_export_says_a_missing_plan_does_not_exist(tmp_path):
+    """`export --plan nosuchplan` said "not a plan directory (no plan.json)"."""
+    r = CliRunner().invoke(app, ["export", "--plan", str(tmp_path / "nosuchplan"), "--out",
+                                 str(tmp_path / "e")])
+    assert r.exit_code == 2 and "nosuchplan: does not exist" in r.output, r.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_replay_directory_as_plan_points_to_its_plans(written, tmp_path):
+    """`export --plan` on a replay directory did not point to its `plans/`."""
+    d = written
+    rep = tmp_path / "rep"
+    r = CliRunner().invoke(app, ["replay", str(d / "log.csv"), "--topology", "1x2",
+                                 "--batch-size", "32", "--out", str(rep), "--window", "200"])
+    assert r.exit_code == 0, r.output
+    for argv in (["export", "--plan", str(rep), "--out", str(tmp_path / "e")],
+                 ["evaluate", "--plan", str(rep), "--log", str(d / "log.csv")]):
+        r = CliRunner().invoke(app, argv)
+        assert r.exit_code == 2, r.output
+        assert "a replay directory, not a plan" in r.output
+        assert f"--plan {rep / 'plans' / 'static'}" in " ".join(r.output.split())
+
+
+def test_evaluate_says_once_that_the_last_samples_did_not_fill_an_iteration(written, tmp_path):
+    """`evaluate` repeated "the last N samples did not fill an iteration" once per plan."""
+    d = written
+    rw = tmp_path / "rw"
+    assert CliRunner().invoke(app, ["plan", "--log", str(d / "log.csv"), "--topology", "1x2",
+                                    "--strategy", "rw", "--out", str(rw), "--batch-size",
+                                    "32"]).exit_code == 0
+    r = CliRunner().invoke(app, ["evaluate", "--plan", str(d / "plan"), "--plan", str(rw),
+                                 "--log", str(d / "log.csv"), "--batch-size", "64"])
+    assert r.exit_code == 0, r.output
+    assert r.output.count("did not fill an iteration") == 1 and "every plan: the last" in r.output

@@ -17,7 +17,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 import typer
 
-from ..errors import FlexShardError
+from ..errors import ConfigError, FlexShardError
 from ..formats.units import fmt_bytes, fmt_seconds
 from ..sources.ids import IdMode
 
@@ -222,6 +222,30 @@ def vs_best_text(r: Mapping[str, Any]) -> str:
 CROSSING_NOTE = ("crossing nodes: every byte sent between nodes per iteration, the all-to-all's "
                  "and the replica sync's (gradients of replicated rows; incl. sync gives that "
                  "part); comm time: the slowest GPU's; peak/GPU: rows + buffers.")
+
+
+# ============================================================================ plans
+def load_plan(path: Path, flag: str = "--plan"):
+    """The plan directory ``path`` given as ``flag``, loaded; a clear error otherwise: it does
+    not exist, or it is a directory holding plans (a replay's ``plans/``, a sidecar's ``plan``
+    link) rather than a plan, or it is damaged (the loader's error)."""
+    from ..formats.directories import directory_kind
+    from ..plans.plan import Plan
+
+    if not os.path.lexists(path):
+        raise ConfigError(f"{flag} {path}: does not exist (a plan directory is what "
+                          f"`flexshard-stream plan --out` writes)")
+    kind = directory_kind(path) if os.path.isdir(path) else None
+    if kind == "replay":
+        names = sorted(p.name for p in (Path(path) / "plans").iterdir()
+                       if not p.name.startswith(".")) if (Path(path) / "plans").is_dir() else []
+        raise ConfigError(f"{flag} {path}: a replay directory, not a plan; its plans are in "
+                          f"{Path(path) / 'plans'}/ ({', '.join(names)}): for example {flag} "
+                          f"{Path(path) / 'plans' / 'static'}")
+    if kind == "sidecar":
+        raise ConfigError(f"{flag} {path}: a sidecar's directory, not a plan; its published "
+                          f"plan is {flag} {Path(path) / 'plan'}")
+    return Plan.load(path)
 
 
 # ============================================================================ a plan's settings

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from .common import choice, fail, writing
+from .common import choice, fail, load_plan, writing
 
 #: ``export_torchrec.COLD_SHARDINGS`` and ``NODE_REPLICAS`` (spelled here: the module is imported
 #: only when the command runs; tests/test_export_torchrec.py checks they agree).
@@ -35,10 +35,9 @@ def export_command(
     (docs/TORCHREC_EXPORT.md). Needs no torch."""
     from ..bridge.export import describe_export, export_torchrec
     from ..errors import FlexShardError
-    from ..plans.plan import Plan
 
     try:
-        plan = Plan.load(plan_dir)
+        plan = load_plan(plan_dir)
     except FlexShardError as e:
         fail(e)
     with writing(out):

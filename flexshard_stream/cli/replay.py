@@ -24,6 +24,7 @@ from .common import (
     cost_rows,
     fail,
     ids_option,
+    load_plan,
     note,
     os_reason,
     profile_label,
@@ -136,7 +137,6 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
     """Topology, tables, ID mode, B and cost model of a replay: the options, else the plan's
     (``--plan``), else the defaults; a topology is needed from one of them."""
     from ..placement.cost import CostModel
-    from ..plans.plan import Plan
     from ..plans.topology import Topology
 
     if plan_dir is None:
@@ -148,7 +148,7 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
                 "batch_size": batch_size or DEFAULT_BATCH_SIZE,
                 "model": CostModel(dedup=True if dedup is None else dedup,
                                    profile=profile or "torchrec")}
-    p = Plan.load(plan_dir)
+    p = load_plan(plan_dir)
     rec = recorded_settings(p)
     where = f"plan {plan_dir}"
     topo = p.topology if topology is None else Topology.load(topology)
