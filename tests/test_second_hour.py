@@ -390,3 +390,19 @@ def test_evaluate_says_once_that_the_last_samples_did_not_fill_an_iteration(writ
                                  "--log", str(d / "log.csv"), "--batch-size", "64"])
     assert r.exit_code == 0, r.output
     assert r.output.count("did not fill an iteration") == 1 and "every plan: the last" in r.output
+
+
+# ------------------------------------------------------------------ plan: a log too short for B
+@pytest.mark.parametrize("batch_size,warned", [(512, True), (16, False)])
+def test_plan_says_when_the_log_cannot_fill_enough_iterations(written, tmp_path, batch_size,
+                                                               warned):
+    """Default B = 512 passed `plan` silently and failed later: `evaluate` then said the log
+    held fewer than one iteration, or evaluated "1 iterations" without a warning."""
+    r = CliRunner().invoke(app, ["plan", "--log", str(written / "log.csv"), "--topology", "1x2",
+                                 "--out", str(tmp_path / "p"), "--batch-size", str(batch_size)])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert ("cannot judge it" in text) == warned, text
+    if warned:
+        assert "the log holds 600 samples: 0 iterations of 2 GPUs x B 512" in text
+        assert "--batch-size 30 or less fills 10 (600 samples)" in text

@@ -216,6 +216,29 @@ def _profile(logs: List[Path], tables, rows=None, skip_bad_rows: bool = False,
 
 
 # ============================================================================ the plan
+#: Whole iterations a log must fill for evaluate and replay to judge a plan on it (their figures
+#: are means over whole iterations of G x B samples; fewer rest on a handful of them).
+MIN_JUDGED_ITERATIONS = 10
+
+
+def _warn_few_iterations(samples: int, gpus: int, batch_size: int) -> None:
+    """Warn, with the numbers, when ``samples`` fill fewer than :data:`MIN_JUDGED_ITERATIONS`
+    iterations of ``gpus`` x ``batch_size`` samples, and say which B (or how long a log) would."""
+    per = gpus * batch_size
+    have = samples // per
+    if have >= MIN_JUDGED_ITERATIONS:
+        return
+    need = MIN_JUDGED_ITERATIONS
+    fits = samples // (gpus * need)
+    way = (f"--batch-size {fits} or less fills {need} ({gpus * fits * need:,} samples)"
+           if fits >= 1 and fits < batch_size else
+           f"even B = 1 fills {samples // gpus:,}")
+    warn(f"the log holds {samples:,} samples: {have:,} iteration{'' if have == 1 else 's'} of "
+         f"{gpus} GPUs x B {batch_size} ({per:,} samples each); evaluate and replay judge a plan "
+         f"on whole iterations, and fewer than {need} cannot judge it. {way}; or profile a log "
+         f"of at least {per * need:,} samples.")
+
+
 def _note_selection(strategy: str, prof, share: float, per_iteration: int) -> None:
     """Say how FlexShard's plan is chosen when it is not on a held-out part as asked."""
     if strategy != "flexshard" or not share:
@@ -500,6 +523,7 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
                                 holdout_share=holdout if strategy == "flexshard" else 0.0,
                                 min_holdout_samples=topo.num_gpus * batch_size)
         st = prof.whole
+        _warn_few_iterations(prof.samples, topo.num_gpus, batch_size)
         sparse = _warn_sparse_inferred(tabs, st, tables is None, mode)
         summaries = summaries_by_table(tabs, st.summary(k=topk))
         memory = _memory_policy(tabs, topo, memory_bytes, memory_baseline, host_memory,
