@@ -406,3 +406,36 @@ def test_plan_says_when_the_log_cannot_fill_enough_iterations(written, tmp_path,
     if warned:
         assert "the log holds 600 samples: 0 iterations of 2 GPUs x B 512" in text
         assert "--batch-size 30 or less fills 10 (600 samples)" in text
+
+
+# ------------------------------------------------------------------ the in-process Sidecar
+def test_the_in_process_sidecar_takes_ids_hash(tmp_path):
+    """The in-process Sidecar had no `ids=` (only the ring command had --ids): raw IDs beyond a
+    table's rows were rejected."""
+    from flexshard_stream import Batch
+    sc = _sidecar(tmp_path / "out", ids="hash")
+    big = np.array([10**12 + 5, 987_654_321_123, 1005], np.int64)
+    sc.submit(Batch(["item"], big, np.array([1, 1, 1])))
+    sc.flush()
+    sc.close()
+    st = sc.stats()
+    assert st.rejected == 0 and st.processed_ids == 3
+    assert sorted(sc.stats_object.view().summary(10)["item"].top_ids.tolist()) == \
+        sorted(set((big % 1000).tolist()))
+
+
+def test_the_sidecar_logs_drops_and_why_no_plan_was_published(tmp_path, caplog):
+    """One loop dropped 20% of its batches and published 0 plans without a word."""
+    import logging
+    sc = _sidecar(tmp_path / "out", policy="drop", queue_batches=1)
+    with caplog.at_level(logging.INFO, logger="flexshard_stream.online.sidecar"):
+        for i in range(200):
+            sc.submit(_batch(i))
+        sc.close()
+    st = sc.stats()
+    assert st.dropped > 0, "the test needs drops"
+    line = [r.getMessage() for r in caplog.records if "sidecar closing" in r.getMessage()]
+    assert line and f"dropped {st.dropped:,} of 200 submitted batches" in line[0]
+    assert "published no plan change: " in line[0] and "check" in line[0]
+    assert [r.levelname for r in caplog.records if "sidecar closing" in r.getMessage()] == \
+        ["WARNING"]

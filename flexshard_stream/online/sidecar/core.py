@@ -15,7 +15,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...plans.plan import Plan
-from ...plans.tables import EmbeddingTable, load_tables
+from ...plans.tables import EmbeddingTable, load_tables, row_map
 from ...plans.topology import Topology
 from ...stats.batch import Batch
 from ...stats.config import TableConfig
@@ -91,6 +91,9 @@ class Sidecar:
     source, source_batches, source_ids : where the batches come from (JSON-able, stored in
         checkpoints) and how many of its batches (IDs) were consumed before this process started
         (the ring command's exact loss accounting)
+    ids : how submitted IDs become table rows (``"raw"``, the default: as given; ``"hash"``: ID
+        mod the table's ``num_rows``; ``"hash:ROWS"``), as the ring command's ``--ids``: for
+        loaders that yield raw sparse or 64-bit hashed IDs. Mapped in ``submit``.
 
     The CPU budget (``cpu_budget``, half a core by default): the ingest thread measures its CPU
     seconds per ID and the offered rate and samples one ID occurrence in ``k`` (count-min and
@@ -119,7 +122,8 @@ class Sidecar:
                  plan: Plan | None = None,
                  callback: Callable[[Decision, Plan], None] | None = None,
                  resume: bool = False, source: Mapping[str, Any] | None = None,
-                 source_batches: int = 0, source_ids: int = 0, **settings: Any):
+                 source_batches: int = 0, source_ids: int = 0, ids: Any = None,
+                 **settings: Any):
         cfg = self.config = SidecarConfig.build(config, settings)
         self._sync = Coordination()
         self._queue = BoundedQueue(self._sync, max_batches=cfg.queue_batches,
@@ -128,6 +132,7 @@ class Sidecar:
                        else list(tables))
         self.topology = topology if isinstance(topology, Topology) else Topology.load(topology)
         self.batch_size = int(batch_size)
+        self._rows = row_map(self.tables, ids)   # ConfigError for a bad mode, before any thread
         self.out_dir = Path(out_dir)
         self.source = dict(source or {})
         self._stats = self._statistics(stats)
@@ -228,6 +233,8 @@ class Sidecar:
         if self._sync.has_error():
             self._sync.raise_pending()
         b = batch if isinstance(batch, Batch) else to_batch(batch)
+        if self._rows.mode.hashed:
+            b = self._rows.map_batch(b)
         return self._queue.put(copy_batch(b) if self.copy else b,
                                block=(self.policy == "block") if block is None else bool(block),
                                timeout=self.block_timeout if timeout is _UNSET else timeout)
@@ -289,8 +296,36 @@ class Sidecar:
         else:
             log.warning("sidecar threads did not finish within %s s; the final checkpoint may "
                         "be missing", timeout)
+        self._log_outcome()
         self._raise_if_lost()
         self._sync.raise_pending()
+
+    def _log_outcome(self) -> None:
+        """At close: a warning when batches were dropped or no plan was published, with the
+        numbers and the reason (the last check's, or why no check ran); info otherwise."""
+        st = self.stats()
+        dropped = (f"dropped {st.dropped:,} of {st.submitted:,} submitted batches "
+                   f"({st.dropped / st.submitted:.0%}, {self.policy} policy, queue of "
+                   f"{self.config.queue_batches} batches)" if st.dropped else "dropped none")
+        if st.plans_published:
+            published = f"published {st.plans_published} plan change(s)"
+        else:
+            published = f"published no plan change: {self._why_no_plan(st)}"
+        msg = f"sidecar closing: {dropped}; {published}"
+        if st.dropped or not st.plans_published:
+            log.warning("%s", msg)
+        else:
+            log.info("%s", msg)
+
+    def _why_no_plan(self, st: SidecarStats) -> str:
+        """Why no plan change was published: the last check's reason, or why none ran."""
+        history = self.resharder.history
+        if history:
+            d = history[-1]
+            return f"{st.checks} check(s) ran, the last one {d.action}: {d.reason}"
+        cfg = self.config.reshard
+        return (f"no check ran (one every {cfg.check_every:g} {cfg.unit}; "
+                f"{st.batches_in_stats:,} batches reached the statistics)")
 
     def _raise_if_lost(self) -> None:
         """After the threads ended: CheckpointLostError when the final checkpoint failed,
