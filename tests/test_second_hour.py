@@ -439,3 +439,23 @@ def test_the_sidecar_logs_drops_and_why_no_plan_was_published(tmp_path, caplog):
     assert "published no plan change: " in line[0] and "check" in line[0]
     assert [r.levelname for r in caplog.records if "sidecar closing" in r.getMessage()] == \
         ["WARNING"]
+
+
+# ------------------------------------------------------------------ export: pooling factors
+def test_export_stats_fills_the_pooling_factors(written, tmp_path):
+    """`export` wrote TorchRec's default pooling factors: a plan directory holds no
+    statistics."""
+    import json
+    d = written
+    runs = {}
+    for name, extra in (("bare", []), ("stats", ["--stats", str(d / "s.fss")])):
+        r = CliRunner().invoke(app, ["export", "--plan", str(d / "plan"), "--out",
+                                     str(tmp_path / name), "--json"] + extra)
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads(r.output.strip().splitlines()[-1])
+    bare = {e["table"]: e for e in runs["bare"]["tables"]}
+    filled = {e["table"]: e for e in runs["stats"]["tables"]}
+    assert all(e["mean_length"] is None for e in bare.values())
+    assert all(e["mean_length"] == pytest.approx(1.0) for e in filled.values())  # one ID each
+    assert any("--stats FILE" in n for e in bare.values() for n in e["notes"])
+    assert not any("pooling_factors" in n for e in filled.values() for n in e["notes"])

@@ -332,8 +332,8 @@ def _export_table(tmp: Path, stem: str, name: str, tp: TablePlan, topo: Topology
         pf_hot, pf_cold = float(L) * share, float(L) * (1.0 - share)
     notes = list(m.notes)
     if pf_hot is None:
-        notes.append("pooling_factors: TorchRec's default [1.0] (pass summaries= to split "
-                     "the mean length by access share)")
+        notes.append("pooling_factors: TorchRec's default [1.0] (pass summaries=, or export "
+                     "--stats FILE, to split the mean length by access share)")
     remap = {"encoding": REMAP_ENCODING, "rows": t.num_rows}
     for part in ("exceptions", "segments"):
         arr = getattr(m.remap, part)
