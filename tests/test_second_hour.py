@@ -459,3 +459,47 @@ def test_export_stats_fills_the_pooling_factors(written, tmp_path):
     assert all(e["mean_length"] == pytest.approx(1.0) for e in filled.values())  # one ID each
     assert any("--stats FILE" in n for e in bare.values() for n in e["notes"])
     assert not any("pooling_factors" in n for e in filled.values() for n in e["notes"])
+
+
+# ------------------------------------------------------------------ the time column
+@pytest.mark.parametrize("name", ["timestamp", "time", "event_time"])
+def test_a_column_named_like_time_is_the_time_column(tmp_path, name):
+    """MovieLens' `timestamp` column became a 2.3 G-row ID table unless renamed `ts`."""
+    from flexshard_stream.sources.logs import LogReader, inspect_log
+    log = tmp_path / "log.parquet"
+    pl.DataFrame({"user": [1, 2, 3], "movie": [10, 20, 30],
+                  name: [978300760, 978302109, 978301968]}).write_parquet(log)
+    schema = inspect_log([str(log)])
+    assert schema.keys == ("user", "movie") and schema.ts_column == name and schema.has_ts
+    batches = list(LogReader([str(log)]))
+    assert batches[0].timestamp.tolist() == [978300760.0, 978302109.0, 978301968.0]
+    r = CliRunner().invoke(app, ["tables", str(log), "--json"])
+    assert r.exit_code == 0 and name not in r.output.split('"tables"')[1], r.output
+
+
+def test_ts_column_names_the_time_column_and_a_feature_can_still_be_named_time(tmp_path):
+    from flexshard_stream.sources.logs import LogReader
+    log = tmp_path / "log.parquet"
+    pl.DataFrame({"item": [1, 2], "time": [5, 6], "when": [1.5, 2.5]}).write_parquet(log)
+    r = LogReader([str(log)], ts_column="when")
+    assert r.schema.keys == ("item", "time") and next(iter(r)).timestamp.tolist() == [1.5, 2.5]
+    r = LogReader([str(log)], features=["item", "time"])       # asked for as IDs: IDs
+    assert r.schema.keys == ("item", "time") and r.schema.ts_column is None
+
+
+def test_ts_flag_names_the_time_column_of_stats_tables_and_plan(tmp_path):
+    import json
+    log = tmp_path / "log.parquet"
+    n = 400
+    pl.DataFrame({"item": np.arange(n) % 37, "when": 1_700_000_000 + np.arange(n)}
+                 ).write_parquet(log)                       # integer seconds: IDs by their type
+    for argv in (["stats", str(log), "--json"], ["tables", str(log), "--json"]):
+        r = CliRunner().invoke(app, argv)
+        assert r.exit_code == 0 and '"when"' in r.output, r.output          # without: a table
+        r = CliRunner().invoke(app, argv + ["--ts", "when"])
+        assert r.exit_code == 0 and '"when"' not in r.output, r.output
+    r = CliRunner().invoke(app, ["plan", "--log", str(log), "--topology", "1x2", "--ts", "when",
+                                 "--batch-size", "8", "--out", str(tmp_path / "p"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert [t["table"] for t in json.loads(r.output.strip().splitlines()[-1])["tables"]] == \
+        ["item"]

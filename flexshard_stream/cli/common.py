@@ -32,6 +32,8 @@ WIDTH = 80
 PROFILE_HELP = ("Execution profile of the cost model: torchrec (what TorchRec 1.8 sends for the "
                 "plan) or ideal (the project's own model: what a custom runtime could reach; "
                 "figures labelled 'idealized').")
+TS_HELP = ("The time column (seconds or datetimes). Default: ts, else timestamp, time or "
+           "event_time: a column named like time is never read as a table of IDs.")
 IDS_HELP = ("How log IDs become table rows: raw (an ID is its row), hash (row = ID mod the "
             "table's num_rows) or hash:ROWS (ID mod ROWS; inferred tables get ROWS rows). "
             "hash is the modulo TorchRec users apply to raw sparse or 64-bit hashed IDs.")
@@ -351,9 +353,9 @@ def time_column_hint(names: Sequence[str]) -> str:
     if not cols:
         return ""
     return (f"{', '.join(repr(c) for c in cols)} looks like the sample time, read here as an ID "
-            f"column (a table): rename it ts (the timestamp column), or name the ID columns with "
-            f"--features (stats, tables) and plan with the tables file `flexshard-stream tables "
-            f"LOG --features A,B --out tables.toml` writes")
+            f"column (a table): pass --ts {cols[0]} (stats, tables, plan), rename it ts, or name "
+            f"the ID columns with --features (stats, tables) and plan with the tables file "
+            f"`flexshard-stream tables LOG --features A,B --out tables.toml` writes")
 
 
 def warn_time_columns(names: Sequence[str]) -> None:
@@ -369,7 +371,8 @@ def stderr_console():
 
 
 def sketch_logs(paths: List[Path], features: Optional[List[str]], read_batch_size: int,
-                show_progress: bool, rows: Any = None, skip_bad_rows: bool = False):
+                show_progress: bool, rows: Any = None, skip_bad_rows: bool = False,
+                ts_column: Optional[str] = None):
     """Sketch ``paths`` with every feature's table found on first sight; ``rows`` maps IDs to
     rows first (hash modes). Returns the StreamStats, the seconds taken and the bad rows skipped
     per reason (all zero unless ``skip_bad_rows``)."""
@@ -382,7 +385,7 @@ def sketch_logs(paths: List[Path], features: Optional[List[str]], read_batch_siz
     t0 = time.perf_counter()
     reader = LogReader([str(p) for p in paths], features=features,
                        read_batch_size=read_batch_size, skip_bad_rows=skip_bad_rows,
-                       rows=rows)
+                       rows=rows, ts_column=ts_column)
     if not features:
         warn_time_columns(reader.schema.keys)
     with Progress(TextColumn("[bold]sketching[/]"), BarColumn(), TextColumn("{task.fields[ids]}"),
