@@ -503,3 +503,21 @@ def test_ts_flag_names_the_time_column_of_stats_tables_and_plan(tmp_path):
     assert r.exit_code == 0, r.output
     assert [t["table"] for t in json.loads(r.output.strip().splitlines()[-1])["tables"]] == \
         ["item"]
+
+
+@pytest.mark.parametrize("engine,evaluation", [("local", "trace"), ("process", "analytic")])
+def test_replay_ts_names_the_time_column_for_duration_windows(tmp_path, engine, evaluation):
+    log = tmp_path / "log.parquet"
+    n = 800
+    rng = np.random.default_rng(1)
+    pl.DataFrame({"item": rng.zipf(1.3, n) % 97, "when": 1_700_000_000 + np.arange(n) // 4}
+                 ).write_parquet(log)
+    argv = ["replay", str(log), "--topology", "1x2", "--batch-size", "8", "--window", "50s",
+            "--engine", engine, "--evaluation", evaluation, "--workers", "2", "--json",
+            "--out", str(tmp_path / "o")]
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 2 and "duration" in r.output, r.output      # `when` is read as IDs
+    r = CliRunner().invoke(app, argv + ["--ts", "when"])
+    assert r.exit_code == 0, r.output
+    import json
+    assert json.loads(r.output.strip().splitlines()[-1])["totals"]["windows"] == 4

@@ -19,6 +19,7 @@ from .common import (
     IDS_HELP,
     PROFILE_HELP,
     PROFILES,
+    TS_HELP,
     choice,
     cost_model,
     cost_rows,
@@ -277,6 +278,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                                                      "give identical statistics on every "
                                                      "engine. Default: local 1, process the CPU "
                                                      "count, ray the cluster's CPUs."),
+               ts: Optional[str] = typer.Option(None, "--ts", metavar="COLUMN", help=TS_HELP),
                json_out: bool = typer.Option(False, "--json", help="Print the totals as one JSON "
                                              "object.")):
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder."""
@@ -293,7 +295,8 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                              out_dir=out, batch_size=cfg["batch_size"], model=cfg["model"],
                              skip_bad_rows=skip_bad_rows, top_k=top_k, progress=prog,
                              engine=engine, evaluation=evaluation, address=address,
-                             num_workers=workers, ids=cfg["ids"], plan=cfg["plan"])
+                             num_workers=workers, ids=cfg["ids"], plan=cfg["plan"],
+                             ts_column=ts)
         if window_note:
             note(window_note)
         _check_replayed(res, cfg["batch_size"])

@@ -333,17 +333,19 @@ class _Log:
     read_batch_size: int                  # samples per chunk read
     skip_bad_rows: bool
     rows: RowMap                          # IDs -> table rows (ID mode, num_rows checks)
+    ts_column: str | None = None          # the time column asked for (None: the default rule)
 
     def new_reader(self) -> LogReader:
         """A fresh reader over the same files (a second pass)."""
         return LogReader(self.paths, features=self.features,
                          read_batch_size=self.read_batch_size, skip_bad_rows=self.skip_bad_rows,
-                         rows=self.rows)
+                         rows=self.rows, ts_column=self.ts_column)
 
 
 def _open_log(logs: PathLike | Sequence[PathLike],
               tables: Sequence[EmbeddingTable] | PathLike | None, read_batch_size: int,
-              skip_bad_rows: bool, ids: IdMode | str | None = None) -> _Log:
+              skip_bad_rows: bool, ids: IdMode | str | None = None,
+              ts_column: str | None = None) -> _Log:
     """Open the log and resolve its tables (given, a TOML file, or inferred from the log) and
     how its IDs become their rows (``ids``, :func:`~.tables.row_map`).
 
@@ -360,9 +362,9 @@ def _open_log(logs: PathLike | Sequence[PathLike],
         tabs = None
     feats = [t.feature for t in tabs] if tabs is not None else None
     reader = LogReader(paths, features=feats, read_batch_size=read_batch_size,
-                       skip_bad_rows=skip_bad_rows)
+                       skip_bad_rows=skip_bad_rows, ts_column=ts_column)
     if tabs is None:
-        tabs = infer_tables(paths, dict(reader.schema.features), ids=ids)
+        tabs = infer_tables(paths, dict(reader.schema.features), ids=ids, ts_column=ts_column)
     by_feat = {t.feature: t for t in tabs}
     if len(by_feat) != len(tabs):
         raise ConfigError("two tables are fed by the same feature; each feature may feed one table")
@@ -372,7 +374,7 @@ def _open_log(logs: PathLike | Sequence[PathLike],
     configs = [TableConfig(t.name, t.num_rows, t.feature) for t in tabs]
     reader.rows = row_map(tabs, ids)
     return _Log(paths, tabs, configs, feats, reader, reader.data_rows(), read_batch_size,
-                skip_bad_rows, reader.rows)
+                skip_bad_rows, reader.rows, ts_column)
 
 
 def _window_spec(spec: WindowSpec | None, log: _Log) -> WindowSpec:
@@ -468,7 +470,7 @@ def _engine_windows(log: _Log, spec: WindowSpec, engine: str, address: str | Non
         wins = window_stats(log.paths, window=spec, engine=engine, address=address,
                             num_workers=num_workers, skip_bad_rows=log.skip_bad_rows,
                             tables=log.configs, read_batch_size=log.read_batch_size,
-                            diagnostics=diag, rows=log.rows)
+                            diagnostics=diag, rows=log.rows, ts_column=log.ts_column)
     except ConnectionError as e:
         if engine != "ray":
             raise
@@ -592,7 +594,8 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
            progress: Callable[[dict[str, Any]], None] | None = None,
            engine: str = "local", evaluation: str = "trace", address: str | None = None,
            num_workers: int | None = None, ids: IdMode | str | None = None,
-           workload: Workload | None = None, plan: Plan | None = None) -> ReplayResult:
+           workload: Workload | None = None, plan: Plan | None = None,
+           ts_column: str | None = None) -> ReplayResult:
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder.
 
     Parameters
@@ -642,6 +645,8 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
         --out``) instead of a FlexShard plan made on window 0; the re-sharder starts from it,
         within the budget it records (``meta["budget_bytes"]``, else window 0's planner's). Its
         tables and topology must be the replay's (ConfigError)
+    ts_column : the log's time column (default: ``ts``, else ``timestamp``, ``time`` or
+        ``event_time``; :data:`~flexshard_stream.sources.logs.TIME_COLUMNS`)
 
     Raises
     ------
@@ -661,7 +666,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     topo = topology if isinstance(topology, Topology) else Topology.load(topology)
     if evaluation == "trace":
         check_matrix_size(topo, "replay's trace evaluation")
-    log = _open_log(logs, tables, read_batch_size, skip_bad_rows, ids)
+    log = _open_log(logs, tables, read_batch_size, skip_bad_rows, ids, ts_column)
     run = _Run(topo, _window_spec(spec, log), work, int(checks_per_window), int(top_k),
                evaluation == "analytic", half_life_windows)
     report = _Progress(progress, log.total_rows)
