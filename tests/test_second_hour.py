@@ -521,3 +521,19 @@ def test_replay_ts_names_the_time_column_for_duration_windows(tmp_path, engine, 
     assert r.exit_code == 0, r.output
     import json
     assert json.loads(r.output.strip().splitlines()[-1])["totals"]["windows"] == 4
+
+
+def test_the_sidecar_accepts_its_own_group_writable_directory(tmp_path):
+    """A umask of 002 (one private group per user) leaves g+w on the directories the sidecar
+    makes: its own group, so the next start still takes them."""
+    import os
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o775)
+    os.chown(out, os.geteuid(), os.getegid())
+    _sidecar(out).close()
+    _sidecar(out, resume=True).close()
+    os.chown(out, os.geteuid(), os.getegid() + 4242)               # another group: refused
+    from flexshard_stream.errors import ConfigError
+    with pytest.raises(ConfigError, match="others can write into it"):
+        _sidecar(out, resume=True)

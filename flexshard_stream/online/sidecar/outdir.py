@@ -72,7 +72,8 @@ def check_out_dir(out_dir: Path) -> None:
 
 def _check_private(path: Path) -> None:
     """``path``, when it exists, is a real directory of this user that only this user can write
-    into (as the ring's file: owner checked, no group or other write bit)."""
+    into (as the ring's file: owner checked; no write bit for others, nor for a group other than
+    this user's)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -89,7 +90,9 @@ def _check_private(path: Path) -> None:
     if st.st_uid != os.geteuid():
         raise ConfigError(f"{path} belongs to uid {st.st_uid}, not to this user (uid "
                           f"{os.geteuid()}); the sidecar writes only into its own directories")
-    if st.st_mode & 0o022:
+    # others' write bit, or a group's that is not this user's own (a umask of 002 with a
+    # private group per user leaves g+w on every directory: that group is only this user)
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid()):
         raise ConfigError(f"{path} has mode {oct(stat.S_IMODE(st.st_mode))}: others can write "
                           f"into it; the sidecar needs a directory only its owner writes "
                           f"(chmod go-w {path})")
