@@ -279,19 +279,25 @@ def test_example_tables_file_plans_the_default_trace(tmp_path):
 
 
 def test_a_time_like_column_is_named_with_the_way_out(tmp_path):
-    """A log whose time column is called 'timestamp' (MovieLens) reads it as an ID column: the
-    newcomer is told, with how to keep it out; naming the features says nothing."""
+    """A column named 'timestamp' (MovieLens) is the time column (issue 26); another time-like
+    name read as an ID column ('created_at') is named with the ways out; naming the features
+    says nothing."""
     log = tmp_path / "ratings.csv"
     log.write_text("userId,movieId,timestamp\n1,10,964982703\n2,11,964981247\n1,12,964982224\n")
+    r = runner.invoke(app, ["stats", str(log), "--json"])
+    assert r.exit_code == 0 and "looks like the sample time" not in r.output, r.output
+    assert '"timestamp"' not in r.output and '"last_ts": 964982703.0' in r.output
+    log = tmp_path / "ratings2.csv"
+    log.write_text("userId,movieId,created_at\n1,10,964982703\n2,11,964981247\n")
     r = runner.invoke(app, ["stats", str(log)])
     assert r.exit_code == 0, r.output
     said = " ".join(r.output.split())
-    assert "'timestamp' looks like the sample time" in said and "rename it ts" in said
+    assert "'created_at' looks like the sample time" in said and "--ts created_at" in said
     r = runner.invoke(app, ["stats", str(log), "--features", "userId,movieId"])
     assert r.exit_code == 0 and "looks like the sample time" not in r.output
     r = runner.invoke(app, ["tables", str(log), "--out", str(tmp_path / "t.toml")])
     assert r.exit_code == 0, r.output
-    assert "'timestamp' looks like the sample time" in " ".join(r.output.split())
+    assert "'created_at' looks like the sample time" in " ".join(r.output.split())
 
 
 @pytest.mark.parametrize("profile, expected", [("torchrec", False), ("ideal", True)])

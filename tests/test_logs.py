@@ -110,7 +110,8 @@ def test_round_trip_several_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         rows_all += rows
         paths.append(write(frame(rows, with_ts), tmp_path / f"part{j}{ext}"))
     reader = LogReader(paths, read_batch_size=6)
-    assert reader.schema == LogSchema({"u": "single", "seq": "sequence"}, with_ts)
+    assert reader.schema == LogSchema({"u": "single", "seq": "sequence"}, with_ts,
+                                   "ts" if with_ts else None)
     batches = list(reader)
     # exact batch sizes; batches span file and row-group boundaries (6 vs files 7, 13, ...)
     assert [b.batch_size for b in batches] == [6, 6, 6, 6, 2]

@@ -43,7 +43,9 @@ other non-empty directory is refused: :func:`check_export_target`):
   ranks, each shard's rank, offsets and sizes), which :func:`torchrec_sharding_plan` turns into
   the ``ShardingPlan`` to pass as ``DistributedModelParallel(plan=...)``: the placement is ours,
   not TorchRec's planner's;
-* ``<T>.remap_exceptions.npy`` and ``<T>.remap_segments.npy`` per table (int64, no pickles).
+* ``<T>.remap_exceptions.npy`` and ``<T>.remap_segments.npy`` per table (int64, no pickles;
+  ``<T>``: the table's name, or, long, unsafe or clashing, a short safe stem with a hash of it,
+  ``formats.files.file_stems``; the manifest names each file).
 
 torch and torchrec are never imported except by the loaders, which import them lazily.
 ``docs/TORCHREC_EXPORT.md`` states the mapping, what TorchRec cannot express, what runs, and how
@@ -56,7 +58,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -66,7 +67,7 @@ import numpy as np
 from ..errors import ConfigError, FlexShardError, FormatError
 from ..formats.fields import field_int, field_list, field_mapping
 from ..formats.directories import check_output_directory, read_directory, staging_directory
-from ..formats.files import read_json, read_npy, write_json, write_npy
+from ..formats.files import file_stems, read_json, read_npy, write_json, write_npy
 from ..formats.units import fmt_bytes
 from ..optional import optional_imports
 from ..plans.plan import ColdSharding, Plan, TablePlan
@@ -135,7 +136,6 @@ _DENSE = "dense"
 _FUSED = "fused"
 _UVM_CACHING = "fused_uvm_caching"
 _DATA_TYPE = {"fp32": "FP32", "fp16": "FP16", "bf16": "BF16"}
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
 # ----------------------------------------------------------------------------- per-table mapping
@@ -244,10 +244,11 @@ def export_torchrec(plan: Plan, out_dir: str | os.PathLike, *, cold_sharding: st
     _check_columns(plan)
     with staging_directory(out_dir, kind=EXPORT_KIND, legacy=(MANIFEST_FILE,),
                            owns=EXPORT_FILES) as tmp:
-        parts = [_export_table(tmp, i, name, tp, plan.topology, cold_sharding, node_replicas,
-                               summaries or {}, mean_lengths or {},
+        stems = file_stems(plan.tables)   # unique, short, safe: never a table's file twice
+        parts = [_export_table(tmp, stems[name], name, tp, plan.topology, cold_sharding,
+                               node_replicas, summaries or {}, mean_lengths or {},
                                _capacity_of(hot_capacity, name, tp, node_replicas))
-                 for i, (name, tp) in enumerate(plan.tables.items())]
+                 for name, tp in plan.tables.items()]
         manifest = _manifest(plan, cold_sharding, node_replicas, parts)
         _write_json(tmp / CONSTRAINTS_FILE, {
             "format": "torchrec.ParameterConstraints", "torchrec_version": TORCHREC_VERSION,
@@ -343,13 +344,14 @@ class _TableExport:
     export_row_bytes: np.ndarray        # bytes per GPU
 
 
-def _export_table(tmp: Path, index: int, name: str, tp: TablePlan, topo: Topology,
+def _export_table(tmp: Path, stem: str, name: str, tp: TablePlan, topo: Topology,
                   cold_sharding: str, node_replicas: str,
                   summaries: Mapping[str, FrequencySummary],
                   mean_lengths: Mapping[str, float], capacity: int | None = None
                   ) -> _TableExport:
     """Split table ``name`` into its hot and cold TorchRec tables and write its remap arrays into
-    ``tmp`` (with ``capacity``: the live layout, :func:`_live_mapping`)."""
+    ``tmp`` as ``<stem>.remap_*.npy`` (``stem``: the table's unique file stem; with
+    ``capacity``: the live layout, :func:`_live_mapping`)."""
     t = tp.table
     m = map_table(tp, topo, cold_sharding, node_replicas) if capacity is None else \
         _live_mapping(tp, topo, cold_sharding, node_replicas, capacity)
@@ -364,9 +366,8 @@ def _export_table(tmp: Path, index: int, name: str, tp: TablePlan, topo: Topolog
         pf_hot, pf_cold = float(L) * share, float(L) * (1.0 - share)
     notes = list(m.notes)
     if pf_hot is None:
-        notes.append("pooling_factors: TorchRec's default [1.0] (pass summaries= to split "
-                     "the mean length by access share)")
-    stem = name if _SAFE_NAME.match(name) else f"t{index}"
+        notes.append("pooling_factors: TorchRec's default [1.0] (pass summaries=, or export "
+                     "--stats FILE, to split the mean length by access share)")
     remap = {"encoding": REMAP_ENCODING, "rows": t.num_rows}
     for part in ("exceptions", "segments"):
         arr = getattr(m.remap, part)

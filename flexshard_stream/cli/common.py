@@ -7,7 +7,9 @@ helper needs beyond them it imports inside.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 import typer
 
-from ..errors import FlexShardError
+from ..errors import ConfigError, FlexShardError
 from ..formats.units import fmt_bytes, fmt_seconds
 from ..sources.ids import IdMode
 
@@ -30,6 +32,8 @@ WIDTH = 80
 PROFILE_HELP = ("Execution profile of the cost model: torchrec (what TorchRec 1.8 sends for the "
                 "plan) or ideal (the project's own model: what a custom runtime could reach; "
                 "figures labelled 'idealized').")
+TS_HELP = ("The time column (seconds or datetimes). Default: ts, else timestamp, time or "
+           "event_time: a column named like time is never read as a table of IDs.")
 IDS_HELP = ("How log IDs become table rows: raw (an ID is its row), hash (row = ID mod the "
             "table's num_rows) or hash:ROWS (ID mod ROWS; inferred tables get ROWS rows). "
             "hash is the modulo TorchRec users apply to raw sparse or 64-bit hashed IDs.")
@@ -92,6 +96,33 @@ def fail(e: BaseException | str, flags: Optional[Sequence[str]] = None) -> None:
     message become the flags that do the same here (only ``flags``, when given)."""
     typer.echo(f"error: {cli_message(e, flags)}", err=True)
     raise typer.Exit(2)
+
+
+def os_reason(e: OSError) -> str:
+    """What went wrong in ``e``, in the operating system's words ("No space left on device")."""
+    return e.strerror or str(e)
+
+
+@contextlib.contextmanager
+def writing(path: Any):
+    """Inside: an OS error (a full disk, a read-only file system, no permission, a name too long,
+    a file where a directory goes) is one line, ``error: cannot write PATH: reason``, exit 2;
+    library errors are :func:`fail` lines too."""
+    try:
+        yield
+    except FlexShardError as e:
+        fail(e)
+    except OSError as e:
+        fail(f"cannot write {_failed_path(e, path)}: {os_reason(e)}")
+
+
+def _failed_path(e: OSError, path: Any) -> Any:
+    """The path an OS error names: ``path`` when the file it failed on is ``path``'s or sits
+    beside it (a temp file, the hidden versions area), else that file (a ring, a lock)."""
+    if e.filename is None:
+        return path
+    parent = os.path.dirname(os.path.abspath(path))
+    return path if os.path.abspath(e.filename).startswith(parent + os.sep) else e.filename
 
 
 def require_logs(paths) -> None:
@@ -193,6 +224,30 @@ def vs_best_text(r: Mapping[str, Any]) -> str:
 CROSSING_NOTE = ("crossing nodes: every byte sent between nodes per iteration, the all-to-all's "
                  "and the replica sync's (gradients of replicated rows; incl. sync gives that "
                  "part); comm time: the slowest GPU's; peak/GPU: rows + buffers.")
+
+
+# ============================================================================ plans
+def load_plan(path: Path, flag: str = "--plan"):
+    """The plan directory ``path`` given as ``flag``, loaded; a clear error otherwise: it does
+    not exist, or it is a directory holding plans (a replay's ``plans/``, a sidecar's ``plan``
+    link) rather than a plan, or it is damaged (the loader's error)."""
+    from ..formats.directories import directory_kind
+    from ..plans.plan import Plan
+
+    if not os.path.lexists(path):
+        raise ConfigError(f"{flag} {path}: does not exist (a plan directory is what "
+                          f"`flexshard-stream plan --out` writes)")
+    kind = directory_kind(path) if os.path.isdir(path) else None
+    if kind == "replay":
+        names = sorted(p.name for p in (Path(path) / "plans").iterdir()
+                       if not p.name.startswith(".")) if (Path(path) / "plans").is_dir() else []
+        raise ConfigError(f"{flag} {path}: a replay directory, not a plan; its plans are in "
+                          f"{Path(path) / 'plans'}/ ({', '.join(names)}): for example {flag} "
+                          f"{Path(path) / 'plans' / 'static'}")
+    if kind == "sidecar":
+        raise ConfigError(f"{flag} {path}: a sidecar's directory, not a plan; its published "
+                          f"plan is {flag} {Path(path) / 'plan'}")
+    return Plan.load(path)
 
 
 # ============================================================================ a plan's settings
@@ -309,9 +364,9 @@ def time_column_hint(names: Sequence[str]) -> str:
     if not cols:
         return ""
     return (f"{', '.join(repr(c) for c in cols)} looks like the sample time, read here as an ID "
-            f"column (a table): rename it ts (the timestamp column), or name the ID columns with "
-            f"--features (stats, tables) and plan with the tables file `flexshard-stream tables "
-            f"LOG --features A,B --out tables.toml` writes")
+            f"column (a table): pass --ts {cols[0]} (stats, tables, plan), rename it ts, or name "
+            f"the ID columns with --features (stats, tables) and plan with the tables file "
+            f"`flexshard-stream tables LOG --features A,B --out tables.toml` writes")
 
 
 def warn_time_columns(names: Sequence[str]) -> None:
@@ -327,7 +382,8 @@ def stderr_console():
 
 
 def sketch_logs(paths: List[Path], features: Optional[List[str]], read_batch_size: int,
-                show_progress: bool, rows: Any = None, skip_bad_rows: bool = False):
+                show_progress: bool, rows: Any = None, skip_bad_rows: bool = False,
+                ts_column: Optional[str] = None):
     """Sketch ``paths`` with every feature's table found on first sight; ``rows`` maps IDs to
     rows first (hash modes). Returns the StreamStats, the seconds taken and the bad rows skipped
     per reason (all zero unless ``skip_bad_rows``)."""
@@ -340,7 +396,7 @@ def sketch_logs(paths: List[Path], features: Optional[List[str]], read_batch_siz
     t0 = time.perf_counter()
     reader = LogReader([str(p) for p in paths], features=features,
                        read_batch_size=read_batch_size, skip_bad_rows=skip_bad_rows,
-                       rows=rows)
+                       rows=rows, ts_column=ts_column)
     if not features:
         warn_time_columns(reader.schema.keys)
     with Progress(TextColumn("[bold]sketching[/]"), BarColumn(), TextColumn("{task.fields[ids]}"),

@@ -23,6 +23,7 @@ from .common import (
     cost_rows,
     fail,
     ids_option,
+    load_plan,
     note,
     plan_label,
     profile_label,
@@ -172,13 +173,11 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
              json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Replay logs through plans: bytes per iteration by link class, time, peak memory."""
     require_logs(log)
-    from ..plans.plan import Plan
-
     if batch_size is not None and batch_size < 1:
         raise typer.BadParameter("must be >= 1 sample per GPU", param_hint="--batch-size")
     results: dict[str, dict[str, Any]] = {}
     try:
-        plans = [(d, Plan.load(d)) for d in plan_dirs]
+        plans = [(d, load_plan(d)) for d in plan_dirs]
         B = _common_setting("batch_size", "--batch-size", batch_size, plans, DEFAULT_BATCH_SIZE)
         D = _common_setting("dedup", "--dedup/--no-dedup", dedup, plans, True)
         P = _common_setting("profile", "--profile", profile, plans, "torchrec")

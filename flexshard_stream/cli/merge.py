@@ -9,6 +9,8 @@ from typing import List
 
 import typer
 
+from .common import writing
+
 
 def merge_command(
         snapshots: List[Path] = typer.Argument(..., help="Snapshot files (or plain statistics "
@@ -20,8 +22,9 @@ def merge_command(
     from ..sources.distributed import load_snapshot, merge_snapshots
 
     t0 = time.perf_counter()
-    merged = merge_snapshots(snapshots, out)
-    snap = load_snapshot(out)
+    with writing(out):
+        merged = merge_snapshots(snapshots, out)
+        snap = load_snapshot(out)
     doc = {"out": str(out), "inputs": len(snapshots), "sources": snap.sources,
            "hosts": [h for h in (snap.host or "").split(",") if h], "unit": snap.unit,
            "start": snap.start, "end": snap.end, "samples": merged.samples, "ids": merged.ids,

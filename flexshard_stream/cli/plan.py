@@ -20,6 +20,7 @@ from .common import (
     IDS_HELP,
     PROFILE_HELP,
     PROFILES,
+    TS_HELP,
     choice,
     command_hint,
     cost_rows,
@@ -38,6 +39,7 @@ from .common import (
     vs_best_text,
     warn,
     warn_time_columns,
+    writing,
 )
 
 #: ``plan --strategy`` values (FlexShard, the baselines of placement.baselines, and TorchRec's
@@ -71,14 +73,16 @@ def _torchrec_issues(plan) -> list[str]:
 
 
 # ============================================================================ tables, memory
-def _resolve_tables(logs: List[Path], tables: Optional[Path], mode: IdMode):
+def _resolve_tables(logs: List[Path], tables: Optional[Path], mode: IdMode,
+                    ts_column: Optional[str] = None):
     """The tables (a file, or inferred from the log with the default headroom) and a phrase
     saying where they came from."""
     from ..plans.tables import infer_tables, load_tables
 
     if tables is not None:
         return load_tables(tables), str(tables)
-    tabs = infer_tables([str(p) for p in logs], ids=mode, headroom=DEFAULT_HEADROOM)
+    tabs = infer_tables([str(p) for p in logs], ids=mode, headroom=DEFAULT_HEADROOM,
+                        ts_column=ts_column)
     warn_time_columns([t.name for t in tabs])
     if mode.rows is not None:
         return tabs, f"inferred from the log, {mode.rows:,} rows each (--ids {mode})"
@@ -200,7 +204,7 @@ def _warn_sparse_inferred(tabs, st, inferred: bool, mode: IdMode) -> list[str]:
 
 def _profile(logs: List[Path], tables, rows=None, skip_bad_rows: bool = False,
              read_batch_size: int = 65536, *, holdout_share: float = 0.0,
-             min_holdout_samples: int = 1):
+             min_holdout_samples: int = 1, ts_column: Optional[str] = None):
     """Sketch the log with the tables' row counts, IDs mapped by ``rows``, its last
     ``holdout_share`` of rows held out (``sources.profile``); returns the Profile and the reader
     (its ``skipped`` counts)."""
@@ -209,7 +213,8 @@ def _profile(logs: List[Path], tables, rows=None, skip_bad_rows: bool = False,
     from ..stats.config import TableConfig
 
     reader = LogReader([str(p) for p in logs], features=[t.feature for t in tables],
-                       read_batch_size=read_batch_size, skip_bad_rows=skip_bad_rows, rows=rows)
+                       read_batch_size=read_batch_size, skip_bad_rows=skip_bad_rows, rows=rows,
+                       ts_column=ts_column)
     total = sum(info.data_rows() for info in reader.file_infos) if holdout_share else 0
     prof = profile_batches(reader, [TableConfig(t.name, t.num_rows, t.feature) for t in tables],
                            total, holdout_share, min_holdout_samples=min_holdout_samples)
@@ -217,6 +222,29 @@ def _profile(logs: List[Path], tables, rows=None, skip_bad_rows: bool = False,
 
 
 # ============================================================================ the plan
+#: Whole iterations a log must fill for evaluate and replay to judge a plan on it (their figures
+#: are means over whole iterations of G x B samples; fewer rest on a handful of them).
+MIN_JUDGED_ITERATIONS = 10
+
+
+def _warn_few_iterations(samples: int, gpus: int, batch_size: int) -> None:
+    """Warn, with the numbers, when ``samples`` fill fewer than :data:`MIN_JUDGED_ITERATIONS`
+    iterations of ``gpus`` x ``batch_size`` samples, and say which B (or how long a log) would."""
+    per = gpus * batch_size
+    have = samples // per
+    if have >= MIN_JUDGED_ITERATIONS:
+        return
+    need = MIN_JUDGED_ITERATIONS
+    fits = samples // (gpus * need)
+    way = (f"--batch-size {fits} or less fills {need} ({gpus * fits * need:,} samples)"
+           if fits >= 1 and fits < batch_size else
+           f"even B = 1 fills {samples // gpus:,}")
+    warn(f"the log holds {samples:,} samples: {have:,} iteration{'' if have == 1 else 's'} of "
+         f"{gpus} GPUs x B {batch_size} ({per:,} samples each); evaluate and replay judge a plan "
+         f"on whole iterations, and fewer than {need} cannot judge it. {way}; or profile a log "
+         f"of at least {per * need:,} samples.")
+
+
 def _note_selection(strategy: str, prof, share: float, per_iteration: int) -> None:
     """Say how FlexShard's plan is chosen when it is not on a held-out part as asked."""
     if strategy != "flexshard" or not share:
@@ -485,6 +513,7 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
                                           "HBM; host lookups at UVM bandwidth."),
          skip_bad_rows: bool = typer.Option(False, help="Drop and count bad rows (IDs out of "
                                             "the tables' range included) instead of stopping."),
+         ts: Optional[str] = typer.Option(None, "--ts", metavar="COLUMN", help=TS_HELP),
          json_out: bool = typer.Option(False, "--json", help="Print the plan summary as JSON.")):
     """Write a plan (FlexShard or a baseline) for the tables of a log."""
     require_logs(log)
@@ -496,12 +525,13 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
     model = CostModel(dedup=default_dedup(profile) if dedup is None else dedup, profile=profile)
     try:
         topo = Topology.load(topology)
-        tabs, source = _resolve_tables(log, tables, mode)
+        tabs, source = _resolve_tables(log, tables, mode, ts)
         _refuse_impossible(tabs, topo, host_memory and strategy == "flexshard")
         prof, reader = _profile(log, tabs, row_map(tabs, mode), skip_bad_rows,
                                 holdout_share=holdout if strategy == "flexshard" else 0.0,
-                                min_holdout_samples=topo.num_gpus * batch_size)
+                                min_holdout_samples=topo.num_gpus * batch_size, ts_column=ts)
         st = prof.whole
+        _warn_few_iterations(prof.samples, topo.num_gpus, batch_size)
         sparse = _warn_sparse_inferred(tabs, st, tables is None, mode)
         summaries = summaries_by_table(tabs, st.summary(k=topk))
         memory = _memory_policy(tabs, topo, memory_bytes, memory_baseline, host_memory,
@@ -518,7 +548,8 @@ def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile
             _refuse_over_memory(label, p, cost, sparse)
         _record_settings(p, batch_size=batch_size, model=model, ids=mode, requested=strategy,
                          tables_source=source)
-        p.save(out)
+        with writing(out):
+            p.save(out)
     except FlexShardError as e:
         fail(e)
     doc = _plan_doc(p, result, cost, out, label, strategy, reader)

@@ -19,13 +19,16 @@ from .common import (
     IDS_HELP,
     PROFILE_HELP,
     PROFILES,
+    TS_HELP,
     choice,
     cost_model,
     cost_rows,
     default_dedup,
     fail,
     ids_option,
+    load_plan,
     note,
+    os_reason,
     profile_label,
     recorded_settings,
     require_logs,
@@ -85,6 +88,12 @@ def _what_flexshard(st) -> str:
             "every table")
 
 
+def _static_text(summary) -> str:
+    """What the replay's static plan is: the user's (``--plan``) or one made on window 0."""
+    return ("the plan given with --plan" if summary.get("static_plan") == "given"
+            else "a FlexShard plan made on the first window")
+
+
 def print_replay(res) -> None:
     """Per strategy: bytes per iteration, crossing nodes, comm time, peak memory, speed-up vs
     rw; then what the re-sharder did, skipped rows and warnings."""
@@ -99,7 +108,7 @@ def print_replay(res) -> None:
     rs, sta = st["resharder"].get("speedup_vs_rw"), st["static"].get("speedup_vs_rw")
     say(f"rw: row-wise; rw-hash: row-wise, rows hashed; twrw: table-row-wise; tw: table-wise; "
         + ("torchrec: TorchRec's own plan (its planner on the first window); "
-           if "torchrec" in st else "") + f"static: a FlexShard plan made on the first window; resharder: that plan moved online "
+           if "torchrec" in st else "") + f"static: {_static_text(s)}; resharder: that plan moved online "
         f"by the re-sharder ({st['resharder']['deltas']} plan change(s) in {tot['checks']} "
         f"checks, {fmt_bytes(st['resharder']['migration_bytes'])} moved). {_what_flexshard(st)}"
         f" within a budget of {fmt_bytes(s['budget_bytes'])} per GPU"
@@ -129,7 +138,6 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
     """Topology, tables, ID mode, B and cost model of a replay: the options, else the plan's
     (``--plan``), else the defaults; a topology is needed from one of them."""
     from ..placement.cost import CostModel
-    from ..plans.plan import Plan
     from ..plans.topology import Topology
 
     if plan_dir is None:
@@ -137,17 +145,22 @@ def _replay_settings(plan_dir: Optional[Path], topology: Optional[str], tables: 
             raise ConfigError("replay needs a topology: --topology (a preset such as 2x8, or a "
                               "TOML file), or --plan DIR to take it from a plan")
         return {"topology": Topology.load(topology), "tables": tables, "ids": ids or IdMode(),
+                "plan": None,
                 "batch_size": batch_size or DEFAULT_BATCH_SIZE,
                 "model": CostModel(dedup=default_dedup(profile) if dedup is None else dedup,
                                    profile=profile or "torchrec")}
-    p = Plan.load(plan_dir)
+    p = load_plan(plan_dir)
     rec = recorded_settings(p)
     where = f"plan {plan_dir}"
     topo = p.topology if topology is None else Topology.load(topology)
     if topo != p.topology:
         warn(f"--topology {topology} differs from {topology_name(p.topology)} that {where} was "
              f"made for; replaying on {topology}")
-    return {"topology": topo,
+    own = tables is None and topo == p.topology
+    if not own:
+        warn(f"the static plan replayed is made on the first window, not {where}'s: its "
+             "topology or tables were replaced by the options")
+    return {"topology": topo, "plan": p if own else None,
             "tables": tables if tables is not None else [tp.table for tp in p.tables.values()],
             "ids": resolve_setting("ids", "--ids", ids, rec["ids"], where, IdMode()),
             "batch_size": resolve_setting("batch_size", "--batch-size", batch_size,
@@ -214,10 +227,12 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                                                  "sample, in time order."),
                out: Path = typer.Option(..., help="Directory to write (summary.json, cdf.json, "
                                         "plans/, traffic/); replaced atomically."),
-               plan_dir: Optional[Path] = typer.Option(None, "--plan", help="Take the topology, "
-                                                       "tables, ID mode, B and de-duplication "
-                                                       "from this plan (flexshard-stream plan); "
-                                                       "options given win, with a warning."),
+               plan_dir: Optional[Path] = typer.Option(None, "--plan", help="Replay this plan "
+                                                       "(flexshard-stream plan) as the static "
+                                                       "one, the re-sharder starting from it; "
+                                                       "topology, tables, ID mode, B and "
+                                                       "de-duplication from it (options given "
+                                                       "win, with a warning)."),
                topology: Optional[str] = typer.Option(None, help="Topology TOML file or preset "
                                                       "name (2x8, 16x8, 16x8_skewed); needed "
                                                       "without --plan."),
@@ -264,6 +279,7 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                                                      "give identical statistics on every "
                                                      "engine. Default: local 1, process the CPU "
                                                      "count, ray the cluster's CPUs."),
+               ts: Optional[str] = typer.Option(None, "--ts", metavar="COLUMN", help=TS_HELP),
                json_out: bool = typer.Option(False, "--json", help="Print the totals as one JSON "
                                              "object."),
                vs_torchrec: bool = typer.Option(False, help="Replay TorchRec's own plan too "
@@ -285,14 +301,15 @@ def replay_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs,
                              out_dir=out, batch_size=cfg["batch_size"], model=cfg["model"],
                              skip_bad_rows=skip_bad_rows, top_k=top_k, progress=prog,
                              engine=engine, evaluation=evaluation, address=address,
-                             num_workers=workers, ids=cfg["ids"], vs_torchrec=vs_torchrec)
+                             num_workers=workers, ids=cfg["ids"], plan=cfg["plan"],
+                             ts_column=ts, vs_torchrec=vs_torchrec)
         if window_note:
             note(window_note)
         _check_replayed(res, cfg["batch_size"])
     except FlexShardError as e:
         fail(e)
     except OSError as e:
-        fail(f"cannot write {out}: {e}")
+        fail(f"cannot write {out}: {os_reason(e)}")
     if json_out:
         typer.echo(json.dumps({"out": str(out), "profile": cfg["model"].profile,
                                "engine": res.summary["engine"],

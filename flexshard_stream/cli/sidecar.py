@@ -9,7 +9,15 @@ from typing import Any, Optional
 
 import typer
 
-from .common import DEDUP_HELP, PROFILE_HELP, PROFILES, choice, default_dedup, ids_option
+from .common import (
+    DEDUP_HELP,
+    PROFILE_HELP,
+    PROFILES,
+    choice,
+    default_dedup,
+    ids_option,
+    writing,
+)
 
 
 def _default(name: str) -> Any:
@@ -96,9 +104,11 @@ def sidecar_command(
                                  checkpoint_every_s=checkpoint_every,   # 0: only at shutdown
                                  queue_batches=queue_batches, cpu_budget=cpu_budget or None)
     warnings.simplefilter("default", SidecarWarning)
-    return run_ring(ring, tables, topology, out, batch_size=batch_size, config=cfg,
-                    memory=MemoryPolicy(bytes_per_gpu=memory_bytes),
-                    model=CostModel(dedup=default_dedup(profile) if dedup is None else dedup,
-                                                   profile=profile), resume=resume,
-                    ring_dir=ring_dir, slots=slots, capacity_bytes=int(capacity_mb * (1 << 20)),
-                    checksum=checksum, ids=ids, status_every_s=status_every, unlink=unlink)
+    with writing(out):   # a refused --out is one error line, before the ring is created
+        return run_ring(ring, tables, topology, out, batch_size=batch_size, config=cfg,
+                        memory=MemoryPolicy(bytes_per_gpu=memory_bytes),
+                        model=CostModel(dedup=default_dedup(profile) if dedup is None
+                                         else dedup, profile=profile), resume=resume,
+                        ring_dir=ring_dir, slots=slots,
+                        capacity_bytes=int(capacity_mb * (1 << 20)), checksum=checksum, ids=ids,
+                        status_every_s=status_every, unlink=unlink)

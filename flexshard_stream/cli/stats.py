@@ -13,6 +13,7 @@ from ..errors import ConfigError, FlexShardError
 from ..sources.ids import IdMode
 from .common import (
     IDS_HELP,
+    TS_HELP,
     WIDTH,
     fail,
     ids_option,
@@ -21,10 +22,12 @@ from .common import (
     sketch_logs,
     text_table,
     warn,
+    writing,
 )
 
 
-def _stats_rows(logs: List[Path], features: Optional[List[str]], mode: Optional[IdMode]):
+def _stats_rows(logs: List[Path], features: Optional[List[str]], mode: Optional[IdMode],
+                ts_column: Optional[str] = None):
     """The RowMap of ``stats --ids``: None for raw IDs; every feature ``ROWS`` rows with
     ``hash:ROWS`` (stats has no tables file, so plain ``hash`` has nothing to hash into)."""
     if mode is None or not mode.hashed:
@@ -33,7 +36,7 @@ def _stats_rows(logs: List[Path], features: Optional[List[str]], mode: Optional[
         raise ConfigError("stats has no tables to hash into: give the rows, --ids hash:ROWS")
     from ..sources.ids import RowMap
     from ..sources.logs import inspect_log
-    schema = inspect_log([str(p) for p in logs], features)
+    schema = inspect_log([str(p) for p in logs], features, ts_column=ts_column)
     return RowMap({f: mode.rows for f in schema.keys}, mode)
 
 
@@ -86,6 +89,7 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
           ids: Optional[str] = typer.Option(None, "--ids", callback=ids_option,
                                             help=IDS_HELP + " stats takes hash:ROWS."),
           json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+          ts: Optional[str] = typer.Option(None, "--ts", metavar="COLUMN", help=TS_HELP),
           save: Optional[Path] = typer.Option(None, help="Also save the statistics here."),
           skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Drop and count bad "
                                              "rows (reported on stderr) instead of stopping at "
@@ -100,11 +104,12 @@ def stats(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs, one 
                    "--read-batch-size", err=True)
         read_batch_size = old_batch_size
     try:
-        rows = _stats_rows(logs, feats, ids)
+        rows = _stats_rows(logs, feats, ids, ts)
         st, secs, skipped = sketch_logs(logs, feats, read_batch_size, show_progress=not json_out,
-                                        rows=rows, skip_bad_rows=skip_bad_rows)
+                                        rows=rows, skip_bad_rows=skip_bad_rows, ts_column=ts)
         if save is not None:
-            st.save(save)
+            with writing(save):
+                st.save(save)
     except FlexShardError as e:
         fail(e)
     if any(skipped.values()):

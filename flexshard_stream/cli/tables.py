@@ -15,6 +15,7 @@ from ..formats.units import fmt_bytes, fmt_count, fmt_rows
 from ..sources.ids import DEFAULT_HEADROOM, IdMode
 from .common import (
     IDS_HELP,
+    TS_HELP,
     command_hint,
     fail,
     ids_option,
@@ -23,12 +24,14 @@ from .common import (
     sketch_logs,
     text_table,
     warn_time_columns,
+    writing,
 )
 
 
-def _table_kinds(logs: List[Path], features: Optional[List[str]]) -> dict[str, str]:
+def _table_kinds(logs: List[Path], features: Optional[List[str]],
+                 ts_column: Optional[str] = None) -> dict[str, str]:
     from ..sources.logs import inspect_log
-    return dict(inspect_log([str(p) for p in logs], features).features)
+    return dict(inspect_log([str(p) for p in logs], features, ts_column=ts_column).features)
 
 
 def _print_sizing(sizing, mode: IdMode, headroom: float, samples: int, logs: List[Path]) -> None:
@@ -88,6 +91,7 @@ def tables_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs 
                                                          "row."),
                features: Optional[str] = typer.Option(None, help="Comma-separated feature "
                                                       "columns (default: every ID column)."),
+               ts: Optional[str] = typer.Option(None, "--ts", metavar="COLUMN", help=TS_HELP),
                json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")):
     """Size one table per log feature (rows, kind, dim) and write a tables file."""
     require_logs(logs)
@@ -96,18 +100,20 @@ def tables_cmd(logs: List[Path] = typer.Argument(..., help="Parquet or CSV logs 
     feats = [f.strip() for f in features.split(",") if f.strip()] if features else None
     mode = ids or IdMode()
     try:
-        kinds = _table_kinds(logs, feats)
+        kinds = _table_kinds(logs, feats, ts)
         if feats is None:
             warn_time_columns(list(kinds))
-        st, _, _ = sketch_logs(logs, list(kinds), 65536, show_progress=not json_out)
+        st, _, _ = sketch_logs(logs, list(kinds), 65536, show_progress=not json_out,
+                               ts_column=ts)
         sizing = size_tables(st.tables, kinds, headroom=headroom, ids=mode, dim=dim,
                              dtype=dtype.lower(), optimizer_state_bytes=optimizer_state_bytes)
         if out is not None:
-            save_tables([s.table for s in sizing], out, notes={s.table.name: s.note()
-                                                               for s in sizing},
-                        header=[f"Sized by flexshard-stream tables from "
-                                f"{', '.join(str(p) for p in logs)} ({st.samples:,} samples); "
-                                f"use with --ids {mode}."])
+            with writing(out):
+                save_tables([s.table for s in sizing], out,
+                            notes={s.table.name: s.note() for s in sizing},
+                            header=[f"Sized by flexshard-stream tables from "
+                                    f"{', '.join(str(p) for p in logs)} ({st.samples:,} "
+                                    f"samples); use with --ids {mode}."])
     except FlexShardError as e:
         fail(e, ("--ids",))
     if json_out:

@@ -355,8 +355,8 @@ def _try_lock(area: _Area) -> int | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise ConfigError(f"{area.target}: cannot open its writer lock {area.lock} "
-                          f"({e.strerror})") from None
+        raise ConfigError(f"cannot write {area.target}: {e.strerror} (opening its writer lock "
+                          f"{area.lock})") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ConfigError(f"{area.lock}: the writer lock of {area.target} is not a regular "

@@ -41,7 +41,7 @@ from .atomic import fsync_directory, write_atomic
 __all__ = ["KIND_MARKER", "check_json_digest", "check_output_directory", "check_output_file",
            "claim_directory",
            "directory_kind", "fsync_directory", "json_digest", "jsonable", "npy_array",
-           "read_bytes", "read_json", "read_npy", "read_npz", "replace_directory",
+           "file_stems", "read_bytes", "read_json", "read_npy", "read_npz", "replace_directory",
            "staging_directory", "write_atomic", "write_json", "write_npy"]
 
 #: Names that live in :mod:`.directories` since directories are published as versions, still
@@ -57,6 +57,45 @@ def __getattr__(name: str) -> Any:
         from . import directories
         return getattr(directories, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: A name that is its own file stem: letters, digits, ``_ . -``, not starting with ``.`` or ``-``.
+_SAFE_STEM = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+#: Longest stem (characters): with a suffix such as ``.remap_exceptions.npy`` far below the 255
+#: bytes a file name may have.
+MAX_STEM = 64
+_HASH_CHARS = 12
+
+
+def _hashed_stem(name: str) -> str:
+    """``name`` made safe and short: its safe characters (others ``_``), cut, then ``-`` and 12
+    hex digits of its SHA-256 (distinct names, distinct stems)."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in name)
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+    return f"{safe.lstrip('.-')[:MAX_STEM - _HASH_CHARS - 1]}-{digest}"
+
+
+def file_stems(names: Any) -> dict[str, str]:
+    """A file stem per name (table or feature names), unique even where the file system ignores
+    case: a short safe name is its own stem; a long or unsafe one (``a/b``, 240 characters) is
+    :func:`_hashed_stem`, and so is every name whose stem another name's would equal (``t1``
+    beside an unsafe name, ``a_b`` beside ``a/b``, ``A`` beside ``a``)."""
+    names = list(dict.fromkeys(names))
+    stems = {n: n if len(n) <= MAX_STEM and _SAFE_STEM.fullmatch(n) else _hashed_stem(n)
+             for n in names}
+    while True:
+        by_stem: dict[str, list[str]] = {}
+        for n in names:
+            by_stem.setdefault(stems[n].lower(), []).append(n)
+        clash = [n for group in by_stem.values() if len(group) > 1 for n in group
+                 if stems[n] != _hashed_stem(n)]
+        if not clash:
+            break
+        for n in clash:
+            stems[n] = _hashed_stem(n)
+    if len({s.lower() for s in stems.values()}) != len(names):   # SHA-256 prefixes alike
+        raise ConfigError(f"cannot give {len(names)} names distinct file names")
+    return stems
 
 
 def jsonable(x: Any, *, nonfinite_as_none: bool = True) -> Any:

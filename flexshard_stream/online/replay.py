@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -334,17 +335,19 @@ class _Log:
     read_batch_size: int                  # samples per chunk read
     skip_bad_rows: bool
     rows: RowMap                          # IDs -> table rows (ID mode, num_rows checks)
+    ts_column: str | None = None          # the time column asked for (None: the default rule)
 
     def new_reader(self) -> LogReader:
         """A fresh reader over the same files (a second pass)."""
         return LogReader(self.paths, features=self.features,
                          read_batch_size=self.read_batch_size, skip_bad_rows=self.skip_bad_rows,
-                         rows=self.rows)
+                         rows=self.rows, ts_column=self.ts_column)
 
 
 def _open_log(logs: PathLike | Sequence[PathLike],
               tables: Sequence[EmbeddingTable] | PathLike | None, read_batch_size: int,
-              skip_bad_rows: bool, ids: IdMode | str | None = None) -> _Log:
+              skip_bad_rows: bool, ids: IdMode | str | None = None,
+              ts_column: str | None = None) -> _Log:
     """Open the log and resolve its tables (given, a TOML file, or inferred from the log) and
     how its IDs become their rows (``ids``, :func:`~.tables.row_map`).
 
@@ -361,9 +364,9 @@ def _open_log(logs: PathLike | Sequence[PathLike],
         tabs = None
     feats = [t.feature for t in tabs] if tabs is not None else None
     reader = LogReader(paths, features=feats, read_batch_size=read_batch_size,
-                       skip_bad_rows=skip_bad_rows)
+                       skip_bad_rows=skip_bad_rows, ts_column=ts_column)
     if tabs is None:
-        tabs = infer_tables(paths, dict(reader.schema.features), ids=ids)
+        tabs = infer_tables(paths, dict(reader.schema.features), ids=ids, ts_column=ts_column)
     by_feat = {t.feature: t for t in tabs}
     if len(by_feat) != len(tabs):
         raise ConfigError("two tables are fed by the same feature; each feature may feed one table")
@@ -373,7 +376,7 @@ def _open_log(logs: PathLike | Sequence[PathLike],
     configs = [TableConfig(t.name, t.num_rows, t.feature) for t in tabs]
     reader.rows = row_map(tabs, ids)
     return _Log(paths, tabs, configs, feats, reader, reader.data_rows(), read_batch_size,
-                skip_bad_rows, reader.rows)
+                skip_bad_rows, reader.rows, ts_column)
 
 
 def _window_spec(spec: WindowSpec | None, log: _Log) -> WindowSpec:
@@ -469,7 +472,7 @@ def _engine_windows(log: _Log, spec: WindowSpec, engine: str, address: str | Non
         wins = window_stats(log.paths, window=spec, engine=engine, address=address,
                             num_workers=num_workers, skip_bad_rows=log.skip_bad_rows,
                             tables=log.configs, read_batch_size=log.read_batch_size,
-                            diagnostics=diag, rows=log.rows)
+                            diagnostics=diag, rows=log.rows, ts_column=log.ts_column)
     except ConnectionError as e:
         if engine != "ray":
             raise
@@ -526,6 +529,7 @@ class _Start:
     resharder: Resharder
     config: ReshardConfig
     decayed: StreamStats | DecayedStats
+    given: bool = False        # the static plan is the caller's (replay(plan=...))
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -536,6 +540,37 @@ class _Start:
     def fixed(self) -> tuple[str, ...]:
         """The strategies whose plan never changes during the replay."""
         return tuple(self.plans)
+
+
+def _static_plan(run: _Run, tabs: Sequence[EmbeddingTable], sums0: Any, work0: Workload,
+                 given: Plan | None, references: Mapping[str, Plan]) -> tuple[Plan, float]:
+    """The static plan and the re-sharder's budget (bytes per GPU): the ``given`` plan (the
+    user's, its tables those of the log) with the budget it was made within, else a FlexShard plan
+    made on window 0 (``references`` among the plans it chooses from) and its budget."""
+    if given is not None:
+        _check_given_plan(given, tabs, run.topo)
+        budget = given.meta.get("budget_bytes")
+        if isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0:
+            return given, float(budget)
+    try:
+        res = plan_flexshard(tabs, run.topo, sums0, memory=MemoryPolicy(), workload=work0,
+                             references=references)
+    except FlexShardError as e:
+        raise type(e)(f"the static FlexShard plan on the first window failed: {e}") from None
+    return (res.plan if given is None else given), float(res.budget_bytes)
+
+
+def _check_given_plan(plan: Plan, tabs: Sequence[EmbeddingTable], topo: Topology) -> None:
+    """ConfigError unless ``plan`` places exactly the tables ``tabs`` on ``topo``."""
+    if plan.topology != topo:
+        raise ConfigError(f"the plan to replay was made for {plan.topology.name}, not the "
+                          f"replay's {topo.name}; replay it on its own topology")
+    mine = {t.name: t for t in tabs}
+    theirs = {name: tp.table for name, tp in plan.tables.items()}
+    if mine != theirs:
+        differ = sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
+        raise ConfigError(f"the plan to replay places other tables than the replay's (differing: "
+                          f"{', '.join(differ[:5])}); replay with the plan's own tables")
 
 
 def _torchrec_plan(tabs: Sequence[EmbeddingTable], topo: Topology, sums0, work0) -> Plan:
@@ -550,32 +585,29 @@ def _torchrec_plan(tabs: Sequence[EmbeddingTable], topo: Topology, sums0, work0)
 
 def _starting_plans(run: _Run, tabs: Sequence[EmbeddingTable], st0: StreamStats,
                     decayed: StreamStats | DecayedStats,
-                    reshard_config: ReshardConfig | None, vs_torchrec: bool = False) -> _Start:
-    """Plan on window 0: the FlexShard static plan (its budget bounds the re-sharder), twrw and tw
-    balanced by window 0's lookups per iteration, rw and hashed rw; the re-sharder from the static plan (its
+                    reshard_config: ReshardConfig | None, given: Plan | None = None,
+                    vs_torchrec: bool = False) -> _Start:
+    """Plan on window 0: the static plan (``given``, else FlexShard's on window 0; its budget
+    bounds the re-sharder), twrw and tw balanced by window 0's lookups per iteration, rw and
+    hashed rw, TorchRec's plan with ``vs_torchrec``; the re-sharder from the static plan (its
     default configuration: pause, horizon and hysteresis from the measured drift rate)."""
     sums0 = st0.summary(run.top_k)
     work0 = run.workload.for_stats(tabs, run.topo, sums0)   # window 0's lengths and iterations
     refs = ({TORCHREC_STRATEGY: _torchrec_plan(tabs, run.topo, sums0, work0)}
             if vs_torchrec else {})
-    try:
-        static_res = plan_flexshard(tabs, run.topo, sums0, memory=MemoryPolicy(), workload=work0,
-                                    references=refs)
-    except FlexShardError as e:
-        raise type(e)(f"the static FlexShard plan on the first window failed: {e}") from None
-    budget = float(static_res.budget_bytes)
+    static, budget = _static_plan(run, tabs, sums0, work0, given, refs)
     plans: dict[str, Plan] = {
         "rw": build_baseline("rw", tabs, run.topo),
         "rw-hash": build_baseline("rw-hash", tabs, run.topo),
         "twrw": build_baseline("twrw", tabs, run.topo, summaries=sums0, workload=work0),
         "tw": build_baseline("tw", tabs, run.topo, summaries=sums0, workload=work0),
-        **refs, "static": static_res.plan}
+        **refs, "static": static}
     base_cfg = reshard_config or ReshardConfig()
     rs_cfg = dataclasses.replace(base_cfg, check_every=float("inf"), unit=run.unit,
                                  top_k=run.top_k)
     rs = Resharder(tabs, run.topo, stats=decayed, memory=MemoryPolicy(bytes_per_gpu=budget),
-                   config=rs_cfg, plan=static_res.plan, workload=run.workload)
-    return _Start(plans, budget, rs, rs_cfg, decayed)
+                   config=rs_cfg, plan=static, workload=run.workload)
+    return _Start(plans, budget, rs, rs_cfg, decayed, given is not None)
 
 
 def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
@@ -588,7 +620,8 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
            progress: Callable[[dict[str, Any]], None] | None = None,
            engine: str = "local", evaluation: str = "trace", address: str | None = None,
            num_workers: int | None = None, ids: IdMode | str | None = None,
-           workload: Workload | None = None, vs_torchrec: bool = False) -> ReplayResult:
+           workload: Workload | None = None, plan: Plan | None = None,
+           ts_column: str | None = None, vs_torchrec: bool = False) -> ReplayResult:
     """Replay logs in windows through rw, twrw, a static FlexShard plan and the re-sharder.
 
     Parameters
@@ -634,9 +667,16 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     ids : how the log's IDs become table rows (:class:`~.logs.IdMode`): ``"raw"`` (default; a
         row with an ID out of its table's range is a bad row, ``"out_of_range"``), ``"hash"``
         (ID mod each table's ``num_rows``) or ``"hash:ROWS"``
+    plan : the static plan to replay (the user's, e.g. ``Plan.load`` of ``flexshard-stream plan
+        --out``) instead of a FlexShard plan made on window 0; the re-sharder starts from it,
+        within the budget it records (``meta["budget_bytes"]``, else window 0's planner's). Its
+        tables and topology must be the replay's (ConfigError)
+    ts_column : the log's time column (default: ``ts``, else ``timestamp``, ``time`` or
+        ``event_time``; :data:`~flexshard_stream.sources.logs.TIME_COLUMNS`)
     vs_torchrec : also replay TorchRec's own plan made on window 0 (``"torchrec"``, after
         ``tw``; the ``torchrec`` extra), one of the baselines and among the plans the static
-        FlexShard plan is chosen from; TorchRec's planner takes seconds to minutes
+        FlexShard plan is chosen from (not given ``plan``); TorchRec's planner takes seconds to
+        minutes
 
     Raises
     ------
@@ -656,7 +696,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     topo = topology if isinstance(topology, Topology) else Topology.load(topology)
     if evaluation == "trace":
         check_matrix_size(topo, "replay's trace evaluation")
-    log = _open_log(logs, tables, read_batch_size, skip_bad_rows, ids)
+    log = _open_log(logs, tables, read_batch_size, skip_bad_rows, ids, ts_column)
     run = _Run(topo, _window_spec(spec, log), work, int(checks_per_window), int(top_k),
                evaluation == "analytic", half_life_windows)
     report = _Progress(progress, log.total_rows)
@@ -666,7 +706,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     st0, decayed = _first_window(run, log, wins, report)
     if st0.samples == 0:
         raise LogError(f"no samples to replay in {', '.join(log.paths)}")
-    start = _starting_plans(run, log.tables, st0, decayed, reshard_config, vs_torchrec)
+    start = _starting_plans(run, log.tables, st0, decayed, reshard_config, plan, vs_torchrec)
     tot = {s: _Acc(run.G, run.keep_matrices) for s in start.strategies}
     replaying = functools.partial(report, "replaying")
     if run.analytic:
@@ -707,6 +747,7 @@ def _summary_doc(run: _Run, log: _Log, engine: str, evaluation: str, workers: in
         "strategies": list(start.strategies),
         "model": dataclasses.asdict(run.model),
         "budget_bytes": start.budget,
+        "static_plan": "given" if start.given else "window 0",
         "resharder": _resharder_doc(run, start.config),
         "windows": windows,
         "totals": totals,

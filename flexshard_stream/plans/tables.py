@@ -269,7 +269,8 @@ def save_tables(tables: Iterable[EmbeddingTable], path: PathLike, *,
 def infer_tables(log_paths: Paths, features: FeatureSpec = None, dim: int = 128,
                  dtype: str = "fp32", *, optimizer_state_bytes: int = 0,
                  ignore: Iterable[str] = (), headroom: float = 1.0,
-                 ids: IdMode | str | None = None) -> list[EmbeddingTable]:
+                 ids: IdMode | str | None = None,
+                 ts_column: str | None = None) -> list[EmbeddingTable]:
     """One table per feature of a log, sized by the largest ID seen (times ``headroom``), or
     ``ROWS`` rows each with ``ids="hash:ROWS"``.
 
@@ -319,7 +320,7 @@ def infer_tables(log_paths: Paths, features: FeatureSpec = None, dim: int = 128,
                           "the tables (a tables file; flexshard-stream tables --ids hash sizes "
                           "them from distinct IDs) or a row count, ids='hash:ROWS'")
     ignore = tuple(ignore)
-    schema = inspect_log(log_paths, features, ignore=ignore)
+    schema = inspect_log(log_paths, features, ignore=ignore, ts_column=ts_column)
     if mode.rows is not None:
         return [EmbeddingTable(name, mode.rows, dim, dtype, _LOG_KIND[k], name,
                                optimizer_state_bytes) for name, k in schema.features.items()]

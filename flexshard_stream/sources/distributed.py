@@ -118,7 +118,8 @@ def _part_reader(job: Mapping[str, Any]) -> LogReader:
 
     return LogReader([job["path"]], dict(job["features"]), job["read_batch_size"],
                      skip_bad_rows=job["skip_bad_rows"], ts=job["use_ts"],
-                     row_groups=job["row_groups"], rows=job.get("rows"))
+                     row_groups=job["row_groups"], rows=job.get("rows"),
+                     ts_column=job.get("ts_column"))
 
 
 def _take(batch: Batch, mask: np.ndarray) -> Batch:
@@ -443,7 +444,7 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
                  tables: Mapping[str, int | None] | Sequence[TableConfig | str] | None = None,
                  read_batch_size: int = 65536, executor: Any = None,
                  diagnostics: dict[str, Any] | None = None,
-                 rows: RowMap | None = None) -> list[WindowStats]:
+                 rows: RowMap | None = None, ts_column: str | None = None) -> list[WindowStats]:
     """Per-window statistics of a log, computed in parallel and merged by a tree reduction.
 
     Parameters
@@ -506,7 +507,7 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
         raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
     config = config or SketchConfig()
     reader, tab_list = _open_log(paths, spec, features, tables, config, read_batch_size,
-                                 skip_bad_rows)
+                                 skip_bad_rows, ts_column)
     if executor is not None and engine != "process":
         raise ConfigError(f"executor is for engine='process', not {engine!r}")
     eng = _engine(engine, address, num_workers if engine != "local" else 1, executor)
@@ -515,6 +516,7 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
     try:
         tasks = _plan_tasks(reader.file_infos, workers)
         base = {"features": dict(reader.schema.features), "use_ts": reader.use_ts,
+                "ts_column": reader.schema.ts_column,
                 "read_batch_size": int(read_batch_size), "skip_bad_rows": bool(skip_bad_rows),
                 "rows": rows}
         jobs = [{**base, "path": t["path"], "row_groups": t["row_groups"]} for t in tasks]
@@ -534,7 +536,8 @@ def window_stats(paths: PathLike | Sequence[PathLike], *, window: str | int | Wi
 
 
 def _open_log(paths: PathLike | Sequence[PathLike], spec: WindowSpec, features: Any,
-              tables: Any, config: SketchConfig, read_batch_size: int, skip_bad_rows: bool
+              tables: Any, config: SketchConfig, read_batch_size: int, skip_bad_rows: bool,
+              ts_column: str | None = None
               ) -> tuple[LogReader, list[tuple[str, int | None, str]]]:
     """The driver's reader of the whole log (schema, files, ``ts``), checked against the window
     and the tables, and the tables as ``(name, num_rows or None, feature)`` for the tasks
@@ -550,7 +553,8 @@ def _open_log(paths: PathLike | Sequence[PathLike], spec: WindowSpec, features: 
     tconfs = normalize_tables(tables)
     if features is None and tconfs:
         features = [t.feature for t in tconfs.values()]
-    reader = LogReader(paths, features, read_batch_size, skip_bad_rows=skip_bad_rows)
+    reader = LogReader(paths, features, read_batch_size, skip_bad_rows=skip_bad_rows,
+                       ts_column=ts_column)
     if spec.unit == "seconds" and not reader.use_ts:
         raise ConfigError(f"window {spec.text!r} is a duration but the log has no 'ts' column "
                           f"({', '.join(str(f) for f in reader.files)}); give a number of samples, "
@@ -910,9 +914,8 @@ def export_datasketches(stats: StreamStats, out_dir: PathLike) -> dict[str, dict
     ``out_dir`` must be absent, empty or such an export (marker kind ``datasketches``): a user's
     other directory is refused (:func:`~flexshard_stream.formats.files.claim_directory`)."""
     from ..formats.container import write_atomic
-    from ..formats.files import claim_directory
-    safe_names = {f: "".join(c if c.isalnum() or c in "-_." else "_" for c in f)
-                  for f in stats.tables}
+    from ..formats.files import claim_directory, file_stems
+    safe_names = file_stems(stats.tables)   # a/b and a_b: two files, never one overwritten
     d = claim_directory(out_dir, "datasketches", legacy=tuple(
         f"{s}.frequent_items.bin" for s in safe_names.values()))
     out: dict[str, dict[str, str]] = {}

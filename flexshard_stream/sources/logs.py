@@ -77,6 +77,9 @@ Paths = Union[PathLike, Sequence[PathLike]]
 FeatureSpec = Union[str, Sequence[str], Mapping[str, str], None]
 
 TS_COLUMN = "ts"
+#: Column names that are the sample time (seconds, or datetimes), in order of preference: the
+#: first one every file has is the time column unless ``ts_column`` names another (``--ts``).
+TIME_COLUMNS = ("ts", "timestamp", "time", "event_time")
 #: Reasons a row can be bad, in the order in which a row is attributed to one of them.
 REASONS: tuple[str, ...] = ("malformed", "bad_ts", "bad_id", "null_id", "negative_id")
 _KINDS = ("single", "sequence")
@@ -99,11 +102,15 @@ class LogSchema:
     features : dict of str to {"single", "sequence"}
         Feature columns in reading order and their kind: one ID per sample, or a sequence.
     has_ts : bool
-        True if every file has a ``ts`` column (sample time, seconds).
+        True if every file has the time column (sample time, seconds).
+    ts_column : str or None
+        The time column: ``ts``, else the first of :data:`TIME_COLUMNS` every file has, or the
+        one named (None: no time column).
     """
 
     features: dict[str, Kind]
     has_ts: bool
+    ts_column: str | None = None
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -377,7 +384,8 @@ def _parquet_first_value(path: Path, column: str) -> str:
     return "the file has no rows"
 
 
-def _normalize_features(features: FeatureSpec) -> dict[str, Kind | None] | None:
+def _normalize_features(features: FeatureSpec, ts_column: str | None = None
+                        ) -> dict[str, Kind | None] | None:
     if features is None:
         return None
     if isinstance(features, str):
@@ -396,6 +404,8 @@ def _normalize_features(features: FeatureSpec) -> dict[str, Kind | None] | None:
         out = dict.fromkeys(names)
     if TS_COLUMN in out:
         raise LogError(f"{TS_COLUMN!r} is the timestamp column and cannot be a feature")
+    if ts_column is not None and ts_column in out:
+        raise LogError(f"{ts_column!r} is the time column (ts_column) and cannot be a feature")
     if not out:
         raise LogError("no features requested")
     return out
@@ -431,24 +441,41 @@ def _check_column(info: _FileInfo, name: str, declared: Kind | None) -> Kind:
                            f"writing the log")
 
 
-def _check_ts(info: _FileInfo) -> None:
-    t = info.types[TS_COLUMN]
+def _time_column(infos: list[_FileInfo], given: str | None,
+                 features: Mapping[str, Any] | None) -> str | None:
+    """The log's time column: ``given`` (LogError when a file lacks it), else the first of
+    :data:`TIME_COLUMNS` that every file has and that is not a requested feature."""
+    if given is not None:
+        for i in infos:
+            if given not in i.types:
+                raise _fail(i.path, f"column {given!r} (the time column asked for) is missing; "
+                                    f"the file has columns {i.columns}")
+        return given
+    for name in TIME_COLUMNS:
+        if all(name in i.types for i in infos) and not (features and name in features):
+            return name
+    return None
+
+
+def _check_ts(info: _FileInfo, column: str = TS_COLUMN) -> None:
+    t = info.types[column]
     if info.fmt == "csv":
         return
     ok = (_is_int(t) or pa.types.is_floating(t) or pa.types.is_timestamp(t)
           or pa.types.is_date(t) or _is_text(t) or pa.types.is_null(t))
     if not ok:
-        raise _fail(info.path, f"row 0 (0-based within this file), column {TS_COLUMN!r}: wrong "
+        raise _fail(info.path, f"row 0 (0-based within this file), column {column!r}: wrong "
                                f"type {t}; expected seconds (int or float) or a datetime; "
-                               f"{_parquet_first_value(info.path, TS_COLUMN)}")
+                               f"{_parquet_first_value(info.path, column)}")
 
 
 def _schema_of(infos: list[_FileInfo], features: FeatureSpec,
-               ignore: Iterable[str]) -> LogSchema:
-    wanted = _normalize_features(features)
+               ignore: Iterable[str], ts_column: str | None = None) -> LogSchema:
+    wanted = _normalize_features(features, ts_column)
+    ts = _time_column(infos, ts_column, wanted)
     if wanted is None:
         first = infos[0]
-        skip = set(ignore) | {TS_COLUMN}
+        skip = set(ignore) | {TS_COLUMN} | ({ts} if ts else set())
         wanted = {c: k for c, k in first.kinds.items() if k is not None and c not in skip}
         if not wanted:
             raise _fail(first.path, f"no integer or list-of-integer column to read as a feature; "
@@ -458,10 +485,11 @@ def _schema_of(infos: list[_FileInfo], features: FeatureSpec,
         for name, declared in wanted.items():
             k = _check_column(info, name, declared)
             kinds[name] = "sequence" if kinds.get(name) == "sequence" else k
-        if TS_COLUMN in info.types:
+        if ts is not None:
+            _check_ts(info, ts)
+        elif TS_COLUMN in info.types:
             _check_ts(info)
-    has_ts = all(TS_COLUMN in i.types for i in infos)
-    return LogSchema({n: kinds[n] for n in wanted}, has_ts)
+    return LogSchema({n: kinds[n] for n in wanted}, ts is not None, ts)
 
 
 def csv_data_rows(path: PathLike) -> int:
@@ -481,7 +509,7 @@ def csv_data_rows(path: PathLike) -> int:
 
 
 def inspect_log(paths: Paths, features: FeatureSpec = None, *,
-                ignore: Iterable[str] = ()) -> LogSchema:
+                ignore: Iterable[str] = (), ts_column: str | None = None) -> LogSchema:
     """Infer which columns of a log are features, and their kinds.
 
     Parameters
@@ -506,7 +534,7 @@ def inspect_log(paths: Paths, features: FeatureSpec = None, *,
         Unknown extension, damaged file, requested column missing or not integer-typed.
     """
     infos = [_inspect_file(p) for p in expand_log_paths(paths)]
-    return _schema_of(infos, features, ignore)
+    return _schema_of(infos, features, ignore, ts_column)
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -805,8 +833,12 @@ class LogReader:
     null_as_empty : bool
         Read a null ID / null sequence as "no ID" (length 0) instead of a bad row.
     ts : bool or None
-        Use the ``ts`` column: None = if every file has one (raises if only some do), True =
+        Use the time column: None = if every file has one (raises if only some do), True =
         require it, False = ignore it.
+    ts_column : str, optional
+        The time column (``--ts COLUMN``); default ``ts``, else the first of
+        :data:`TIME_COLUMNS` (``timestamp``, ``time``, ``event_time``) every file has: a column
+        named like time is never read as a table of IDs.
     ignore : iterable of str
         Columns never inferred as features.
     row_groups : sequence of int, optional
@@ -839,7 +871,8 @@ class LogReader:
     def __init__(self, paths: Paths, features: FeatureSpec = None, read_batch_size: int = 65536,
                  *, skip_bad_rows: bool = False, null_as_empty: bool = False,
                  ts: bool | None = None, ignore: Iterable[str] = (),
-                 row_groups: Sequence[int] | None = None, rows: "RowMap | None" = None):
+                 row_groups: Sequence[int] | None = None, rows: "RowMap | None" = None,
+                 ts_column: str | None = None):
         if isinstance(read_batch_size, bool) or not isinstance(read_batch_size, (int, np.integer)) \
                 or read_batch_size < 1:
             raise LogError(f"read_batch_size must be a positive integer (samples per batch read), "
@@ -850,18 +883,19 @@ class LogReader:
         if self.row_groups is not None and (
                 len(self._infos) != 1 or self._infos[0].path.suffix.lower() not in PARQUET_EXT):
             raise LogError(f"row_groups needs exactly one parquet file, got {self.files}")
-        self.schema = _schema_of(self._infos, features, ignore)
-        have = [TS_COLUMN in i.types for i in self._infos]
+        self.schema = _schema_of(self._infos, features, ignore, ts_column)
+        self.ts_column = self.schema.ts_column or TS_COLUMN
+        have = [self.ts_column in i.types for i in self._infos]
         if ts is None:
             if any(have) and not all(have):
                 lacking = [str(i.path) for i, h in zip(self._infos, have) if not h]
-                raise LogError(f"only some files have a {TS_COLUMN!r} column; missing in "
+                raise LogError(f"only some files have a {self.ts_column!r} column; missing in "
                                f"{lacking}; pass ts=False to ignore timestamps")
             self.use_ts = all(have)
         elif ts:
             for i, h in zip(self._infos, have):
                 if not h:
-                    raise _fail(i.path, f"column {TS_COLUMN!r} is missing (ts=True); the file has "
+                    raise _fail(i.path, f"column {self.ts_column!r} is missing (ts=True); the file has "
                                         f"columns {i.columns}")
             self.use_ts = True
         else:
@@ -928,7 +962,7 @@ class LogReader:
 
     def _columns(self) -> list[str]:
         cols = list(self.schema.keys)
-        return cols + [TS_COLUMN] if self.use_ts else cols
+        return cols + [self.ts_column] if self.use_ts else cols
 
     def _parquet_parts(self, info: _FileInfo) -> Iterator[_Part]:
         pf = open_parquet(info.path)
@@ -1064,10 +1098,10 @@ class LogReader:
         problems: list[tuple[str, str, np.ndarray]] = []
         ts = None
         if self.use_ts:
-            ts = _convert_ts(rb.column(TS_COLUMN))
+            ts = _convert_ts(rb.column(self.ts_column))
             bad = ~np.isfinite(ts)
             if bad.any():
-                problems.append(("bad_ts", TS_COLUMN, bad))
+                problems.append(("bad_ts", self.ts_column, bad))
         by_reason: dict[str, list[tuple[str, np.ndarray]]] = {"bad_id": [], "null_id": [],
                                                               "negative_id": []}
         for name in keys:

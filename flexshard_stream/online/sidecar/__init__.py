@@ -68,7 +68,7 @@ from .config import SidecarConfig
 
 if TYPE_CHECKING:
     from .checkpoint import ResumeReport, list_checkpoints, read_checkpoint
-    from .common import SidecarError, SidecarWarning
+    from .common import CheckpointLostError, SidecarError, SidecarWarning
     from .core import Sidecar
     from .ingest import SidecarStats
     from .loader import AttachedLoader, to_batch
@@ -78,10 +78,11 @@ if TYPE_CHECKING:
 #: importing :mod:`.config` (the command line's defaults) loads neither numpy nor Numba.
 _LAZY = {"ResumeReport": ".checkpoint", "list_checkpoints": ".checkpoint",
          "read_checkpoint": ".checkpoint", "SidecarError": ".common",
+         "CheckpointLostError": ".common",
          "SidecarWarning": ".common", "Sidecar": ".core", "SidecarStats": ".ingest",
          "AttachedLoader": ".loader", "to_batch": ".loader", "run_ring": ".ring_feed"}
 
-__all__ = ["AttachedLoader", "ResumeReport", "Sidecar", "SidecarConfig", "SidecarError",
+__all__ = ["AttachedLoader", "CheckpointLostError", "ResumeReport", "Sidecar", "SidecarConfig", "SidecarError",
            "SidecarStats", "SidecarWarning", "list_checkpoints", "read_checkpoint", "run_ring",
            "to_batch"]
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from ...errors import FlexShardError
 
-__all__ = ["BackgroundThread", "CHECKPOINT_FORMAT", "COUNTERS_FORMAT", "COUNTER_KEYS", "CheckJob",
+__all__ = ["BackgroundThread", "CHECKPOINT_FORMAT", "CheckpointLostError", "COUNTERS_FORMAT", "COUNTER_KEYS", "CheckJob",
            "Coordination", "FORMAT_VERSION", "STATE_FORMAT", "SidecarError", "SidecarWarning",
            "deadline_after", "remove_temp_entries", "renice", "warn"]
 
@@ -39,6 +39,15 @@ COUNTER_KEYS = ("submitted", "accepted", "dropped", "submitted_ids", "accepted_i
 class SidecarError(FlexShardError):
     """An error in a sidecar background thread, re-raised in the caller (``__cause__`` is the
     original exception), or a call on a closed sidecar."""
+
+
+class CheckpointLostError(SidecarError):
+    """The final checkpoint failed: what the statistics took in since the last good checkpoint
+    is not on disk, so a restart cannot resume it (``lost_batches``, ``lost_ids``)."""
+
+    def __init__(self, message: str, lost_batches: int, lost_ids: int):
+        super().__init__(message)
+        self.lost_batches, self.lost_ids = lost_batches, lost_ids
 
 
 class SidecarWarning(UserWarning):

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from ...formats.files import claim_directory
 from ...plans.plan import Plan
-from ...plans.tables import EmbeddingTable, load_tables
+from ...plans.tables import EmbeddingTable, load_tables, row_map
 from ...plans.topology import Topology
 from ...stats.batch import Batch
 from ...stats.config import TableConfig
@@ -31,14 +30,22 @@ from ..resharder import (
     made_for,
 )
 from .checkpoint import ResumeReport, holds_previous_run, resume
-from .common import Coordination, SidecarError, deadline_after, log, remove_temp_entries
+from .common import (
+    CheckpointLostError,
+    Coordination,
+    SidecarError,
+    deadline_after,
+    log,
+    remove_temp_entries,
+)
 from .config import SidecarConfig
 from .cores import TableThreads
 from .ingest import BoundedQueue, IngestWorker, Sampling, SidecarStats
 from .ledger import Ledger
 from .loader import AttachedLoader, copy_batch, to_batch
 from .planning import PlanningWorker
-from .publisher import Publisher, lock_directory
+from .outdir import lock_directory, prepare_out_dir
+from .publisher import Publisher
 from .rate import RateController
 
 __all__ = ["Sidecar"]
@@ -84,6 +91,9 @@ class Sidecar:
     source, source_batches, source_ids : where the batches come from (JSON-able, stored in
         checkpoints) and how many of its batches (IDs) were consumed before this process started
         (the ring command's exact loss accounting)
+    ids : how submitted IDs become table rows (``"raw"``, the default: as given; ``"hash"``: ID
+        mod the table's ``num_rows``; ``"hash:ROWS"``), as the ring command's ``--ids``: for
+        loaders that yield raw sparse or 64-bit hashed IDs. Mapped in ``submit``.
 
     The CPU budget (``cpu_budget``, half a core by default): the ingest thread measures its CPU
     seconds per ID and the offered rate and samples one ID occurrence in ``k`` (count-min and
@@ -112,7 +122,8 @@ class Sidecar:
                  plan: Plan | None = None,
                  callback: Callable[[Decision, Plan], None] | None = None,
                  resume: bool = False, source: Mapping[str, Any] | None = None,
-                 source_batches: int = 0, source_ids: int = 0, **settings: Any):
+                 source_batches: int = 0, source_ids: int = 0, ids: Any = None,
+                 **settings: Any):
         cfg = self.config = SidecarConfig.build(config, settings)
         self._sync = Coordination()
         self._queue = BoundedQueue(self._sync, max_batches=cfg.queue_batches,
@@ -121,6 +132,7 @@ class Sidecar:
                        else list(tables))
         self.topology = topology if isinstance(topology, Topology) else Topology.load(topology)
         self.batch_size = int(batch_size)
+        self._rows = row_map(self.tables, ids)   # ConfigError for a bad mode, before any thread
         self.out_dir = Path(out_dir)
         self.source = dict(source or {})
         self._stats = self._statistics(stats)
@@ -141,9 +153,8 @@ class Sidecar:
             checkpoint_every_s=cfg.checkpoint_every_s, counters_every_s=cfg.counters_every_s,
             nice=cfg.nice, sampling=self._sampling())
         # refuses a file or a non-empty directory a sidecar did not write (nothing of the user's
-        # is overwritten or pruned); directories of earlier versions are known by their entries
-        claim_directory(self.out_dir, "sidecar",
-                        legacy=(".lock", "state.json", "counters.json", "checkpoints"))
+        # is overwritten or pruned), another user's or a world-writable one, symlinked entries
+        prepare_out_dir(self.out_dir)
         self._lock_fd = lock_directory(self.out_dir)
         try:
             self._start(resume)
@@ -222,6 +233,8 @@ class Sidecar:
         if self._sync.has_error():
             self._sync.raise_pending()
         b = batch if isinstance(batch, Batch) else to_batch(batch)
+        if self._rows.mode.hashed:
+            b = self._rows.map_batch(b)
         return self._queue.put(copy_batch(b) if self.copy else b,
                                block=(self.policy == "block") if block is None else bool(block),
                                timeout=self.block_timeout if timeout is _UNSET else timeout)
@@ -263,7 +276,8 @@ class Sidecar:
     def close(self, timeout: float | None = None, *, checkpoint: bool = True) -> None:
         """Stop accepting batches, drain the queue, let a pending check finish, write a final
         checkpoint (unless ``checkpoint=False``) and the counters, stop the threads. Raises a
-        pending background error after shutting down. Idempotent."""
+        pending background error after shutting down; :class:`CheckpointLostError`, naming the
+        batches a restart loses, when the final checkpoint failed. Idempotent."""
         if self._closed:
             return
         self._not_from_worker("close")
@@ -282,7 +296,55 @@ class Sidecar:
         else:
             log.warning("sidecar threads did not finish within %s s; the final checkpoint may "
                         "be missing", timeout)
+        self._log_outcome()
+        self._raise_if_lost()
         self._sync.raise_pending()
+
+    def _log_outcome(self) -> None:
+        """At close: a warning when batches were dropped or no plan was published, with the
+        numbers and the reason (the last check's, or why no check ran); info otherwise."""
+        st = self.stats()
+        dropped = (f"dropped {st.dropped:,} of {st.submitted:,} submitted batches "
+                   f"({st.dropped / st.submitted:.0%}, {self.policy} policy, queue of "
+                   f"{self.config.queue_batches} batches)" if st.dropped else "dropped none")
+        if st.plans_published:
+            published = f"published {st.plans_published} plan change(s)"
+        else:
+            published = f"published no plan change: {self._why_no_plan(st)}"
+        msg = f"sidecar closing: {dropped}; {published}"
+        if st.dropped or not st.plans_published:
+            log.warning("%s", msg)
+        else:
+            log.info("%s", msg)
+
+    def _why_no_plan(self, st: SidecarStats) -> str:
+        """Why no plan change was published: the last check's reason, or why none ran."""
+        history = self.resharder.history
+        if history:
+            d = history[-1]
+            return f"{st.checks} check(s) ran, the last one {d.action}: {d.reason}"
+        cfg = self.config.reshard
+        return (f"no check ran (one every {cfg.check_every:g} {cfg.unit}; "
+                f"{st.batches_in_stats:,} batches reached the statistics)")
+
+    def _raise_if_lost(self) -> None:
+        """After the threads ended: CheckpointLostError when the final checkpoint failed,
+        naming the batches and IDs no checkpoint holds and the last one that a restart uses."""
+        ing = self._ingest
+        if ing.final_error is None:
+            return
+        errors = self._sync.errors
+        self._sync.pop_error()
+        batches, ids = ing.batches_in_stats - ing.saved[0], ing.ids_in_stats - ing.saved[1]
+        last = (f"the last good checkpoint, {ing.last_checkpoint}, holds {ing.saved[0]:,}"
+                if ing.last_checkpoint is not None else
+                f"no checkpoint of this run was written (a restart resumes {ing.saved[0]:,})")
+        err = ing.final_error
+        raise CheckpointLostError(
+            f"the final checkpoint failed ({type(err).__name__}: {err}): {batches:,} of the "
+            f"{ing.batches_in_stats:,} batches in the statistics ({ids:,} IDs) are in no "
+            f"checkpoint and are lost for a restart; {last}; {errors} background error(s) in "
+            f"this run, see the log", batches, ids) from err
 
     def __enter__(self) -> Sidecar:
         return self

@@ -353,6 +353,8 @@ class IngestWorker(BackgroundThread):
         self.batches_in_stats = self.ids_in_stats = 0   # cumulative: restored ones included
         self.position = 0                               # batches counted by the schedule
         self.last_checkpoint: Path | None = None
+        self.saved = (0, 0)          # batches and IDs in the statistics the last good checkpoint
+        self.final_error: BaseException | None = None   # why the final checkpoint failed
         self._busy = False
         self._requested = self._done = 0
         self._stop = False
@@ -376,6 +378,7 @@ class IngestWorker(BackgroundThread):
     def restore_progress(self, progress: dict[str, Any]) -> None:
         """Go on from a checkpoint's :meth:`progress` (its schedule only if in the same unit)."""
         self.batches_in_stats, self.ids_in_stats = int(progress["batches"]), int(progress["ids"])
+        self.saved = (self.batches_in_stats, self.ids_in_stats)
         sch = progress["schedule"]
         self.position = int(sch["position"])
         if sch["unit"] == self._schedule.unit:
@@ -430,7 +433,7 @@ class IngestWorker(BackgroundThread):
             self._look_at_sampling(now)
             if asked or (next_ckpt is not None and now >= next_ckpt) \
                     or (stop and self._final_checkpoint):
-                self._run_checkpoint(force=asked)
+                self._run_checkpoint(force=asked, final=stop)
                 now = time.monotonic()
                 if next_ckpt is not None:
                     next_ckpt = now + every
@@ -501,13 +504,20 @@ class IngestWorker(BackgroundThread):
         return CheckJob(self._stats.view().summary(self._top_k), float(pos),
                         self.batches_in_stats)
 
-    def _run_checkpoint(self, force: bool) -> None:
-        path = None
+    def _run_checkpoint(self, force: bool, final: bool = False) -> None:
+        """Write a checkpoint (None from the ledger: nothing changed since the last one, which
+        still holds everything); a failure is recorded, the final one's kept in ``final_error``."""
+        path, failed = None, None
         try:
             path = self._checkpoint(force, self.ingested())
         except Exception as e:  # noqa: BLE001
-            self._sync.record_error(e, "checkpoint")
+            failed = e
+            self._sync.record_error(e, "final checkpoint" if final else "checkpoint")
         with self._sync.lock:
+            if failed is None:
+                self.saved = (self.batches_in_stats, self.ids_in_stats)
+            elif final:
+                self.final_error = failed
             if path is not None:
                 self.last_checkpoint = path
                 self.checkpoints += 1

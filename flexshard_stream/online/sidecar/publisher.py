@@ -8,7 +8,6 @@ reader finds a complete plan at every moment. Used by the planner thread only (a
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -26,20 +25,7 @@ from ...plans.plan import Plan
 from ..resharder import Decision
 from .common import FORMAT_VERSION, STATE_FORMAT, log, remove_temp_entries, warn
 
-__all__ = ["Publisher", "lock_directory"]
-
-
-def lock_directory(out_dir: Path) -> int:
-    """One sidecar per ``out_dir``: an exclusive lock on ``out_dir/.lock`` (released by the kernel
-    when the process dies). Returns the file descriptor to close when done."""
-    fd = os.open(out_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise ConfigError(f"{out_dir} is in use by another sidecar (lock "
-                          f"{out_dir / '.lock'} held)") from None
-    return fd
+__all__ = ["Publisher"]
 
 
 def _check_state_fields(state: Mapping[str, Any], path: Path) -> None:
@@ -87,7 +73,8 @@ class Publisher:
     def remove_temp_files(self) -> None:
         """Remove the temp files a killed process left behind in ``out_dir``, ``plans/`` and
         ``deltas/``."""
-        remove_temp_entries(self.out_dir, (".state.json.", ".counters.json.", ".plan."))
+        remove_temp_entries(self.out_dir, (".state.json.", ".counters.json.", ".plan.",
+                                           ".probe."))
         remove_temp_entries(self.out_dir / "plans")
         remove_temp_entries(self.out_dir / "deltas")
 
@@ -163,9 +150,11 @@ class Publisher:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if os.path.lexists(link) and not link.is_symlink():  # never deleted: not the sidecar's
+            raise ConfigError(f"{link}: a real file or directory where the sidecar publishes its "
+                              "plan link; the sidecar did not write it and leaves it: move it "
+                              "away")
         os.symlink(rel, tmp)
-        if link.exists() and not link.is_symlink():  # a real directory from elsewhere
-            shutil.rmtree(link)
         os.replace(tmp, link)  # readers see the old plan or the new one, never none
         fsync_directory(self.out_dir)
         self._prune(self.out_dir / "plans", self.keep_plans, "")
@@ -175,7 +164,7 @@ class Publisher:
         if keep is None:
             return
         for _, p in sorted(_numbered(directory, suffix))[:-keep]:
-            if p.is_dir():
+            if p.is_dir() and not p.is_symlink():   # a link is removed, never followed
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
@@ -220,7 +209,9 @@ class Publisher:
         doc = jsonable(decision.to_json())
         doc["batches_in_stats"] = batches_in_stats
         doc["time"] = time.time()
-        with open(self.out_dir / "decisions.jsonl", "a") as f:
+        fd = os.open(self.out_dir / "decisions.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                     | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "a") as f:
             f.write(json.dumps(doc) + "\n")
 
     def write_counters(self, doc: Mapping[str, Any], *, force: bool = False) -> None:

@@ -25,9 +25,10 @@ from ...plans.topology import Topology
 from ...sources.ring import Ring
 from ...stats.batch import Batch
 from ..resharder import ReshardConfig
-from .common import SidecarError, log
+from .common import CheckpointLostError, SidecarError, log
 from .config import RING_MODE, SidecarConfig
 from .core import Sidecar
+from .outdir import prepare_out_dir
 
 __all__ = ["run_ring"]
 
@@ -49,7 +50,9 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
              emit: Callable[[Mapping[str, Any]], None] = _emit,
              handle_signals: bool = True, **settings: Any) -> dict[str, Any]:
     """Consume ring ``ring`` (created if missing) into a :class:`Sidecar` until ``stop`` is set
-    or SIGTERM/SIGINT arrives; then close it (final checkpoint). Returns the final report.
+    or SIGTERM/SIGINT arrives; then close it (final checkpoint). Returns the final report. A
+    failed final checkpoint is :class:`~.common.CheckpointLostError` (the ``stopped`` event,
+    emitted first, carries ``lost_batches``, ``lost_ids`` and ``error``).
 
     ``config`` (:class:`SidecarConfig`; default :meth:`SidecarConfig.for_ring`) and
     ``**settings`` (its fields by name, over it: ``checkpoint_every_s=``, ``half_life=``,
@@ -76,6 +79,7 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
         tabs = load_tables(tables) if isinstance(tables, (str, os.PathLike)) else list(tables)
         rows = row_map(tabs, ids)
         topo = topology if isinstance(topology, Topology) else Topology.load(topology)
+        prepare_out_dir(out)   # before the ring: a refused --out leaves no ring behind
         r = Ring.create(ring, slots=slots, capacity_bytes=capacity_bytes, directory=ring_dir,
                         checksum=checksum, exist_ok=True)
         try:
@@ -94,9 +98,14 @@ def run_ring(ring: str, tables: Any, topology: Any, out: str | os.PathLike, *,
                   "slot_capacity": r.slot_capacity, "out": str(out),
                   "ring_batches_read": read0})
             feed = _HashedRing(r, rows) if rows.mode.hashed else r
-            errors = _consume(sc, feed, stop, emit, status_every_s, unlink)
+            errors, lost = _consume(sc, feed, stop, emit, status_every_s, unlink)
             doc = _stopped(sc, r, got_signal, errors)
+            if lost is not None:
+                doc.update(lost_batches=lost.lost_batches, lost_ids=lost.lost_ids,
+                           error=str(lost))
             emit(doc)
+            if lost is not None:   # the stopped event said it; the caller must see it too
+                raise lost
             return doc
         finally:
             r.close()
@@ -139,10 +148,11 @@ def _stopping_on_signals(stop: threading.Event, got: list[str], handle: bool) ->
 
 def _consume(sc: Sidecar, ring: Ring, stop: threading.Event,
              emit: Callable[[Mapping[str, Any]], None], status_every_s: float,
-             unlink: bool) -> int:
+             unlink: bool) -> tuple[int, CheckpointLostError | None]:
     """Feed ``sc`` from ``ring`` until ``stop`` (then drain the ring if ``unlink``) and close
-    it; returns the background errors reported (already logged)."""
-    errors = 0
+    it; returns the background errors reported (already logged) and the failure of the final
+    checkpoint (None when it was written)."""
+    errors, lost = 0, None
     next_status = time.monotonic() + status_every_s if status_every_s else math.inf
     nap = _IDLE_NAP_S[0]
     try:
@@ -168,10 +178,13 @@ def _consume(sc: Sidecar, ring: Ring, stop: threading.Event,
     finally:
         try:
             sc.close()
+        except CheckpointLostError as e:
+            errors, lost = errors + 1, e
+            log.error("%s", e)
         except SidecarError as e:
             errors += 1
             log.error("%s", e)
-    return errors + _log_errors(sc)
+    return errors + _log_errors(sc), lost
 
 
 def _drain(sc: Sidecar, ring: Ring) -> int:
