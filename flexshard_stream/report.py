@@ -43,11 +43,12 @@ __all__ = ["PICTURES", "build_report"]
 PICTURES = ("cdf.png", "bytes_per_iter.png", "threshold.png", "traffic.png", "memory.png")
 
 _COLORS = {"rw": "#7f7f7f", "rw-hash": "#bcbd22", "twrw": "#1f77b4", "tw": "#17becf",
-           "static": "#ff7f0e", "resharder": "#d62728"}
+           "torchrec": "#2ca02c", "static": "#ff7f0e", "resharder": "#d62728"}
 #: Strategies planned within the memory budget (the others are the budget's reference).
 _BUDGETED = ("static", "resharder")
 _LABELS = {"rw": "row-wise (rw)", "rw-hash": "row-wise, hashed (rw-hash)",
            "twrw": "table-row-wise (twrw)", "tw": "table-wise (tw)",
+           "torchrec": "TorchRec's own plan (torchrec)",
            "static": "FlexShard, static (planned on window 0)",
            "resharder": "FlexShard + re-sharder (online)"}
 _DPI = 110
@@ -237,8 +238,7 @@ def _plot_cdf(plt, cdf: dict, path: Path) -> str:
                 continue
             col = _COLORS[s]
             k0, kk = int(c["k0"]), int(c["k0_k1"])
-            lbl = (f"{s}: {k0:,} global + {kk - k0:,} node rows "
-                   f"({100 * c.get('replicated_share', 0):.0f}% of lookups)")
+            lbl = cut_label(s, c)
             if k0 > 0:
                 ax.axvline(k0, color=col, ls=style, lw=1.2, alpha=0.8)
             if kk > 0:
@@ -326,7 +326,24 @@ def _plot_bytes(plt, summary: dict, path: Path) -> str:
             "included). Trace mode: every window's own samples replayed through each plan.")
 
 
-def _plot_threshold(plt, summary: dict, path: Path) -> str:
+def cut_label(strategy: str, cut: dict) -> str:
+    """The CDF legend of a plan's replication cut: its tiers' rows and their share of lookups,
+    or that it replicates nothing."""
+    k0, kk = int(cut["k0"]), int(cut["k0_k1"])
+    if kk <= 0:
+        return f"{strategy}: no replicated rows"
+    return (f"{strategy}: {k0:,} global + {kk - k0:,} node rows "
+            f"({100 * cut.get('replicated_share', 0):.0f}% of lookups)")
+
+
+def _replicates(pts) -> bool:
+    """Whether any check's plan replicates a row of any table."""
+    return any(th[t]["global_rows"] + th[t]["node_rows"] > 0 for _, th, _ in pts for t in th)
+
+
+def _plot_threshold(plt, summary: dict, path: Path) -> str | None:
+    """The threshold chart, or None (nothing drawn) when no plan of the re-sharder replicated a
+    row: there is no threshold to show."""
     axis = _axis(summary)
     wins = summary["windows"]
     pts: list[tuple[float, dict, str]] = []
@@ -340,6 +357,8 @@ def _plot_threshold(plt, summary: dict, path: Path) -> str:
             if c.get("thresholds"):
                 pts.append((float(axis.x(float(c["position"]))), c["thresholds"],
                             c.get("action", "")))
+    if pts and not _replicates(pts):
+        return None
     fig, axes = plt.subplots(2, 1, figsize=(10.5, 7.4), sharex=True)
     tables = list(dict.fromkeys(t for _, th, _ in pts for t in th))
     cmap = plt.get_cmap("Dark2")
@@ -478,7 +497,9 @@ def _plot_memory(plt, summary: dict, path: Path) -> str:
 
     def label(s: str, m: np.ndarray) -> str:
         # only the FlexShard plans were made for the budget (row-wise's modelled peak)
-        rel = (f", {100 * m.max() / budget:.1f}% of the budget"
+        share = 100 * m.max() / budget if budget else 0.0
+        rel = ((f", {share:.1f}% of the budget" + (" (over it on this log: the plan was made "
+                                                    "on the first window)" if share > 100 else ""))
                if budget and s in _BUDGETED else "")
         return f"{_LABELS.get(s, s)}: peak {_fmt_bytes(float(m.max()), 4)}{rel}"
 
@@ -528,11 +549,12 @@ def _plot_memory(plt, summary: dict, path: Path) -> str:
 # ----------------------------------------------------------------------------- html
 def _totals_table(summary: dict) -> str:
     tot = summary["totals"]["strategies"]
-    head = ("<tr><th>strategy</th><th>iterations</th><th>all-to-all / iter</th>"
+    # the columns that answer "how much faster" first: a wide table scrolls, never clips them
+    head = ("<tr><th>strategy</th><th>speed-up vs rw</th><th>vs best baseline</th>"
+            "<th>iterations</th><th>all-to-all / iter</th>"
             "<th>inter-node / iter</th><th>sync / iter</th><th>comm time / iter</th>"
             "<th>comm time, total</th><th>peak memory / GPU</th><th>migration</th>"
-            "<th>migration + pauses</th><th>total cost</th>"
-            "<th>plan changes</th><th>speed-up vs rw</th><th>vs best baseline</th></tr>")
+            "<th>migration + pauses</th><th>total cost</th><th>plan changes</th></tr>")
     rows = []
     for s in _strategies(summary):
         t = tot[s]
@@ -541,15 +563,16 @@ def _totals_table(summary: dict) -> str:
         bb = _vs_best(t)
         rows.append(
             "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
-                _LABELS.get(s, s), f"{t.get('iterations', 0):,}", _fmt_bytes(b.get("total")),
+                _LABELS.get(s, s), "–" if sp is None else f"{sp:.2f}x", bb,
+                f"{t.get('iterations', 0):,}", _fmt_bytes(b.get("total")),
                 _fmt_bytes(b.get("inter_node")), _fmt_bytes(b.get("sync")),
                 _fmt_time(t.get("comm_time_s_per_iter")), _fmt_time(t.get("comm_time_s")),
                 _fmt_bytes(t.get("peak_memory_bytes"), 4),
                 _fmt_bytes(t.get("migration_bytes", 0)),
                 _fmt_time(t.get("migration_s", 0.0) + t.get("pause_s", 0.0)),
                 _fmt_time(t.get("total_cost_s")),
-                t.get("deltas", 0), "–" if sp is None else f"{sp:.2f}x", bb)) + "</tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
+                t.get("deltas", 0))) + "</tr>")
+    return f"<div class='wide'><table>{head}{''.join(rows)}</table></div>"
 
 
 def _vs_best(t: dict) -> str:
@@ -562,7 +585,7 @@ def _vs_best(t: dict) -> str:
 def _windows_table(summary: dict) -> str:
     strategies = _strategies(summary)
     axis = _axis(summary)
-    unit = " (UTC)" if axis.dates else ""
+    unit = " (UTC)" if axis.dates else (" (s)" if axis.label.endswith("(s)") else " (sample)")
     head = (f"<tr><th>window</th><th>start{unit}</th><th>end{unit}</th><th>samples</th>"
             "<th>iterations</th>"
             + "".join(f"<th>{html.escape(s)} comm / iter</th>" for s in strategies)
@@ -577,7 +600,7 @@ def _windows_table(summary: dict) -> str:
         cells += [_fmt_bytes(w.get("migration_bytes", 0)),
                   f"{sum(dec.values())} ({dec.get('applied', 0) + dec.get('partial', 0)})"]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
+    return f"<div class='wide'><table>{head}{''.join(rows)}</table></div>"
 
 
 def _fits(t: dict, summary: dict) -> bool:
@@ -663,7 +686,7 @@ td{white-space:nowrap}
 td:first-child,th:first-child{text-align:left}figure{margin:1.2em 0}
 img{max-width:100%;border:1px solid #ddd}figcaption{font-size:.92em;color:#444;margin-top:.3em}
 .meta{color:#555;font-size:.92em}code{background:#f5f5f5;padding:0 .2em}
-pre{background:#f5f5f5;padding:.6em;overflow-x:auto}"""
+pre{background:#f5f5f5;padding:.6em;overflow-x:auto}.wide{overflow-x:auto}"""
 
 
 def build_report(directory: str | os.PathLike) -> Path:
@@ -806,6 +829,10 @@ def _page(summary: dict[str, Any], captions: dict[str, str], cluster: str = "") 
                "peak memory is the largest over the replay; migration is what the re-sharder's "
                "plan changes moved (bytes received by GPUs).</p>")]
     for i, name in enumerate(PICTURES, 1):
+        if captions.get(name) is None:        # nothing to draw (threshold: nothing replicated)
+            parts.append(f"<h2>{i}. {html.escape(titles[name])}</h2><p>No plan of the "
+                         "re-sharder replicated a row: there is no threshold to draw.</p>")
+            continue
         parts.append(f"<h2>{i}. {html.escape(titles[name])}</h2><figure><img src='{name}' "
                      f"alt='{html.escape(titles[name])}'><figcaption>{captions[name]}"
                      f"</figcaption></figure>")

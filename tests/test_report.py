@@ -199,3 +199,43 @@ def test_apply_section_recommends_the_fastest_plan_that_fits_and_says_when_it_is
     summary["totals"]["strategies"]["twrw"] = t(1.0, peak=9e6)      # over the budget
     html = _apply_section(summary)
     assert "plans/static" in html and "FlexShard is not it" not in html
+
+
+def _zero_replicas(d):
+    """The replay in ``d`` edited as if no plan replicated a row (thresholds and CDF cuts)."""
+    s = json.loads((d / "summary.json").read_text())
+    for w in s["windows"]:
+        for th in [w.get("thresholds") or {}] + [c.get("thresholds") or {}
+                                                  for c in w.get("checks") or []]:
+            for t in th.values():
+                t["global_rows"] = t["node_rows"] = 0
+    (d / "summary.json").write_text(json.dumps(s))
+    c = json.loads((d / "cdf.json").read_text())
+    for t in c["tables"].values():
+        for cut in (t.get("cuts") or {}).values():
+            cut["k0"] = cut["k0_k1"] = 0
+            cut["replicated_share"] = 0.0
+    (d / "cdf.json").write_text(json.dumps(c))
+
+
+def test_report_layout_says_what_there_is(rep, tmp_path):
+    """Issue 26: the speed-ups lead the totals table (a wide table scrolls); window bounds carry
+    their unit; with nothing replicated no empty threshold chart is drawn and the CDF legend says
+    so instead of "0 global + 0 node rows"."""
+    html = build_report(rep).read_text()
+    head = html[html.index("<h2>Totals over the replay</h2>"):]
+    cols = re.findall(r"<th>([^<]+)</th>", head[:head.index("</tr>")])
+    assert cols[:3] == ["strategy", "speed-up vs rw", "vs best baseline"]
+    assert "<div class='wide'><table>" in head and ".wide{overflow-x:auto}" in html
+    assert re.search(r"<th>start \((s|sample|UTC)\)</th>", html)
+    d = tmp_path / "zero"
+    shutil.copytree(rep, d, symlinks=True)
+    _zero_replicas(d.resolve() if d.is_symlink() else d)
+    (d / "threshold.png").unlink(missing_ok=True)
+    html = build_report(d).read_text()
+    assert "threshold.png" not in set(re.findall(r"src='([^']+)'", html))
+    assert "there is no threshold to draw" in html and not (d / "threshold.png").exists()
+    from flexshard_stream.report import cut_label
+    assert cut_label("static", {"k0": 0, "k0_k1": 0}) == "static: no replicated rows"
+    assert cut_label("static", {"k0": 3, "k0_k1": 5, "replicated_share": 0.4}) == (
+        "static: 3 global + 2 node rows (40% of lookups)")
