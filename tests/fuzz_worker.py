@@ -728,6 +728,26 @@ def target_export(fx: Fixtures, case: dict, work: Path) -> None:
     evaluate_analytic(plan_from_export(ex), sums, 4)
 
 
+def target_export_live(fx: Fixtures, case: dict, work: Path) -> None:
+    """A live export (``hot_capacity``: slot capacity, every row in the cold tables, the plan's
+    hot IDs file) damaged and loaded: the live readers (hot IDs, ``split_rows``) or a clean
+    refusal."""
+    from flexshard_stream.bridge.export import export_torchrec, load_torchrec_export
+    rw, flex, sums = fx.plans()
+    d = _dir_copy(fx, "export_live",
+                  lambda p: export_torchrec(flex, p, summaries=sums, hot_capacity="auto"), work)
+    rng = np.random.default_rng(case["seed"])
+    if not case.get("warm"):
+        mutate_tree(d, rng, tree_files(d))
+        if rng.random() < 0.8:
+            _reseal_export(d)
+    ex = load_torchrec_export(d)
+    for e in ex.manifest["tables"]:
+        rows = int(e["source_table"]["num_rows"])
+        ex.split_rows(e["table"], np.zeros((rows, 2), np.float32))
+    ex.live
+
+
 def _reseal_export(d: Path) -> None:
     from flexshard_stream.bridge.export import MANIFEST_FILE
     pj = d / MANIFEST_FILE
@@ -735,6 +755,9 @@ def _reseal_export(d: Path) -> None:
         doc = json.loads(regular_bytes(pj))
         for e in doc["tables"]:
             e["remap"]["sha256"] = sha256(regular_bytes(d / e["remap"]["file"]))
+            if isinstance(e.get("live"), dict) and isinstance(e["live"].get("hot_ids"), dict):
+                h = e["live"]["hot_ids"]
+                h["sha256"] = sha256(regular_bytes(d / h["file"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return
     pj.write_bytes(json.dumps(doc, allow_nan=True).encode())
@@ -1111,7 +1134,8 @@ def _snapshot(d: Path) -> list[tuple[str, bytes | None]]:
 
 FORMAT_TARGETS: dict[str, Callable[[Fixtures, dict, Path], None]] = {
     "stats": target_stats, "snapshot": target_snapshot, "delta": target_delta,
-    "plan": target_plan, "export": target_export, "topology": target_topology,
+    "plan": target_plan, "export": target_export, "export_live": target_export_live,
+    "topology": target_topology,
     "tables": target_tables, "state": target_state, "checkpoint": target_checkpoint,
     "ring": target_ring, "report": target_report, "versions": target_versions}
 

@@ -65,7 +65,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError, FlexShardError, FormatError
-from ..formats.fields import field_int, field_list, field_mapping
+from ..formats.fields import field_int, field_list, field_mapping, field_str
 from ..formats.directories import check_output_directory, read_directory, staging_directory
 from ..formats.files import file_stems, read_json, read_npy, write_json, write_npy
 from ..formats.units import fmt_bytes
@@ -780,6 +780,18 @@ def _read_hot_ids(path: Path, e: Mapping[str, Any], rows: int) -> np.ndarray:
     return ids
 
 
+def _check_part(e: Mapping[str, Any], key: str, where: str, *, required: bool
+                ) -> Mapping[str, Any] | None:
+    """An entry's ``hot`` or ``cold`` part: a mapping naming its TorchRec table and feature
+    (None where it may be absent); FormatError naming the field otherwise."""
+    if e.get(key) is None and not required:
+        return None
+    part = field_mapping(e, key, where)
+    field_str(part, "table", f"{where}: {key}")
+    field_str(part, "feature", f"{where}: {key}")
+    return part
+
+
 def _check_entry(e: Mapping[str, Any], rows: int, where: str) -> None:
     """The fields of one table's manifest entry that reading the export uses, against its remap
     of ``rows`` rows: the source table (as many rows), ``hot_rows`` in ``[0, rows]``, and the cold
@@ -793,10 +805,11 @@ def _check_entry(e: Mapping[str, Any], rows: int, where: str) -> None:
         raise FormatError(f"{where}: source_table has {t.num_rows} rows, its remap {rows}")
     hot = field_int(e, "hot_rows", where, hi=rows)
     field_mapping(e, "plan_cold", where)
+    _check_part(e, "hot", where, required=bool(hot))
     cold = e.get("cold")
     if cold is None and hot == rows:
         return
-    cold = field_mapping(e, "cold", where)
+    cold = _check_part(e, "cold", where, required=True)
     ranks, shard_rows = field_list(cold, "ranks", where), field_list(cold, "shard_rows", where)
     def ints_in(xs: list, hi: int) -> bool:
         return all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < hi for x in xs)
