@@ -399,5 +399,21 @@ def test_small_presets_and_any_case():
         assert (t.nodes, t.gpus_per_node, t.name) == (n, m, name)
         assert float(t.hbm_bytes.min()) == 80e9
     assert Topology.load("16X8").name == "16x8" and Topology.preset("2X4").num_gpus == 8
-    with pytest.raises(ConfigError, match="neither an existing topology file nor a preset"):
-        Topology.load("3x3")
+    with pytest.raises(ConfigError, match="neither an existing topology file, a preset nor NxM"):
+        Topology.load("big")
+
+
+def test_nxm_is_a_uniform_cluster_of_preset_like_nodes():
+    """``--topology 4x8`` without a file: 4 nodes of 8 DGX-style GPUs (the presets' figures); a
+    preset of that name wins; impossible shapes are refused with the preset list's error."""
+    t = Topology.load("4x8")
+    assert (t.nodes, t.gpus_per_node, t.name) == (4, 8, "4x8")
+    two = Topology.preset("2x8")
+    assert t == Topology.uniform(4, 8, name="4x8")
+    assert float(t.hbm_bytes[0]) == float(two.hbm_bytes[0])
+    assert float(t.inter_bw[0]) == float(two.inter_bw[0])
+    assert float(t.intra_bw[0]) == float(two.intra_bw[0])
+    assert Topology.load("3X3").num_gpus == 9 and Topology.load("2x8") == two
+    for bad in ("0x8", "200x100"):
+        with pytest.raises(ConfigError):
+            Topology.load(bad)

@@ -469,8 +469,8 @@ def _print_torchrec_estimate(e: Mapping[str, Any], cost: Mapping[str, Any], prof
 
 
 def plan(log: List[Path] = typer.Option(..., "--log", help="Log files to profile (parquet/CSV)."),
-         topology: str = typer.Option(..., help="Topology TOML file or preset name (2x8, 16x8, "
-                                      "16x8_skewed)."),
+         topology: str = typer.Option(..., help="Topology TOML file, preset name (2x8, 16x8, "
+                                      "16x8_skewed) or NxM (N nodes of M DGX-style GPUs)."),
          strategy: str = typer.Option("flexshard", callback=choice(STRATEGIES, "--strategy"),
                                       help=" | ".join(STRATEGIES) + " (any case)."),
          out: Path = typer.Option(..., help="Plan directory to write."),

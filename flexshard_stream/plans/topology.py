@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
@@ -394,14 +395,21 @@ class Topology:
 
     @classmethod
     def load(cls, path_or_preset: PathLike) -> "Topology":
-        """A topology file if ``path_or_preset`` is an existing path, else a preset name."""
+        """A topology file if ``path_or_preset`` is an existing path, else a preset name, else
+        ``NxM`` (``"4x8"``: N nodes of M GPUs, each GPU and node as the presets' DGX-style
+        ones, :meth:`uniform`'s defaults)."""
         if os.path.exists(path_or_preset):
             return cls.from_toml(path_or_preset)
         s = os.fspath(path_or_preset)
         if s.lower() in available_presets():
             return cls.preset(s)
-        raise ConfigError(f"{s!r} is neither an existing topology file nor a preset; available "
-                          f"presets: {available_presets()} (in {PRESET_DIR})")
+        shape = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", s)
+        if shape:
+            n, m = int(shape[1]), int(shape[2])
+            return cls.uniform(n, m, name=f"{n}x{m}")
+        raise ConfigError(f"{s!r} is neither an existing topology file, a preset nor NxM (N nodes "
+                          f"of M GPUs, e.g. 4x8); available presets: {available_presets()} (in "
+                          f"{PRESET_DIR})")
 
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict[str, Any]:
