@@ -140,12 +140,7 @@ class KJTRemap(nn.Module):
         self.seg_off: List[int] = [0]
         cols: List[List[np.ndarray]] = [[], [], [], []]
         for e in ex.manifest["tables"]:
-            self.index[e["source_table"]["feature"] or e["table"]] = len(self.hot_key)
-            self.hot_key.append(e["hot"]["feature"] if e["hot"] else "")
-            self.cold_key.append(e["cold"]["feature"] if e["cold"] else "")
-            self.hot_rows.append(int(e["hot_rows"]))
-            self.num_rows.append(int(e["source_table"]["num_rows"]))
-            self.pooled.append(e["source_table"]["kind"] == "pooled")
+            self._add_table_keys(e)
             arrays = remap_arrays(ex.remaps[e["table"]])
             for col, arr in zip(cols, arrays):
                 col.append(arr)
@@ -155,6 +150,16 @@ class KJTRemap(nn.Module):
             flat = np.concatenate(col).astype(np.int64) if col else np.zeros(0, np.int64)
             self.register_buffer(name, torch.from_numpy(flat), persistent=False)
         self.keep_int32 = max(self.num_rows, default=0) <= _INT32_ROWS
+
+    def _add_table_keys(self, e: Dict[str, Any]) -> None:
+        """One manifest entry's feature keys, hot rows, rows and kind appended to the per-table
+        lists (its feature mapped to its index); used while building, not scripted."""
+        self.index[e["source_table"]["feature"] or e["table"]] = len(self.hot_key)
+        self.hot_key.append(e["hot"]["feature"] if e["hot"] else "")
+        self.cold_key.append(e["cold"]["feature"] if e["cold"] else "")
+        self.hot_rows.append(int(e["hot_rows"]))
+        self.num_rows.append(int(e["source_table"]["num_rows"]))
+        self.pooled.append(e["source_table"]["kind"] == "pooled")
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
         return self.split(kjt)[0]

@@ -142,12 +142,7 @@ class LiveRemap(KJTRemap):
         self.live: List[bool] = []
         self._arrays: List[Sequence[torch.Tensor]] = []
         for e in export.manifest["tables"]:
-            self.index[e["source_table"]["feature"] or e["table"]] = len(self.hot_key)
-            self.hot_key.append(e["hot"]["feature"] if e["hot"] else "")
-            self.cold_key.append(e["cold"]["feature"] if e["cold"] else "")
-            self.hot_rows.append(int(e["hot_rows"]))
-            self.num_rows.append(int(e["source_table"]["num_rows"]))
-            self.pooled.append(e["source_table"]["kind"] == "pooled")
+            self._add_table_keys(e)
             self.live.append(bool(e.get("live")))
             cold = list(like._arrays[len(self._arrays)][:4]) if like is not None else \
                 [torch.from_numpy(a) for a in remap_arrays(export.remaps[e["table"]])]
