@@ -715,11 +715,7 @@ def target_export(fx: Fixtures, case: dict, work: Path) -> None:
     from flexshard_stream.placement.cost import evaluate_analytic
     rw, flex, sums = fx.plans()
     d = _dir_copy(fx, "export", lambda p: export_torchrec(flex, p, summaries=sums), work)
-    rng = np.random.default_rng(case["seed"])
-    if not case.get("warm"):
-        mutate_tree(d, rng, tree_files(d))
-        if rng.random() < 0.8:
-            _reseal_export(d)
+    _damage_export(d, case)
     ex = load_torchrec_export(d)
     for e in ex.manifest["tables"]:
         ex.split(e["table"], np.arange(8))
@@ -736,16 +732,22 @@ def target_export_live(fx: Fixtures, case: dict, work: Path) -> None:
     rw, flex, sums = fx.plans()
     d = _dir_copy(fx, "export_live",
                   lambda p: export_torchrec(flex, p, summaries=sums, hot_capacity="auto"), work)
-    rng = np.random.default_rng(case["seed"])
-    if not case.get("warm"):
-        mutate_tree(d, rng, tree_files(d))
-        if rng.random() < 0.8:
-            _reseal_export(d)
+    _damage_export(d, case)
     ex = load_torchrec_export(d)
     for e in ex.manifest["tables"]:
         rows = int(e["source_table"]["num_rows"])
         ex.split_rows(e["table"], np.zeros((rows, 2), np.float32))
     ex.live
+
+
+def _damage_export(d: Path, case: dict) -> None:
+    """Unless the case is warm: damage the export in ``d``, then, most of the time, seal its
+    checksums again (so that the damage reaches the readers behind them)."""
+    rng = np.random.default_rng(case["seed"])
+    if not case.get("warm"):
+        mutate_tree(d, rng, tree_files(d))
+        if rng.random() < 0.8:
+            _reseal_export(d)
 
 
 def _reseal_export(d: Path) -> None:
