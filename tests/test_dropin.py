@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,7 +34,6 @@ from flexshard_stream.plans.topology import Topology  # noqa: E402
 
 import dropin_worker  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 TOPO = Topology.uniform(1, WORLD)
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -233,15 +229,10 @@ def test_sharded_dropin_refuses_an_unknown_feature(world):
 
 
 def test_example_trains_like_the_unsharded_modules(tmp_path):
-    code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'examples')!r}); "
-            "import torchrec_dropin as m; "
-            f"r = m.main(['--out', {str(tmp_path)!r}, '--steps', '4']); "
-            "print('RESULT ' + json.dumps(r))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "step 3: loss" in out.stdout
-    r = json.loads([x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
+    from example_runner import run_example
+
+    r, stdout = run_example("torchrec_dropin", ["--out", str(tmp_path), "--steps", "4"])
+    assert "step 3: loss" in stdout
     assert any(k > 0 for k in r["hot_rows"].values())
     losses, ref = np.array(r["losses"]), np.array(r["reference_losses"])
     assert losses.shape == ref.shape == (4, 4)

@@ -4,29 +4,18 @@ Sidecar.attach, out of process through the shared-memory ring). Skipped without 
 the KJT example)."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from example_runner import run_example
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 STEPS, BATCH = 24, 32
 
 
 def _run_example(name: str, argv: list[str]) -> dict:
     """``examples/<name>.py``'s ``main(argv)`` in a fresh interpreter; its result as a dict."""
-    code = (f"import dataclasses, json, sys; sys.path.insert(0, {str(EXAMPLES)!r}); "
-            f"import {name} as m; r = m.main({argv!r}); "
-            "r = dataclasses.asdict(r) if dataclasses.is_dataclass(r) else r; "
-            "print('RESULT ' + json.dumps(r))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return run_example(name, argv, timeout=240)[0]
 
 
 def test_dataloader_example_with_two_workers(tmp_path):

@@ -251,18 +251,9 @@ def test_optimizers_whose_state_cannot_move_are_refused(plans, tmp_path, make, m
 def test_the_hand_off_example_applies_the_resharders_delta(tmp_path):
     """examples/torchrec_live.py: rank 0's re-sharder decides, the delta reaches every rank and
     is applied in the running DMP, and the hot slots serve more lookups after it."""
-    import subprocess
-    import sys
+    from example_runner import run_example
 
-    root = Path(__file__).resolve().parents[1]
-    code = (f"import json, sys; sys.path.insert(0, {str(root / 'examples')!r}); "
-            "import torchrec_live as m; "
-            f"log = m.main(['--out', {str(tmp_path)!r}, '--steps', '30']); "
-            "print('RESULT ' + json.dumps(log))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    log = json.loads([x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
+    log, _ = run_example("torchrec_live", ["--out", str(tmp_path), "--steps", "30"])
     applied = [e for e in log if "tables" in e]
     assert applied and applied[0]["version"] == 1
     assert applied[0]["tables"]["history"]["promoted"] > 0
