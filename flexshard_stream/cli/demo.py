@@ -20,6 +20,7 @@ from .common import (
     fail,
     say,
     text_table,
+    torchrec_reference_ok,
 )
 from .replay import ReplayProgress, print_replay
 
@@ -68,17 +69,6 @@ def _vs_torchrec(st, best: str) -> str:
     return f"; {theirs / mine:.2f}x over TorchRec's own plan"
 
 
-def _torchrec_installed(profile: str) -> bool:
-    """Whether the demo replays TorchRec's own plan: TorchRec installed and its profile; a note
-    when it is not installed."""
-    if profile != "torchrec":
-        return False
-    if importlib.util.find_spec("torchrec") is None:
-        say("TorchRec is not installed: its own plan is not among the plans replayed (make "
-            "install-dev, or pip install 'flexshard-stream[torchrec]')")
-        return False
-    return True
-
 
 def _print_sketch(stats, topk: int) -> None:
     """A short per-table sketch summary of the whole log."""
@@ -117,7 +107,7 @@ def demo(out: Path = typer.Option(Path("flexshard-demo"), help="Directory for th
             f"synthetic, production-like skew, item histories of ~47 IDs per sample, 30 s of "
             f"samples) in windows of {window} on {topology}, B = {batch_size}")
         t0 = time.perf_counter()
-        with_torchrec = _torchrec_installed(profile)
+        with_torchrec = torchrec_reference_ok(profile, "replayed", show=say)
         with ReplayProgress() as prog:
             res = run_replay([path], topology, window=window, out_dir=out, batch_size=batch_size,
                              model=CostModel(dedup=default_dedup(profile) if dedup is None

@@ -20,6 +20,7 @@ from .common import (
     IDS_HELP,
     PROFILE_HELP,
     PROFILES,
+    TORCHREC_REFERENCE_TABLES,
     TS_HELP,
     choice,
     command_hint,
@@ -36,6 +37,7 @@ from .common import (
     time_column_hint,
     time_like,
     topology_name,
+    torchrec_reference_ok,
     vs_best_text,
     warn,
     warn_time_columns,
@@ -48,9 +50,6 @@ STRATEGIES = ("flexshard", "rw", "rw-hash", "tw", "twrw", "cw", "twcw", "dp", "h
               "torchrec")
 #: Baselines whose peak memory can be FlexShard's budget (planner.MemoryPolicy).
 MEMORY_BASELINES = ("rw", "rw-hash", "twrw", "tw")
-#: Up to this many tables FlexShard also compares TorchRec's own plan (TorchRec's planner took
-#: 1.4 s for 10 tables and 47 s for 100 here).
-TORCHREC_REFERENCE_TABLES = 64
 
 
 # ============================================================================ settings
@@ -262,18 +261,7 @@ def _torchrec_reference(tabs, topo, summaries, batch_size: int, model, wanted: b
     """``{"torchrec": TorchRec's own plan}`` for FlexShard to choose among, when TorchRec is
     installed, asked for (``--vs-torchrec``), the target is TorchRec and the tables few enough
     for TorchRec's planner (it takes minutes from 100 tables); else empty, with a note why."""
-    import importlib.util
-
-    if not wanted or (target or model.profile) != "torchrec":
-        return {}
-    if importlib.util.find_spec("torchrec") is None:
-        note("TorchRec is not installed: its own plan is not among the plans compared "
-             "(the 'torchrec' extra; make install-dev)")
-        return {}
-    if len(tabs) > TORCHREC_REFERENCE_TABLES:
-        note(f"{len(tabs)} tables: TorchRec's own plan is not among the plans compared (its "
-             f"planner takes minutes above {TORCHREC_REFERENCE_TABLES}; --strategy torchrec "
-             f"makes it)")
+    if not wanted or not torchrec_reference_ok(target or model.profile, "compared", len(tabs)):
         return {}
     from ..placement.references import plan_torchrec
     try:
