@@ -348,8 +348,7 @@ def _refit(chosen: Candidate, r: _Refit) -> Candidate:
         new = whole
     else:
         new = search.rebuild_tiers(chosen, None if chosen.origin == "flexshard" else whole.plan)
-    runs = r.memory.host_memory or r.runtime.can_run(new.plan)
-    return new if runs and new.fits(base.budget_bytes) else chosen
+    return new if search.runnable([new]) and new.fits(base.budget_bytes) else chosen
 
 
 class _Search:
