@@ -316,3 +316,12 @@ def test_dedup_defaults_to_what_the_runtime_does(tmp_path, profile, expected):
                             "--profile", profile, "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert Plan.load(out).meta["dedup"] is expected is default_dedup(profile)
+    # a plan that records no settings: evaluate takes de-duplication from the profile too
+    bare = Plan.load(out)
+    bare.meta = {}
+    bare.save(tmp_path / "bare")
+    r = runner.invoke(app, ["evaluate", "--plan", str(tmp_path / "bare"), "--log", str(log),
+                            "--batch-size", "16", "--profile", profile, "--json"])
+    assert r.exit_code == 0, r.output
+    (res,) = json.loads(r.output.strip().splitlines()[-1]).values()
+    assert res["dedup"] is expected

@@ -123,6 +123,34 @@ def test_hashed_ids_are_taken_modulo_the_rows(export_dir):
         ExportedEmbeddingCollection(export_dir, ids="hash:200")
 
 
+def test_the_drop_ins_default_to_the_id_mode_the_plan_recorded(tmp_path):
+    """``plan --ids hash`` records the mode; the export carries it and the drop-ins take IDs
+    modulo the rows without ``ids=``; another mode given is used with a warning; a plan that
+    records none leaves raw, silently; a manifest whose ``ids`` is not a mode is refused."""
+    plan = _plan(_tables())
+    plan.meta["ids"] = "hash"
+    d = tmp_path / "hashed"
+    export_torchrec(plan, d)
+    assert json.loads((d / "torchrec_export.json").read_text())["ids"] == "hash"
+    assert str(ExportedEmbeddingCollection(d).id_mode) == "hash"
+    with pytest.warns(UserWarning, match=r"ids='raw' differs from 'hash'"):
+        assert str(ExportedEmbeddingBagCollection(d, ids="raw").id_mode) == "raw"
+    plain = tmp_path / "plain"
+    export_torchrec(_plan(_tables()), plain)
+    assert json.loads((plain / "torchrec_export.json").read_text())["ids"] is None
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert str(ExportedEmbeddingCollection(plain).id_mode) == "raw"
+        assert str(ExportedEmbeddingCollection(plain, ids="hash").id_mode) == "hash"
+    doc = json.loads((d / "torchrec_export.json").read_text())
+    doc["ids"] = "mod:7"
+    (d / "torchrec_export.json").write_text(json.dumps(doc))
+    from flexshard_stream.errors import FormatError
+    with pytest.raises(FormatError, match=r"torchrec_export.json.*ids 'mod:7'"):
+        ExportedEmbeddingCollection(d)
+
+
 @pytest.mark.parametrize("keys,match", [
     (["u", "c", "bogus"], r"features \['bogus'\] it does not hold \(it holds \['u', 'c'\]\)"),
     (["u", "c", "h"], r"\['h'\] are the export's sequence features"),

@@ -375,3 +375,22 @@ def test_torchrec_plan_is_replayed_and_chosen_among(log, tmp_path):
         t for k, t in times.items()
         if s["totals"]["strategies"][k]["peak_memory_bytes"] <= s["budget_bytes"] * (1 + 1e-9))
     assert all(w["strategies"]["torchrec"]["iterations"] >= 0 for w in s["windows"])
+
+
+def test_torchrec_reference_over_the_table_limit_is_refused_before_reading(tmp_path):
+    """``vs_torchrec`` on more tables than TorchRec's planner is asked to plan as a reference
+    (the CLI's limit, ``bridge.limits``): a ConfigError naming both counts, nothing written."""
+    pytest.importorskip("torchrec")
+    from flexshard_stream.bridge.limits import TORCHREC_REFERENCE_TABLES
+
+    n = TORCHREC_REFERENCE_TABLES + 1
+    cols = {f"f{i}": np.arange(8, dtype=np.int64) % 4 for i in range(n)}
+    path = tmp_path / "wide.parquet"
+    pl.DataFrame({"ts": np.arange(8, dtype=np.float64), **cols}).write_parquet(path)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=rf"{n} tables.*{TORCHREC_REFERENCE_TABLES}"):
+        replay(path, TOPO, out_dir=out, batch_size=B, vs_torchrec=True)
+    assert not out.exists()
+    # the same log replays without the reference
+    res = replay(path, TOPO, window=4, out_dir=out, batch_size=1)
+    assert len(res.plans["rw"].tables) == n

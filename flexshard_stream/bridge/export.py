@@ -73,6 +73,7 @@ from ..optional import optional_imports
 from ..plans.plan import ColdSharding, Plan, TablePlan
 from ..plans.tables import EmbeddingTable, summaries_by_table
 from ..plans.topology import Topology
+from ..sources.ids import IdMode
 from ..stats.batch import Batch
 from ..stats.summary import FrequencySummary
 from .layout import TableMapping, map_table
@@ -87,6 +88,7 @@ from .sharding import (
 )
 
 __all__ = ["export_torchrec", "load_torchrec_export", "plan_from_export", "TorchRecExport",
+           "export_id_mode",
            "torchrec_constraints", "torchrec_embedding_configs", "torchrec_sharding_plan",
            "torchrec_rw_shard_rows", "check_export_target", "describe_export",
            "PARAMETER_CONSTRAINTS_FIELDS", "COLD_SHARDINGS", "NODE_REPLICAS",
@@ -509,6 +511,9 @@ def _manifest(plan: Plan, cold_sharding: str, node_replicas: str,
         "topology": topo.to_dict(), "world_size": topo.num_gpus,
         "local_world_size": topo.gpus_per_node, "cold_sharding": cold_sharding,
         "node_replicas": node_replicas,
+        # how the loader's IDs become rows, as the plan recorded it (``plan`` does; None when the
+        # plan does not say): the drop-ins default to it
+        "ids": (None if plan.meta.get("ids") is None else str(IdMode.parse(plan.meta["ids"]))),
         # stored rows (embedding + optimizer state) per GPU, plan vs TorchRec export
         "row_bytes_per_gpu": {"plan": plan_bytes.tolist(), "export": export_bytes.tolist()},
         "remap_encoding": "new = remap(id) (IdRemap: sorted exceptions + runs by arithmetic); "
@@ -737,6 +742,7 @@ def _load_export(path: Path) -> TorchRecExport:
     if doc.get("format") != EXPORT_FORMAT:
         raise FormatError(f"{path / MANIFEST_FILE}: format {doc.get('format')!r}, expected "
                           f"{EXPORT_FORMAT!r}")
+    _check_id_mode(doc, path / MANIFEST_FILE)
     remaps, hot_ids = {}, {}
     try:
         for e in doc["tables"]:
@@ -765,6 +771,28 @@ def _load_export(path: Path) -> TorchRecExport:
         raise FormatError(f"{path / MANIFEST_FILE}: inconsistent manifest "
                           f"({type(err).__name__}: {err})") from None
     return TorchRecExport(path, doc, remaps, hot_ids)
+
+
+def _check_id_mode(doc: Mapping[str, Any], where: Path) -> None:
+    """The manifest's ``ids`` is absent, null or an ID mode; FormatError naming the file and the
+    value otherwise."""
+    spec = doc.get("ids")
+    if spec is None:
+        return
+    try:
+        if not isinstance(spec, str):
+            raise TypeError
+        IdMode.parse(spec)
+    except (FlexShardError, TypeError):
+        raise FormatError(f"{where}: ids {spec!r} is not an ID mode (raw, hash or hash:ROWS)"
+                          ) from None
+
+
+def export_id_mode(export: TorchRecExport) -> IdMode | None:
+    """How the export's plan took the loader's IDs to rows: the manifest's ``ids``, recorded from
+    the plan's ``meta["ids"]``; None when the plan did not record it (or predates it)."""
+    spec = export.manifest.get("ids")
+    return None if spec is None else IdMode.parse(spec)
 
 
 def _read_hot_ids(path: Path, e: Mapping[str, Any], rows: int) -> np.ndarray:

@@ -27,6 +27,7 @@ construction (docs/TORCHREC_RUNTIME.md, "A drop-in module")::
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -50,6 +51,7 @@ from ..plans.tables import EmbeddingTable
 from ..sources.ids import IdMode
 from .export import (
     TorchRecExport,
+    export_id_mode,
     load_torchrec_export,
     torchrec_embedding_configs,
     torchrec_sharding_plan,
@@ -99,7 +101,7 @@ class ExportedCollection(nn.Module):
         self.other_features = [EmbeddingTable(**e["source_table"]).feature
                                for e in ex.manifest["tables"]
                                if e["source_table"]["kind"] != self.kind]
-        self.id_mode = IdMode.parse(ids)
+        self.id_mode = _id_mode(ex, ids)
         self.moduli = _moduli(self.source_tables, self.id_mode)
         if dense_sequence_hot is None:
             dense_sequence_hot = torch.device(device).type == "cpu"
@@ -267,9 +269,11 @@ class ExportedEmbeddingBagCollection(ExportedCollection):
     ----------
     export : TorchRecExport or path
         The export (``flexshard-stream export --out DIR``).
-    ids : {"raw", "hash", "hash:ROWS"}
+    ids : {"raw", "hash", "hash:ROWS"} or None
         How the KJT's IDs become rows (:class:`~flexshard_stream.sources.ids.IdMode`): ``raw``
-        (they are rows, checked), ``hash`` (ID mod the table's rows), ``hash:ROWS``.
+        (they are rows, checked), ``hash`` (ID mod the table's rows), ``hash:ROWS``. Default:
+        the mode the plan was made with (``plan --ids``), recorded in the export; raw when the
+        plan records none. Another than the recorded one is used with a warning.
     is_weighted : bool
         The KJT carries per-sample weights (as ``EmbeddingBagCollection(is_weighted=True)``).
     device : str
@@ -323,6 +327,21 @@ def exported_collections(export: "TorchRecExport | str | os.PathLike", **kwargs:
         kw = {k: v for k, v in kwargs.items() if k != "is_weighted"}
         out["sequence"] = ExportedEmbeddingCollection(ex, **kw)
     return out
+
+
+def _id_mode(export: TorchRecExport, ids: "IdMode | str | None") -> IdMode:
+    """``ids``, else the ID mode the export records (raw when it records none); a given mode
+    other than a recorded one is used with a warning (the plan's statistics saw the recorded
+    one)."""
+    recorded = export_id_mode(export)
+    if ids is None:
+        return recorded or IdMode()
+    mode = IdMode.parse(ids)
+    if recorded is not None and mode != recorded:
+        warnings.warn(f"ids={str(mode)!r} differs from {str(recorded)!r}, the ID mode the plan of "
+                      f"{export.path} was made with; the plan's statistics saw its rows",
+                      stacklevel=3)
+    return mode
 
 
 def _moduli(tables: Sequence[EmbeddingTable], mode: IdMode) -> List[int]:

@@ -17,6 +17,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 import typer
 
+from ..bridge.limits import TORCHREC_REFERENCE_TABLES
 from ..errors import ConfigError, FlexShardError
 from ..formats.units import fmt_bytes, fmt_seconds
 from ..sources.ids import IdMode
@@ -289,9 +290,6 @@ def resolve_setting(name: str, flag: str, given: Any, recorded: Any, where: str,
     return given
 
 
-#: Up to this many tables TorchRec's own plan is made as a reference (TorchRec's planner took
-#: 1.4 s for 10 tables and 47 s for 100 here).
-TORCHREC_REFERENCE_TABLES = 64
 
 
 def torchrec_reference_ok(profile: Optional[str], where: str, tables: Optional[int] = None,

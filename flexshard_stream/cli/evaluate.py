@@ -21,6 +21,7 @@ from .common import (
     choice,
     cost_model,
     cost_rows,
+    default_dedup,
     fail,
     ids_option,
     load_plan,
@@ -179,8 +180,8 @@ def evaluate(plan_dirs: List[Path] = typer.Option(..., "--plan", help="Plan dire
     try:
         plans = [(d, load_plan(d)) for d in plan_dirs]
         B = _common_setting("batch_size", "--batch-size", batch_size, plans, DEFAULT_BATCH_SIZE)
-        D = _common_setting("dedup", "--dedup/--no-dedup", dedup, plans, True)
         P = _common_setting("profile", "--profile", profile, plans, "torchrec")
+        D = _common_setting("dedup", "--dedup/--no-dedup", dedup, plans, default_dedup(P))
         for d, p in plans:
             _check_plan_against(d, p, topology, tables)
             mode = resolve_setting("ids", "--ids", ids, recorded_settings(p)["ids"], f"plan {d}",

@@ -53,6 +53,7 @@ import numpy as np
 from ..errors import ConfigError, FlexShardError, LogError
 from ..formats.directories import check_output_directory, staging_directory
 from ..formats.files import jsonable, write_atomic, write_json
+from ..bridge.limits import TORCHREC_REFERENCE_TABLES
 from ..optional import import_optional
 from ..placement.baselines import build_baseline
 from ..placement.cost import (
@@ -573,6 +574,18 @@ def _check_given_plan(plan: Plan, tabs: Sequence[EmbeddingTable], topo: Topology
                           f"{', '.join(differ[:5])}); replay with the plan's own tables")
 
 
+def _check_torchrec_reference(tabs: Sequence[EmbeddingTable]) -> None:
+    """Before any log is read: TorchRec installed (MissingExtraError) and at most
+    :data:`~flexshard_stream.bridge.limits.TORCHREC_REFERENCE_TABLES` tables (ConfigError), the
+    limit ``plan`` and the demo apply to TorchRec's plan as a reference."""
+    import_optional("torchrec", extra="torchrec", purpose="replay with vs_torchrec")
+    if len(tabs) > TORCHREC_REFERENCE_TABLES:
+        raise ConfigError(f"vs_torchrec: {len(tabs)} tables, more than the "
+                          f"{TORCHREC_REFERENCE_TABLES} TorchRec's planner is asked to plan as a "
+                          "reference (it takes minutes above); replay its plan made apart "
+                          "(plan --strategy torchrec, then replay --plan) instead")
+
+
 def _torchrec_plan(tabs: Sequence[EmbeddingTable], topo: Topology, sums0, work0) -> Plan:
     """TorchRec's own plan on window 0's statistics (its planner given B and the lengths)."""
     from ..placement.references import plan_torchrec
@@ -676,7 +689,7 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     vs_torchrec : also replay TorchRec's own plan made on window 0 (``"torchrec"``, after
         ``tw``; the ``torchrec`` extra), one of the baselines and among the plans the static
         FlexShard plan is chosen from (not given ``plan``); TorchRec's planner takes seconds to
-        minutes
+        minutes, so more than ``TORCHREC_REFERENCE_TABLES`` (64) tables is refused
 
     Raises
     ------
@@ -697,6 +710,8 @@ def replay(logs: PathLike | Sequence[PathLike], topology: Topology | str,
     if evaluation == "trace":
         check_matrix_size(topo, "replay's trace evaluation")
     log = _open_log(logs, tables, read_batch_size, skip_bad_rows, ids, ts_column)
+    if vs_torchrec:
+        _check_torchrec_reference(log.tables)
     run = _Run(topo, _window_spec(spec, log), work, int(checks_per_window), int(top_k),
                evaluation == "analytic", half_life_windows)
     report = _Progress(progress, log.total_rows)

@@ -20,6 +20,7 @@ from ..bridge.planner import (
     torchrec_estimate,
     torchrec_topology_config,
 )
+from ..bridge.limits import TORCHREC_REFERENCE_TABLES
 from ..bridge.planner import plan_torchrec as _plan_unpriced
 from ..plans.tables import EmbeddingTable
 from ..plans.topology import Topology
@@ -27,7 +28,7 @@ from ..stats.summary import FrequencySummary
 from .cost import CostModel, evaluate_analytic
 from .workload import Workload, workload_of
 
-__all__ = ["plan_torchrec", "TorchRecPlanResult", "plan_from_sharding_plan",
+__all__ = ["plan_torchrec", "TorchRecPlanResult", "TORCHREC_REFERENCE_TABLES", "plan_from_sharding_plan",
            "torchrec_topology_config", "torchrec_estimate", "module_paths",
            "UVM_CACHING_RATIO", "TORCHREC_STRATEGY"]
 
