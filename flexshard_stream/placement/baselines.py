@@ -217,10 +217,7 @@ def hugectr_hybrid(tables: Sequence[EmbeddingTable], topo: Topology,
     colds = _row_wise_colds(row_wise_plan, tables, topo)
     for t in tables:
         s = by_name[t.name]
-        ok = (s.top_ids >= 0) & (s.top_ids < t.num_rows)
-        ids, est = s.top_ids[ok], s.top_est[ok]
-        order = np.lexsort((ids, -est))
-        ids, est = ids[order], est[order]
+        ids, est = s.hottest_first(t.num_rows)
         k = int(np.count_nonzero(est >= thr))
         if k:
             k = min(ids.size, -(-k // G) * G)

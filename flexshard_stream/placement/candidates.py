@@ -90,11 +90,9 @@ class BenefitCurve:
         t, s, B, L = table, summary, work.batch_size, work.mean_length(table.name, summary)
         dedup = work.dedup
         G = topology.num_gpus
-        ok = (s.top_ids >= 0) & (s.top_ids < t.num_rows)
-        ids, est = s.top_ids[ok], s.top_est[ok]
-        order = np.lexsort((ids, -est))
-        self.ids = ids[order].astype(np.int64)
-        p = est[order] / s.total if s.total else np.zeros(self.ids.size)
+        ids, est = s.hottest_first(t.num_rows)
+        self.ids = ids.astype(np.int64)
+        p = est / s.total if s.total else np.zeros(self.ids.size)
         self.p = p
         self.table = t
         lam = G * B * L * p
