@@ -128,6 +128,13 @@ def infer_row_kind(gpus: Any, num_gpus: int, gpus_per_node: int) -> str:
     return "row_wise"
 
 
+def _vector(a: Any, dtype) -> np.ndarray:
+    """``a`` as a contiguous vector of ``dtype`` (itself when it is one)."""
+    if type(a) is np.ndarray and a.dtype == dtype and a.ndim == 1 and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=dtype).ravel()
+
+
 def _int32_vector(a: Any) -> np.ndarray:
     """``a`` as a contiguous int32 vector (itself when it is one)."""
     if type(a) is np.ndarray and a.dtype == np.int32 and a.ndim == 1 and a.flags.c_contiguous:
@@ -141,7 +148,7 @@ def _sorted_unique_ids(a: Any, what: str, table: str, num_rows: int) -> np.ndarr
     else:
         arr = np.ascontiguousarray(np.asarray(a if a is not None else [], dtype=np.int64).ravel())
     if arr.size:
-        if np.any(arr[1:] <= arr[:-1]):
+        if arr.size > 1 and (arr[1:] <= arr[:-1]).any():
             raise ConfigError(f"table {table!r}: {what} must be sorted and unique")
         if arr[0] < 0 or arr[-1] >= num_rows:
             raise ConfigError(f"table {table!r}: {what} must lie in [0, {num_rows}); "
@@ -180,12 +187,9 @@ class ColdSharding:
                 or not 0 <= self.seed < 2**64:
             raise ConfigError(f"cold sharding seed must be an integer in [0, 2**64), got "
                               f"{self.seed!r}")
-        object.__setattr__(self, "gpus", np.ascontiguousarray(self.gpus, dtype=np.int32).ravel())
-        object.__setattr__(self, "bounds", np.ascontiguousarray(self.bounds, dtype=np.int64).ravel())
-        object.__setattr__(self, "weights",
-                           np.ascontiguousarray(self.weights, dtype=np.float64).ravel())
-        object.__setattr__(self, "widths",
-                           np.ascontiguousarray(self.widths, dtype=np.int64).ravel())
+        for name, dtype in (("gpus", np.int32), ("bounds", np.int64), ("weights", np.float64),
+                            ("widths", np.int64)):
+            object.__setattr__(self, name, _vector(getattr(self, name), dtype))
         self._check_columns()
         w = self.weights
         if w.size and (not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0
@@ -219,9 +223,10 @@ class ColdSharding:
         if self.widths.size != self.gpus.size:
             raise ConfigError(f"column shards need one width per GPU: {self.gpus.size} GPUs, "
                               f"{self.widths.size} widths")
-        if np.any(self.widths <= 0):
+        if (self.widths <= 0).any():
             raise ConfigError(f"column widths must be > 0 columns, got {self.widths.tolist()}")
-        if np.unique(self.gpus).size != self.gpus.size:
+        g = self.gpus
+        if (len(set(g.tolist())) if g.size <= 64 else np.unique(g).size) != g.size:
             raise ConfigError(f"column shards must sit on distinct GPUs, got "
                               f"{self.gpus.tolist()}")
 
@@ -256,7 +261,7 @@ class ColdSharding:
         w = np.ascontiguousarray(weights, dtype=np.float64).ravel()
         b = np.ascontiguousarray(bounds, dtype=np.int64).ravel()
         if not (g.size and np.isfinite(w).all() and b[0] == 0
-                and (b.size < 2 or bool(np.all(b[1:] >= b[:-1])))):
+                and (b.size < 2 or bool((b[1:] >= b[:-1]).all()))):
             return cls("range", g, b, weights=w)   # raises as before
         self = cls.__new__(cls)
         for name, value in (("kind", "range"), ("gpus", g), ("bounds", b), ("seed", 0),
@@ -280,11 +285,13 @@ class ColdSharding:
         GPUs, ``gpus_per_node`` per node (``TablePlan.sharding_kind`` without an explicit kind;
         see the module docstring for how it relates to TorchRec's sharding); kept per topology
         shape (tables on thousands of GPUs share these objects)."""
-        cache = self.__dict__.setdefault("_inferred", {})
-        key = (int(num_gpus), int(gpus_per_node))
+        cache = self.__dict__.get("_inferred")
+        if cache is None:
+            cache = self.__dict__["_inferred"] = {}
+        key = (num_gpus, gpus_per_node)
         kind = cache.get(key)
         if kind is None:
-            kind = cache[key] = self._infer_sharding(*key)
+            kind = cache[key] = self._infer_sharding(int(num_gpus), int(gpus_per_node))
         return kind
 
     def _infer_sharding(self, num_gpus: int, gpus_per_node: int) -> str:
@@ -293,6 +300,13 @@ class ColdSharding:
         if self.kind == "columns":
             return "column_wise"
         return infer_row_kind(self.gpus, num_gpus, gpus_per_node)
+
+    @cached_property
+    def gpu_range(self) -> tuple[int, int]:
+        """The least and the largest of :attr:`gpus` ((0, -1) when there are none), once per
+        object (every table plan sharing it is checked against its topology)."""
+        g = self.gpus
+        return (int(g.min()), int(g.max())) if g.size else (0, -1)
 
     @cached_property
     def distinct_gpus(self) -> int:
@@ -564,7 +578,11 @@ class TablePlan:
         sharding it becomes is ``bridge.sharding.torchrec_sharding``'s (module docstring)."""
         if self.sharding:
             return self.sharding
-        return self.cold.inferred_sharding(topo.num_gpus, topo.gpus_per_node)
+        last = self.__dict__.get("_kind_on")   # (GPUs, GPUs per node, kind) asked last
+        G, M = topo.num_gpus, topo.gpus_per_node
+        if last is None or last[0] != G or last[1] != M:
+            last = self.__dict__["_kind_on"] = (G, M, self.cold.inferred_sharding(G, M))
+        return last[2]
 
     @property
     def has_host_tier(self) -> bool:
@@ -594,14 +612,17 @@ class TablePlan:
         t = self.table.name
         if self.node_local.size and (self.node_local.min() < 0 or self.node_local.max() >= M):
             raise ConfigError(f"table {t!r}: node_local must lie in [0, {M})")
-        for what, g in (("placed_gpus", self.placed_gpus), ("cold gpus", self.cold.gpus)):
-            if g.size and (g.min() < 0 or g.max() >= G):
-                raise ConfigError(f"table {t!r}: {what} must lie in [0, {G})")
+        g = self.placed_gpus
+        if g.size and (g.min() < 0 or g.max() >= G):
+            raise ConfigError(f"table {t!r}: placed_gpus must lie in [0, {G})")
+        lo, hi = self.cold.gpu_range
+        if self.cold.gpus.size and (lo < 0 or hi >= G):
+            raise ConfigError(f"table {t!r}: cold gpus must lie in [0, {G})")
         if self.hbm_fraction.size and self.hbm_fraction.size != G:
             raise ConfigError(f"table {t!r}: hbm_fraction has {self.hbm_fraction.size} values; "
                               f"one per GPU expected ({G}), or none (no host memory tier)")
         if self.sharding in ("table_row_wise", "table_column_wise") and \
-                np.unique(self.cold.gpus // M).size > 1:
+                self.cold.gpus.size and lo // M != hi // M:   # nodes lo // M .. hi // M
             raise ConfigError(f"table {t!r}: {self.sharding} keeps the table on one node; its "
                               f"GPUs {self.cold.gpus.tolist()} span nodes")
 
