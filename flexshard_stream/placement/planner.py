@@ -21,8 +21,10 @@ from the paper's abstract; TorchRec's planner separates its stages the same way)
 
 from __future__ import annotations
 
+import functools
+import gc
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -231,6 +233,30 @@ class PlanResult:
                                              if bb and c.iteration_time_s > 0 else None)}
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _cyclic_gc_paused(fn: _F) -> _F:
+    """``fn`` run with Python's cyclic garbage collector paused (enabled again after, if it
+    was). A planning run allocates tens of thousands of small objects that outlive its first
+    collections (table plans, their arrays and caches, candidates), so the collector ran full
+    passes over the whole process (Numba's objects included) during it: ~10% of the CPU
+    seconds at 1,000 tables, for no garbage (the planner's objects form no reference cycles
+    that outlive it; reference counting frees them as before). Whatever cycles a run leaves
+    are collected once the collector runs again."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+    return run  # type: ignore[return-value]
+
+
+@_cyclic_gc_paused
 def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
                    summaries: Mapping[str, FrequencySummary], batch_size: int | None = None,
                    memory: MemoryPolicy | None = None, model: CostModel | None = None, *,

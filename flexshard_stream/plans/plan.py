@@ -527,10 +527,18 @@ class TablePlan:
     def name(self) -> str:
         return self.table.name
 
-    @cached_property
+    @property
     def special_sorted(self) -> tuple[np.ndarray, np.ndarray]:
         """Rows with an explicit placement, sorted, and their routing codes (int32): -1 global,
-        -2 - m node replica on local GPU m, g placed on GPU g. Computed once per object."""
+        -2 - m node replica on local GPU m, g placed on GPU g. Computed once per object (kept in
+        its ``__dict__``: ``functools.cached_property`` takes a lock on every first access, and a
+        planner makes tens of thousands of table plans)."""
+        found = self.__dict__.get("_special_sorted")
+        if found is None:
+            found = self.__dict__["_special_sorted"] = self._special_sorted()
+        return found
+
+    def _special_sorted(self) -> tuple[np.ndarray, np.ndarray]:
         if not (self.node_ids.size or self.placed_ids.size):   # global replicas only: sorted
             ids, codes = self.global_ids.view(), np.full(self.global_ids.size, -1, np.int32)
             ids.flags.writeable = False
@@ -547,12 +555,18 @@ class TablePlan:
         codes.flags.writeable = False
         return ids, codes
 
-    @cached_property
+    @property
     def flat_parts(self) -> tuple:
         """This table plan's entries in ``Plan.flat``: special rows and codes
         (:attr:`special_sorted`), rows, row bytes, embedding bytes, pooled, ``hbm_fraction``,
-        UVM bytes per host lookup. Once per object: the candidates of a planning run share
-        table plans, each flattened once."""
+        UVM bytes per host lookup. Once per object (kept as :attr:`special_sorted` is): the
+        candidates of a planning run share table plans, each flattened once."""
+        found = self.__dict__.get("_flat_parts")
+        if found is None:
+            found = self.__dict__["_flat_parts"] = self._flat_parts()
+        return found
+
+    def _flat_parts(self) -> tuple:
         t = self.table
         ids, codes = self.special_sorted
         return (ids, codes, t.num_rows, float(t.row_bytes), float(t.embedding_bytes),
