@@ -19,9 +19,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexshard_stream.kernels.routing import hash_owner_counts
-from flexshard_stream.placement.baselines import column_wise, column_widths, table_column_wise
+from flexshard_stream.placement.baselines import (
+    BASELINES,
+    build_baseline,
+    column_wise,
+    column_widths,
+    rows_lower_bound,
+    table_column_wise,
+)
+from flexshard_stream.placement.cost import evaluate_analytic
+from flexshard_stream.placement.pricing import fits_budget
 from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard
 from flexshard_stream.placement.profiles import execution_profile
+from flexshard_stream.placement.workload import workload_of
 from flexshard_stream.plans.plan import (
     ColdSharding,
     TablePlan,
@@ -204,7 +214,10 @@ def plan_digest(result):
 #: digest the planner gave before issue 25 (every table below 10^5.4 < 2^18 rows: exact counts).
 EXACT_CASES = [((12, 0, 2, 8, "rw"), "3d49952374007487"),
                ((40, 3, 64, 8, None), "1d8aa9b041c07977"),
-               ((6, 5, 512, 8, "rw"), "c95529498b17ad93")]
+               ((6, 5, 512, 8, "rw"), "c95529498b17ad93"),
+               # coarse with a memory-neutral budget: baselines ruled out by their rows are
+               # neither built nor priced (recorded from main at 09db681, before that)
+               ((40, 3, 64, 8, "rw"), "608cf0911ac6fc54")]
 
 
 @pytest.mark.parametrize("case,digest", EXACT_CASES)
@@ -214,3 +227,40 @@ def test_plans_identical_to_before_where_counts_are_exact(case, digest):
     assert max(t.num_rows for t in tables) <= EXACT_ROWS
     memory = MemoryPolicy(baseline=base) if base else MemoryPolicy()
     assert plan_digest(plan_flexshard(tables, Topology.uniform(N, M), sums, 64, memory)) == digest
+
+
+# ----------------------------------------------------------------------------- baselines ruled out
+@pytest.mark.parametrize("nodes,m", [(1, 8), (4, 8), (64, 8), (3, 2)])
+def test_rows_lower_bound_bounds_every_baseline_it_names(nodes, m):
+    """The bound is at most the built plan's largest rows per GPU, equal (up to rounding) for
+    the layouts it counts exactly; None for row-wise and HugeCTR."""
+    tables, sums = tables_and_summaries(30, nodes + m, 5.4)
+    topo = Topology.uniform(nodes, m)
+    lookups = {t.name: float(sums[t.name].total) / 1000 for t in tables}
+    for name in BASELINES:
+        bound = rows_lower_bound(name, tables, topo, lookups=lookups)
+        if name in ("rw", "rw-hash", "hugectr"):
+            assert bound is None
+            continue
+        rows = float(build_baseline(name, tables, topo, lookups=lookups,
+                                    summaries=sums, iterations=1).row_bytes_per_gpu.max())
+        assert bound <= rows * (1 + 1e-12)
+        if name != "twrw":
+            assert bound == pytest.approx(rows, rel=1e-12)
+
+
+def test_a_baseline_ruled_out_by_its_rows_does_not_fit():
+    """Where the planner skips a baseline (coarse search, memory-neutral budget: its rows alone
+    exceed the budget), building and pricing it as the planner would shows it over the budget;
+    the plan is the one made before the skip (EXACT_CASES, last case)."""
+    tables, sums = tables_and_summaries(40, 3, 5.4)
+    topo = Topology.uniform(64, 8)
+    budget = plan_flexshard(tables, topo, sums, 64, MemoryPolicy(baseline="rw")).budget_bytes
+    work = workload_of(64, where="test").for_stats(tables, topo, sums)
+    lookups = work.lookups_per_iteration(sums)
+    ruled_out = [n for n in BASELINES
+                 if (rows_lower_bound(n, tables, topo, lookups=lookups) or 0) > budget * (1 + 1e-6)]
+    assert ruled_out
+    for name in ruled_out:
+        plan = build_baseline(name, tables, topo, summaries=sums, workload=work)
+        assert not fits_budget(evaluate_analytic(plan, sums, workload=work), budget)

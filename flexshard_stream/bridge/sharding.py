@@ -638,14 +638,6 @@ def _cold_choice(tp: TablePlan, topology: Topology, choice: str, counts: np.ndar
     return kind, (rank,), None, notes
 
 
-def _distinct_count(gpus: np.ndarray) -> int:
-    """Distinct values of ``gpus``: its size when strictly increasing (one pass; the usual
-    cold GPUs), else by sorting."""
-    if gpus.size < 2 or bool(np.all(gpus[1:] > gpus[:-1])):
-        return int(gpus.size)
-    return int(np.unique(gpus).size)
-
-
 def sharding_issues(tp: TablePlan, topology: Topology) -> list[str]:
     """What TorchRec 1.8 cannot run of table plan ``tp`` as planned, one sentence per reason
     (the ``torchrec`` execution profile's :meth:`table_issues
@@ -664,7 +656,7 @@ def sharding_issues(tp: TablePlan, topology: Topology) -> list[str]:
     if torchrec_kind(kind, tp.table.kind) != kind:
         out.append(f"{where}: TorchRec 1.8 offers no {kind} for sequence tables "
                    f"(embedding.py EmbeddingCollectionSharder.sharding_types)")
-    gpus = _distinct_count(tp.cold.gpus)
+    gpus = tp.cold.distinct_gpus
     if kind == "row_wise" and gpus != topology.num_gpus:
         out.append(f"{where}: rows on {gpus} of {topology.num_gpus} GPUs; TorchRec's "
                    f"row_wise blocks cover every rank")

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Callable, Mapping, Sequence
 
@@ -31,7 +32,7 @@ from .workload import Workload, iterations_from_samples, profiled_samples, workl
 __all__ = ["row_wise", "table_wise", "table_row_wise", "column_wise", "table_column_wise",
            "column_widths", "data_parallel", "hugectr_hybrid", "hugectr_threshold",
            "build_baseline", "STRATEGIES", "MIN_COLUMN_SHARD", "BASELINES", "baseline_plans",
-           "profiled_iterations"]
+           "profiled_iterations", "rows_lower_bound"]
 
 #: Narrowest column shard TorchRec 1.8's planner cuts (``planner/constants.py`` ``MIN_CW_DIM``).
 MIN_COLUMN_SHARD = 128
@@ -122,35 +123,57 @@ def column_widths(dim: int, min_width: int = MIN_COLUMN_SHARD, max_shards: int |
     return np.full(dim // w, w, dtype=np.int64)
 
 
-def _least_loaded(load: np.ndarray, gpus: np.ndarray, shares: np.ndarray) -> list[int]:
-    """Each share in turn onto the least loaded of ``gpus`` not yet picked (ties: the lowest GPU),
-    ``load`` (per GPU) updated in place; the GPUs picked, one per share."""
-    free = np.ones(gpus.size, dtype=bool)
-    picked = []
-    for share in shares:
-        cand = np.where(free, load[gpus], np.inf)
-        g = int(gpus[cand == cand.min()].min())
-        free &= gpus != g
-        picked.append(g)
-        load[g] += share
-    return picked
+class _LeastLoaded:
+    """Column shards onto GPUs, each table's shards in turn onto the least loaded GPUs of its
+    group not yet picked for it (ties: the lowest GPU), the shards' loads added: one heap of
+    ``(load, GPU)`` per group (shares are never negative, so a load only grows), O(log G) per
+    shard (a scan of the group's loads per shard before; the same picks)."""
+
+    def __init__(self, groups: list[np.ndarray]):
+        self.heaps = [[(0.0, int(g)) for g in sorted(grp.tolist())] for grp in groups]
+
+    def pick(self, group: int, shares: np.ndarray) -> list[int]:
+        heap = self.heaps[group]
+        taken = [heapq.heappop(heap) for _ in range(len(shares))]
+        for (load, g), share in zip(taken, shares):
+            heapq.heappush(heap, (load + float(share), g))
+        return [g for _, g in taken]
+
+
+def _column_shards(tables: Sequence[EmbeddingTable], topo: Topology, groups: list[np.ndarray],
+                   lookups: Mapping[str, float] | None, min_width: int
+                   ) -> list[tuple[int, list[int], np.ndarray]]:
+    """Where :func:`_column_plan` puts each table's column shards: ``(table index, GPUs,
+    widths)`` in the order placed (heaviest first), groups then GPUs balanced greedily by the
+    shards' share of the table's load."""
+    size = min(g.size for g in groups)
+    widths = [column_widths(t.dim, min_width, size) for t in tables]
+    weights = _load_weights(tables, lookups)
+    group_of = _greedy(weights, len(groups))
+    least = _LeastLoaded(groups)
+    out = []
+    for i in np.argsort(-weights, kind="stable"):
+        t, w = tables[i], widths[i]
+        out.append((int(i), least.pick(int(group_of[i]), w / t.dim * weights[i]), w))
+    return out
+
+
+def _column_groups(kind: str, topo: Topology) -> list[np.ndarray]:
+    """The GPU groups a column-sharded kind spreads each table's shards within: every GPU
+    (``column_wise``) or the GPUs of each node (``table_column_wise``)."""
+    if kind == "column_wise":
+        return [np.arange(topo.num_gpus)]
+    return [topo.gpus_of_node(n).astype(np.int64) for n in range(topo.nodes)]
 
 
 def _column_plan(strategy: str, kind: str, tables: Sequence[EmbeddingTable], topo: Topology,
                  groups: list[np.ndarray], lookups: Mapping[str, float] | None,
                  min_width: int) -> Plan:
     """Column shards of every table over the GPUs of one group each (``groups``: every GPU, or
-    the GPUs of each node), groups then GPUs balanced greedily by the shards' share of the
-    table's load."""
-    size = min(g.size for g in groups)
-    widths = [column_widths(t.dim, min_width, size) for t in tables]
-    weights = _load_weights(tables, lookups)
-    group_of = _greedy(weights, len(groups))
-    load = np.zeros(topo.num_gpus)
+    the GPUs of each node), placed by :func:`_column_shards`."""
     tps, where = [], {}
-    for i in np.argsort(-weights, kind="stable"):
-        t, w, gpus = tables[i], widths[i], groups[int(group_of[i])]
-        picked = _least_loaded(load, gpus, w / t.dim * weights[i])
+    for i, picked, w in _column_shards(tables, topo, groups, lookups, min_width):
+        t = tables[i]
         where[t.name] = picked
         tps.append((i, TablePlan(t, ColdSharding.columns(picked, w), sharding=kind)))
     tps = [tp for _, tp in sorted(tps, key=lambda x: x[0])]
@@ -164,8 +187,8 @@ def column_wise(tables: Sequence[EmbeddingTable], topo: Topology, *,
     (:func:`column_widths`) on distinct GPUs anywhere, balanced greedily (by traffic with
     ``lookups``, else by bytes). Tables narrower than twice ``min_width`` stay whole (one
     shard: the table-wise placement)."""
-    return _column_plan("cw", "column_wise", tables, topo, [np.arange(topo.num_gpus)], lookups,
-                        min_width)
+    return _column_plan("cw", "column_wise", tables, topo, _column_groups("column_wise", topo),
+                        lookups, min_width)
 
 
 def table_column_wise(tables: Sequence[EmbeddingTable], topo: Topology, *,
@@ -173,8 +196,8 @@ def table_column_wise(tables: Sequence[EmbeddingTable], topo: Topology, *,
                       min_width: int = MIN_COLUMN_SHARD) -> Plan:
     """Table-column-wise: as :func:`column_wise`, each table's shards on the GPUs of one node
     (nodes balanced greedily, then GPUs)."""
-    groups = [topo.gpus_of_node(n).astype(np.int64) for n in range(topo.nodes)]
-    return _column_plan("twcw", "table_column_wise", tables, topo, groups, lookups, min_width)
+    return _column_plan("twcw", "table_column_wise", tables, topo,
+                        _column_groups("table_column_wise", topo), lookups, min_width)
 
 
 def data_parallel(tables: Sequence[EmbeddingTable], topo: Topology) -> Plan:
@@ -217,10 +240,7 @@ def hugectr_hybrid(tables: Sequence[EmbeddingTable], topo: Topology,
     colds = _row_wise_colds(row_wise_plan, tables, topo)
     for t in tables:
         s = by_name[t.name]
-        ok = (s.top_ids >= 0) & (s.top_ids < t.num_rows)
-        ids, est = s.top_ids[ok], s.top_est[ok]
-        order = np.lexsort((ids, -est))
-        ids, est = ids[order], est[order]
+        ids, est = s.hottest_first(t.num_rows)
         k = int(np.count_nonzero(est >= thr))
         if k:
             k = min(ids.size, -(-k // G) * G)
@@ -292,6 +312,44 @@ def build_baseline(strategy: str, tables: Sequence[EmbeddingTable], topo: Topolo
                               row_wise_plan=row_wise_plan)
     raise ConfigError(f"unknown strategy {strategy!r}; choose one of rw, rw-hash, tw, twrw, cw, "
                       "twcw, dp, hugectr")
+
+
+def rows_lower_bound(strategy: str, tables: Sequence[EmbeddingTable], topo: Topology, *,
+                     lookups: Mapping[str, float] | None = None,
+                     min_width: int = MIN_COLUMN_SHARD) -> float | None:
+    """A lower bound on the largest bytes of rows one GPU stores (its plan's
+    ``row_bytes_per_gpu``, the max over GPUs) under baseline ``strategy`` as
+    :func:`build_baseline` builds it with these ``lookups``, from its layout alone, without
+    building the plan (what a planner can tell before it builds and prices a baseline that
+    cannot fit):
+
+    - ``dp``: every table on every GPU (exact);
+    - ``tw``: each GPU its tables whole (exact, the same greedy as :func:`table_wise`);
+    - ``twrw``: the busiest node's tables over its GPUs (their mean: the most loaded GPU
+      stores at least that much);
+    - ``cw`` / ``twcw``: each shard its columns of every row (exact, the placement of
+      :func:`column_wise` / :func:`table_column_wise`);
+    - None for the others (row-wise and HugeCTR spread every table over every GPU).
+
+    "Exact" is up to the rounding of the sums (bytes summed in another order)."""
+    G = topo.num_gpus
+    if strategy == "dp":
+        return float(sum(float(t.table_bytes) for t in tables))
+    if strategy in ("tw", "twrw"):
+        bins = G if strategy == "tw" else topo.nodes
+        where = _greedy(_load_weights(tables, lookups), bins)
+        stored = np.bincount(where, weights=[float(t.table_bytes) for t in tables],
+                             minlength=bins)
+        return float(stored.max()) / (1 if strategy == "tw" else topo.gpus_per_node)
+    if strategy in ("cw", "twcw"):
+        kind = "column_wise" if strategy == "cw" else "table_column_wise"
+        out = np.zeros(G)
+        for i, picked, w in _column_shards(tables, topo, _column_groups(kind, topo), lookups,
+                                           min_width):
+            t = tables[i]
+            out[picked] += t.num_rows * float(t.row_bytes) * (w / w.sum())
+        return float(out.max())
+    return None
 
 
 #: The baselines a planner must never lose to, in the order they are priced (row-wise first).

@@ -90,19 +90,17 @@ class BenefitCurve:
         t, s, B, L = table, summary, work.batch_size, work.mean_length(table.name, summary)
         dedup = work.dedup
         G = topology.num_gpus
-        ok = (s.top_ids >= 0) & (s.top_ids < t.num_rows)
-        ids, est = s.top_ids[ok], s.top_est[ok]
-        order = np.lexsort((ids, -est))
-        self.ids = ids[order].astype(np.int64)
-        p = est[order] / s.total if s.total else np.zeros(self.ids.size)
+        ids, est = s.hottest_first(t.num_rows)
+        self.ids = ids.astype(np.int64)
+        p = est / s.total if s.total else np.zeros(self.ids.size)
         self.p = p
         self.table = t
         lam = G * B * L * p
         req = -np.expm1(-lam / G) if dedup else lam / G
         self.req = req
-        self.R = np.concatenate([[0.0], np.cumsum(req)])
-        self.U = np.concatenate([[0.0], np.cumsum(-np.expm1(-lam))])
-        self.P = np.concatenate([[0.0], np.cumsum(p)])
+        self.R = _cumulative(req)
+        self.U = _cumulative(-np.expm1(-lam))
+        self.P = _cumulative(p)
         pt = s.tail_probability()
         lt = G * B * L * pt
         tail_req = s.tail_rows * (-math.expm1(-lt / G) if dedup else lt / G)
@@ -115,6 +113,14 @@ class BenefitCurve:
         self.pooled = t.kind == "pooled"
         self.eb = float(t.embedding_bytes)
         self.rb = float(t.row_bytes)
+
+
+def _cumulative(x: np.ndarray) -> np.ndarray:
+    """``0`` then the running sums of ``x`` (float64[n + 1]; ``np.cumsum``'s sums)."""
+    out = np.empty(x.size + 1)
+    out[0] = 0.0
+    np.cumsum(x, out=out[1:])
+    return out
 
 
 def benefit_curves(tables: Sequence[EmbeddingTable], summaries: Mapping[str, FrequencySummary],
@@ -382,7 +388,10 @@ def place_by_load_per_bandwidth(p: np.ndarray, curve: BenefitCurve, cold: ColdSh
     share = share / share.sum() if share.sum() else share
     rest = max(0.0, curve.P_tot - float(p.sum()))
     load = np.zeros(weights.size)
-    np.add.at(load, cold.gpus, share * rest)
+    if cold.distinct_gpus == cold.gpus.size:   # each GPU once (the usual ranges): one add each
+        load[cold.gpus] += share * rest
+    else:
+        np.add.at(load, cold.gpus, share * rest)
     return place_by_load(np.ascontiguousarray(p, np.float64), load,
                          np.ascontiguousarray(1.0 / weights, np.float64))
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from ..kernels.analytic import (
 )
 from ..kernels.traffic import table_traffic
 from ..plans.plan import Plan, TablePlan
-from ..plans.tables import summaries_by_table
+from ..plans.tables import EmbeddingTable, summaries_by_table
 from ..plans.topology import Topology
 from ..stats.batch import Batch, rebatch
 from ..stats.config import TableConfig
@@ -55,6 +55,7 @@ from .profiles import (
 from .workload import CostModel, Workload, workload_of
 
 __all__ = ["CostModel", "Cost", "TraceCost", "Workload", "evaluate_trace", "evaluate_analytic",
+           "analytic_summaries",
            "check_matrix_size", "COMPONENTS", "A2A_COMPONENTS", "PROFILES", "TORCHREC_COMPONENTS",
            "MATRIX_MAX_GPUS", "TCP_WIRE_OVERHEAD"]
 
@@ -733,7 +734,8 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary],
                       batch_size: int | None = None, model: CostModel | None = None, *,
                       mean_lengths: Mapping[str, float] | None = None,
                       want_matrices: bool | None = None,
-                      workload: Workload | None = None) -> Cost:
+                      workload: Workload | None = None,
+                      summary_arrays: AnalyticSummaries | None = None) -> Cost:
     """Expected cost per iteration from frequency summaries (keyed by table name or feature).
 
     The workload: ``workload=`` (B, cost model, mean lengths), or ``batch_size`` (B, samples per
@@ -753,6 +755,9 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary],
     lookups at ``g`` with de-duplication (every GPU, ``g`` included, requests it), ``lambda_r``
     without; explicit top rows by their own hash test, tail rows with probability ``1 - f[g]``.
 
+    ``summary_arrays``: :func:`analytic_summaries` of the plan's tables in plan order, the
+    summaries and the workload, computed once by a caller pricing many plans of the same tables.
+
     Under ``torchrec`` the same kernel gives the expected IDs each GPU sends each owner (every GPU
     alike, its own share included) and the sequence rows returned, and
     :class:`~flexshard_stream.placement.profiles.TorchRecTerms` the collectives that do not
@@ -766,7 +771,7 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary],
     want = want or model.alltoall == "pairwise"     # gloo's rounds are priced on the matrices
     if want:
         check_matrix_size(topo, "evaluate_analytic(want_matrices=True)")
-    kplan, ksums, khost, out = _kernel_inputs(plan, summaries, work)
+    kplan, ksums, khost, out = _kernel_inputs(plan, summaries, work, summary_arrays)
     s_global = analytic_traffic(G, M, float(work.batch_size), model.dedup, model.torchrec, kplan,
                                 ksums, khost, out)
     host = (out.host_lk, out.uvm_b, plan.host_bytes_per_gpu)
@@ -790,27 +795,39 @@ def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary],
                    "analytic", host)
 
 
-def _kernel_inputs(plan: Plan, summaries: Mapping[str, FrequencySummary], workload: Workload
-                   ) -> tuple[AnalyticPlan, AnalyticSummaries, AnalyticHostTier,
-                              AnalyticOutputs]:
-    """The named arrays ``kernels/analytic.analytic_traffic`` reads (the plan's layout, the
-    summaries in plan order with the workload's mean lengths, the host tier) and the zeroed
-    outputs it accumulates into."""
-    topo = plan.topology
-    G, M = topo.num_gpus, topo.gpus_per_node
-    T = len(plan.tables)
+def analytic_summaries(tables: Sequence[EmbeddingTable],
+                       summaries: Mapping[str, FrequencySummary], workload: Workload
+                       ) -> AnalyticSummaries:
+    """The summaries side of the analytic kernel for ``tables`` in this order (top rows sorted by
+    ID, tail probabilities and rows, the workload's mean lengths): what every plan of these
+    tables is priced against, so a planner computes it once (``evaluate_analytic``'s
+    ``summary_arrays``)."""
+    T = len(tables)
     tail_p, tail_rows, mean_len = np.zeros(T), np.zeros(T), np.zeros(T)
-    by_name = summaries_by_table([tp.table for tp in plan.tables.values()], summaries)
+    by_name = summaries_by_table(tables, summaries)
     sums = []
-    for i, name in enumerate(plan.tables):
-        s = by_name[name]
+    for i, t in enumerate(tables):
+        s = by_name[t.name]
         sums.append(s)
         tail_p[i] = s.tail_probability()
         tail_rows[i] = s.tail_rows if s.total else 0.0
-        mean_len[i] = workload.mean_length(name, s)
+        mean_len[i] = workload.mean_length(t.name, s)
+    return AnalyticSummaries(*_sorted_tops(sums), tail_p, tail_rows, mean_len)
+
+
+def _kernel_inputs(plan: Plan, summaries: Mapping[str, FrequencySummary], workload: Workload,
+                   summary_arrays: AnalyticSummaries | None = None
+                   ) -> tuple[AnalyticPlan, AnalyticSummaries, AnalyticHostTier,
+                              AnalyticOutputs]:
+    """The named arrays ``kernels/analytic.analytic_traffic`` reads (the plan's layout, the
+    summaries in plan order with the workload's mean lengths: ``summary_arrays`` when given,
+    the host tier) and the zeroed outputs it accumulates into."""
+    topo = plan.topology
+    G, M = topo.num_gpus, topo.gpus_per_node
     f = plan.flat
     kplan = AnalyticPlan(*(f[k] for k in AnalyticPlan._fields))
-    ksums = AnalyticSummaries(*_sorted_tops(sums), tail_p, tail_rows, mean_len)
+    ksums = summary_arrays if summary_arrays is not None else analytic_summaries(
+        [tp.table for tp in plan.tables.values()], summaries, workload)
     khost = AnalyticHostTier(f["hf_off"], f["hf"], f["uvm_lookup_bytes"])
     out = AnalyticOutputs(np.zeros(G), np.zeros(M), np.zeros(G), np.zeros(G), np.zeros(M),
                           np.zeros(G), np.zeros(G))

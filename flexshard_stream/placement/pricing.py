@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..plans.plan import Plan
 from ..stats.summary import FrequencySummary
 from .candidates import BenefitCurve, PlanBuilder, State
-from .cost import Cost, CostModel, evaluate_analytic
+from .cost import Cost, CostModel, analytic_summaries, evaluate_analytic
 from .recshard import TopRows, split_cold
 from .workload import Workload, workload_of
 
@@ -61,6 +61,7 @@ class AnalyticPricing:
         self._summaries = summaries
         self._workload = workload_of(workload, model, mean_lengths, where="AnalyticPricing")
         self._top_rows: dict = {}
+        self._summary_arrays: dict = {}
 
     @property
     def summaries(self) -> Mapping[str, FrequencySummary]:
@@ -88,9 +89,16 @@ class AnalyticPricing:
         return self._workload.mean_lengths
 
     def cost(self, plan: Plan) -> Cost:
-        """The analytic evaluator's cost of ``plan`` (no per-GPU traffic matrices)."""
+        """The analytic evaluator's cost of ``plan`` (no per-GPU traffic matrices); the
+        summaries' side of the kernel computed once per table order (every candidate of a
+        planning run has the same)."""
+        names = tuple(plan.tables)
+        arrays = self._summary_arrays.get(names)
+        if arrays is None:
+            arrays = self._summary_arrays[names] = analytic_summaries(
+                [tp.table for tp in plan.tables.values()], self._summaries, self._workload)
         return evaluate_analytic(plan, self._summaries, workload=self._workload,
-                                 want_matrices=False)
+                                 want_matrices=False, summary_arrays=arrays)
 
     def split_cold(self, plan: Plan, budget_bytes: float, cost: Cost) -> Plan:
         """``recshard.split_cold`` of ``plan`` (analytic ``cost``) under ``budget_bytes`` per GPU,

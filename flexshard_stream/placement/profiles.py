@@ -123,18 +123,25 @@ class _ByIdentity:
         return found
 
 
-#: The sharding rule's issues of each table plan and each plan, per topology shape (GPUs, GPUs
-#: per node: all the rule reads of it): a planner asks about every candidate, candidates share
-#: table plans, and the same candidates are asked again when the result is chosen.
-_TABLE_ISSUES = _ByIdentity()
+#: The sharding rule's issues of each plan, per topology shape (GPUs, GPUs per node: all the
+#: rule reads of it): a planner asks about every candidate, and the same candidates are asked
+#: again when the result is chosen (a table plan's are kept on it: _cached_sharding_issues).
 _PLAN_ISSUES = _ByIdentity()
 
 
 def _cached_sharding_issues(tp: TablePlan, topology: Topology) -> tuple[str, ...]:
     """:func:`~flexshard_stream.bridge.sharding.sharding_issues` of ``tp``, computed once per
-    table plan and topology shape."""
-    return _TABLE_ISSUES.get(tp, (topology.num_gpus, topology.gpus_per_node),
-                             lambda: tuple(sharding_issues(tp, topology)))
+    table plan and topology shape: kept on the (immutable) table plan itself, so that the
+    entry goes with it and a planner's tens of thousands of table plans need no weak
+    references."""
+    cache = tp.__dict__.get("_torchrec_issues")
+    if cache is None:
+        cache = tp.__dict__["_torchrec_issues"] = {}
+    key = (topology.num_gpus, topology.gpus_per_node)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = tuple(sharding_issues(tp, topology))
+    return found
 
 
 _PROFILES = {"torchrec": ExecutionProfile("torchrec", "TorchRec 1.8"),

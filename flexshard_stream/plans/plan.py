@@ -128,10 +128,27 @@ def infer_row_kind(gpus: Any, num_gpus: int, gpus_per_node: int) -> str:
     return "row_wise"
 
 
+def _vector(a: Any, dtype) -> np.ndarray:
+    """``a`` as a contiguous vector of ``dtype`` (itself when it is one)."""
+    if type(a) is np.ndarray and a.dtype == dtype and a.ndim == 1 and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=dtype).ravel()
+
+
+def _int32_vector(a: Any) -> np.ndarray:
+    """``a`` as a contiguous int32 vector (itself when it is one)."""
+    if type(a) is np.ndarray and a.dtype == np.int32 and a.ndim == 1 and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(np.asarray(a, dtype=np.int32).ravel())
+
+
 def _sorted_unique_ids(a: Any, what: str, table: str, num_rows: int) -> np.ndarray:
-    arr = np.ascontiguousarray(np.asarray(a if a is not None else [], dtype=np.int64).ravel())
+    if type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == 1 and a.flags.c_contiguous:
+        arr = a
+    else:
+        arr = np.ascontiguousarray(np.asarray(a if a is not None else [], dtype=np.int64).ravel())
     if arr.size:
-        if np.any(arr[1:] <= arr[:-1]):
+        if arr.size > 1 and (arr[1:] <= arr[:-1]).any():
             raise ConfigError(f"table {table!r}: {what} must be sorted and unique")
         if arr[0] < 0 or arr[-1] >= num_rows:
             raise ConfigError(f"table {table!r}: {what} must lie in [0, {num_rows}); "
@@ -170,12 +187,9 @@ class ColdSharding:
                 or not 0 <= self.seed < 2**64:
             raise ConfigError(f"cold sharding seed must be an integer in [0, 2**64), got "
                               f"{self.seed!r}")
-        object.__setattr__(self, "gpus", np.ascontiguousarray(self.gpus, dtype=np.int32).ravel())
-        object.__setattr__(self, "bounds", np.ascontiguousarray(self.bounds, dtype=np.int64).ravel())
-        object.__setattr__(self, "weights",
-                           np.ascontiguousarray(self.weights, dtype=np.float64).ravel())
-        object.__setattr__(self, "widths",
-                           np.ascontiguousarray(self.widths, dtype=np.int64).ravel())
+        for name, dtype in (("gpus", np.int32), ("bounds", np.int64), ("weights", np.float64),
+                            ("widths", np.int64)):
+            object.__setattr__(self, name, _vector(getattr(self, name), dtype))
         self._check_columns()
         w = self.weights
         if w.size and (not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0
@@ -209,9 +223,10 @@ class ColdSharding:
         if self.widths.size != self.gpus.size:
             raise ConfigError(f"column shards need one width per GPU: {self.gpus.size} GPUs, "
                               f"{self.widths.size} widths")
-        if np.any(self.widths <= 0):
+        if (self.widths <= 0).any():
             raise ConfigError(f"column widths must be > 0 columns, got {self.widths.tolist()}")
-        if np.unique(self.gpus).size != self.gpus.size:
+        g = self.gpus
+        if (len(set(g.tolist())) if g.size <= 64 else np.unique(g).size) != g.size:
             raise ConfigError(f"column shards must sit on distinct GPUs, got "
                               f"{self.gpus.tolist()}")
 
@@ -232,7 +247,27 @@ class ColdSharding:
                            dtype=np.float64)
             if w.size != g.size or np.any(~(w >= 0)) or w.sum() <= 0:
                 raise ConfigError("range weights must be one non-negative number per GPU")
-        return cls("range", g, range_bounds(w, int(num_rows)), weights=w)
+        return cls._made_ranges(g, range_bounds(w, int(num_rows)), w)
+
+    @classmethod
+    def _made_ranges(cls, gpus: np.ndarray, bounds: np.ndarray, weights: np.ndarray
+                     ) -> "ColdSharding":
+        """The range sharding :meth:`ranges` computed, without the checks its construction
+        implies: the bounds are ``range_bounds`` of the weights (``__post_init__`` would compute
+        them again to compare), ending at the rows. What it does not imply is checked as
+        ``__post_init__`` checks it (finite weights, a GPU, bounds from 0 not decreasing). Tens
+        of thousands of tables get one each."""
+        g = np.ascontiguousarray(gpus, dtype=np.int32).ravel()
+        w = np.ascontiguousarray(weights, dtype=np.float64).ravel()
+        b = np.ascontiguousarray(bounds, dtype=np.int64).ravel()
+        if not (g.size and np.isfinite(w).all() and b[0] == 0
+                and (b.size < 2 or bool((b[1:] >= b[:-1]).all()))):
+            return cls("range", g, b, weights=w)   # raises as before
+        self = cls.__new__(cls)
+        for name, value in (("kind", "range"), ("gpus", g), ("bounds", b), ("seed", 0),
+                            ("weights", w), ("widths", np.zeros(0, np.int64))):
+            object.__setattr__(self, name, value)
+        return self
 
     @classmethod
     def replicated(cls) -> "ColdSharding":
@@ -250,11 +285,13 @@ class ColdSharding:
         GPUs, ``gpus_per_node`` per node (``TablePlan.sharding_kind`` without an explicit kind;
         see the module docstring for how it relates to TorchRec's sharding); kept per topology
         shape (tables on thousands of GPUs share these objects)."""
-        cache = self.__dict__.setdefault("_inferred", {})
-        key = (int(num_gpus), int(gpus_per_node))
+        cache = self.__dict__.get("_inferred")
+        if cache is None:
+            cache = self.__dict__["_inferred"] = {}
+        key = (num_gpus, gpus_per_node)
         kind = cache.get(key)
         if kind is None:
-            kind = cache[key] = self._infer_sharding(*key)
+            kind = cache[key] = self._infer_sharding(int(num_gpus), int(gpus_per_node))
         return kind
 
     def _infer_sharding(self, num_gpus: int, gpus_per_node: int) -> str:
@@ -263,6 +300,23 @@ class ColdSharding:
         if self.kind == "columns":
             return "column_wise"
         return infer_row_kind(self.gpus, num_gpus, gpus_per_node)
+
+    @cached_property
+    def gpu_range(self) -> tuple[int, int]:
+        """The least and the largest of :attr:`gpus` ((0, -1) when there are none), once per
+        object (every table plan sharing it is checked against its topology)."""
+        g = self.gpus
+        return (int(g.min()), int(g.max())) if g.size else (0, -1)
+
+    @cached_property
+    def distinct_gpus(self) -> int:
+        """Distinct GPUs holding the cold rows: the size of :attr:`gpus` when strictly increasing
+        (one pass; the usual cold GPUs), else by sorting. Once per object (the capability check
+        asks it of every table plan, and table plans share cold functions)."""
+        g = self.gpus
+        if g.size < 2 or bool(np.all(g[1:] > g[:-1])):
+            return int(g.size)
+        return int(np.unique(g).size)
 
     @property
     def column_offsets(self) -> np.ndarray:
@@ -276,14 +330,37 @@ class ColdSharding:
         """Content key under which cold functions share one layout in ``Plan.flat``: weighted
         ranges by (GPUs, weights), whatever the table size (bounds are recomputed per table from
         the cumulative weights); explicit bounds and hashes by their own arrays. Computed once per
-        object (tables on thousands of GPUs share these objects)."""
+        object (tables on thousands of GPUs share these objects). Equal ranges over GPUs
+        ``0 .. n - 1`` (row-wise's: a table each) get the short key ``(3, "equal", n)``, which
+        no other content has: on thousands of GPUs, comparing their arrays' bytes for every
+        table of every plan was most of the flattening."""
         if self.kind == "range" and self.weights.size:
-            return (3, self.gpus.tobytes(), self.weights.tobytes())
+            g, w = self.gpus, self.weights
+            if g[0] == 0 and (g.size < 2 or bool((np.diff(g) == 1).all())) \
+                    and bool((w == 1.0).all()):
+                return (3, "equal", int(g.size))
+            return (3, g.tobytes(), w.tobytes())
         if self.kind == "range":
             return (1, self.gpus.tobytes(), self.bounds.tobytes())
         if self.kind == "columns":
             return (4, self.gpus.tobytes(), self.widths.tobytes())
         return (_COLD_KINDS[self.kind], self.gpus.tobytes(), self.seed)
+
+    @cached_property
+    def flat_layout(self) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, int]:
+        """This cold function as a layout of ``Plan.flat``: its kind code (``layout_key[0]``),
+        GPUs (int64), row weights (``lay_w``), bounds (``lay_bounds``: explicit range bounds,
+        or weighted ranges' cumulative weights) and seed. Once per object (plans share them)."""
+        code = self.layout_key[0]
+        if code == 3:
+            w, b = self.weights, cumulative_weights(self.weights)
+        elif code == 1:
+            w, b = np.diff(self.bounds).astype(np.float64), self.bounds.astype(np.float64)
+        elif code == 4:
+            w, b = self.widths.astype(np.float64), np.zeros(0)
+        else:
+            w, b = np.ones(self.gpus.size), np.zeros(0)
+        return code, self.gpus.astype(np.int64), w, b, self.seed
 
     def to_dict(self) -> dict[str, Any]:
         d = {"kind": self.kind, "gpus": self.gpus.tolist(), "bounds": self.bounds.tolist(),
@@ -385,12 +462,10 @@ class TablePlan:
 
     def __post_init__(self) -> None:
         t = self.table
-        try:
-            hf = np.ascontiguousarray(np.asarray(self.hbm_fraction if self.hbm_fraction is not None
-                                                 else [], dtype=np.float64).ravel())
-        except (TypeError, ValueError):
-            raise ConfigError(f"table {t.name!r}: hbm_fraction must be an array of numbers in "
-                              f"[0, 1], got {self.hbm_fraction!r}") from None
+        hf = self.hbm_fraction
+        if not (type(hf) is np.ndarray and hf.size == 0 and hf.dtype == np.float64
+                and hf.ndim == 1):   # the default, kept as it is (every table plan has one)
+            hf = self._fractions()
         if hf.size:
             if self.cold.kind == "replicated":
                 raise ConfigError(f"table {t.name!r}: a data-parallel (replicated) table cannot "
@@ -403,8 +478,7 @@ class TablePlan:
         for name in ("global_ids", "node_ids", "placed_ids"):
             object.__setattr__(self, name, _sorted_unique_ids(getattr(self, name), name, t.name,
                                                               t.num_rows))
-        nl = np.ascontiguousarray(np.asarray(self.node_local, dtype=np.int32).ravel())
-        pg = np.ascontiguousarray(np.asarray(self.placed_gpus, dtype=np.int32).ravel())
+        nl, pg = _int32_vector(self.node_local), _int32_vector(self.placed_gpus)
         if nl.size != self.node_ids.size:
             raise ConfigError(f"table {t.name!r}: {nl.size} node_local entries for "
                               f"{self.node_ids.size} node_ids")
@@ -413,14 +487,26 @@ class TablePlan:
                               f"{self.placed_ids.size} placed_ids")
         object.__setattr__(self, "node_local", nl)
         object.__setattr__(self, "placed_gpus", pg)
-        tiers = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
-        tiers.sort()
-        if tiers.size > 1 and np.any(tiers[1:] == tiers[:-1]):
-            raise ConfigError(f"table {t.name!r}: global, node and placed rows must be disjoint")
+        # each tier is sorted and unique: disjoint unless two of them hold rows
+        if (self.global_ids.size > 0) + (self.node_ids.size > 0) + (self.placed_ids.size > 0) > 1:
+            tiers = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
+            tiers.sort()
+            if np.any(tiers[1:] == tiers[:-1]):
+                raise ConfigError(f"table {t.name!r}: global, node and placed rows must be "
+                                  f"disjoint")
         if self.cold.kind == "range" and self.cold.bounds[-1] < t.num_rows:
             raise ConfigError(f"table {t.name!r}: range bounds end at {int(self.cold.bounds[-1])} "
                               f"but the table has {t.num_rows} rows")
         self._check_sharding()
+
+    def _fractions(self) -> np.ndarray:
+        """``hbm_fraction`` as a float64 vector (ConfigError when it is not numbers)."""
+        try:
+            return np.ascontiguousarray(np.asarray(self.hbm_fraction if self.hbm_fraction
+                                                   is not None else [], dtype=np.float64).ravel())
+        except (TypeError, ValueError):
+            raise ConfigError(f"table {self.table.name!r}: hbm_fraction must be an array of "
+                              f"numbers in [0, 1], got {self.hbm_fraction!r}") from None
 
     def _check_sharding(self) -> None:
         """The explicit sharding kind agrees with the cold function; column shards cover the dim
@@ -448,10 +534,18 @@ class TablePlan:
     def name(self) -> str:
         return self.table.name
 
-    @cached_property
+    @property
     def special_sorted(self) -> tuple[np.ndarray, np.ndarray]:
         """Rows with an explicit placement, sorted, and their routing codes (int32): -1 global,
-        -2 - m node replica on local GPU m, g placed on GPU g. Computed once per object."""
+        -2 - m node replica on local GPU m, g placed on GPU g. Computed once per object (kept in
+        its ``__dict__``: ``functools.cached_property`` takes a lock on every first access, and a
+        planner makes tens of thousands of table plans)."""
+        found = self.__dict__.get("_special_sorted")
+        if found is None:
+            found = self.__dict__["_special_sorted"] = self._special_sorted()
+        return found
+
+    def _special_sorted(self) -> tuple[np.ndarray, np.ndarray]:
         if not (self.node_ids.size or self.placed_ids.size):   # global replicas only: sorted
             ids, codes = self.global_ids.view(), np.full(self.global_ids.size, -1, np.int32)
             ids.flags.writeable = False
@@ -467,6 +561,24 @@ class TablePlan:
         ids.flags.writeable = False   # shared by every user of this TablePlan
         codes.flags.writeable = False
         return ids, codes
+
+    @property
+    def flat_parts(self) -> tuple:
+        """This table plan's entries in ``Plan.flat``: special rows and codes
+        (:attr:`special_sorted`), rows, row bytes, embedding bytes, pooled, ``hbm_fraction``,
+        UVM bytes per host lookup. Once per object (kept as :attr:`special_sorted` is): the
+        candidates of a planning run share table plans, each flattened once."""
+        found = self.__dict__.get("_flat_parts")
+        if found is None:
+            found = self.__dict__["_flat_parts"] = self._flat_parts()
+        return found
+
+    def _flat_parts(self) -> tuple:
+        t = self.table
+        ids, codes = self.special_sorted
+        return (ids, codes, t.num_rows, float(t.row_bytes), float(t.embedding_bytes),
+                t.kind == "pooled", self.hbm_fraction,
+                float(t.embedding_bytes + 2 * t.row_bytes))
 
     @property
     def replicated(self) -> bool:
@@ -487,7 +599,11 @@ class TablePlan:
         sharding it becomes is ``bridge.sharding.torchrec_sharding``'s (module docstring)."""
         if self.sharding:
             return self.sharding
-        return self.cold.inferred_sharding(topo.num_gpus, topo.gpus_per_node)
+        last = self.__dict__.get("_kind_on")   # (GPUs, GPUs per node, kind) asked last
+        G, M = topo.num_gpus, topo.gpus_per_node
+        if last is None or last[0] != G or last[1] != M:
+            last = self.__dict__["_kind_on"] = (G, M, self.cold.inferred_sharding(G, M))
+        return last[2]
 
     @property
     def has_host_tier(self) -> bool:
@@ -517,14 +633,17 @@ class TablePlan:
         t = self.table.name
         if self.node_local.size and (self.node_local.min() < 0 or self.node_local.max() >= M):
             raise ConfigError(f"table {t!r}: node_local must lie in [0, {M})")
-        for what, g in (("placed_gpus", self.placed_gpus), ("cold gpus", self.cold.gpus)):
-            if g.size and (g.min() < 0 or g.max() >= G):
-                raise ConfigError(f"table {t!r}: {what} must lie in [0, {G})")
+        g = self.placed_gpus
+        if g.size and (g.min() < 0 or g.max() >= G):
+            raise ConfigError(f"table {t!r}: placed_gpus must lie in [0, {G})")
+        lo, hi = self.cold.gpu_range
+        if self.cold.gpus.size and (lo < 0 or hi >= G):
+            raise ConfigError(f"table {t!r}: cold gpus must lie in [0, {G})")
         if self.hbm_fraction.size and self.hbm_fraction.size != G:
             raise ConfigError(f"table {t!r}: hbm_fraction has {self.hbm_fraction.size} values; "
                               f"one per GPU expected ({G}), or none (no host memory tier)")
         if self.sharding in ("table_row_wise", "table_column_wise") and \
-                np.unique(self.cold.gpus // M).size > 1:
+                self.cold.gpus.size and lo // M != hi // M:   # nodes lo // M .. hi // M
             raise ConfigError(f"table {t!r}: {self.sharding} keeps the table on one node; its "
                               f"GPUs {self.cold.gpus.tolist()} span nodes")
 
@@ -538,6 +657,13 @@ class TablePlan:
         per_local = np.bincount(self.node_local, minlength=M).astype(np.int64)
         rows += np.tile(per_local, topo.nodes)
         rows += np.bincount(self.placed_gpus, minlength=G)
+        rows += self._cold_counts(topo)
+        return rows
+
+    def _cold_counts(self, topo: Topology) -> np.ndarray:
+        """Cold rows (those of the cold function, not placed) each GPU stores (int64[G]); not
+        for a replicated table."""
+        G, H = topo.num_gpus, self.table.num_rows
         special = np.concatenate([self.global_ids, self.node_ids, self.placed_ids])
         special.sort()
         c = self.cold
@@ -554,8 +680,22 @@ class TablePlan:
             counts = hashed_rows_per_slot(H, n, c.seed, special)
         else:
             counts = expected_rows_per_hash_slot(H, n, c.seed, special)
-        rows += np.bincount(c.gpus, weights=counts, minlength=G).astype(np.int64)
-        return rows
+        return np.bincount(c.gpus, weights=counts, minlength=G).astype(np.int64)
+
+    def _memory_terms(self, topo: Topology) -> tuple:
+        """This table plan's terms of ``Plan._memory`` on ``topo`` (kept per object and topology
+        shape: candidates share table plans): the shape, the bytes every GPU stores (replicated
+        table, global replicas), node replicas' bytes per local GPU, placed rows' bytes per GPU,
+        hashed cold rows' bytes per GPU (None where there are none); range cold rows are the
+        kernel's (``cold_row_counts``)."""
+        G, M = topo.num_gpus, topo.gpus_per_node
+        rb = float(self.table.row_bytes)
+        if self.replicated:
+            return (G, M), self.table.num_rows * rb, None, None, None
+        node = np.bincount(self.node_local, minlength=M) * rb if self.node_ids.size else None
+        placed = np.bincount(self.placed_gpus, minlength=G) * rb if self.placed_ids.size else None
+        hashed = self._cold_counts(topo) * rb if self.cold.kind == "hash" else None
+        return (G, M), self.global_ids.size * rb, node, placed, hashed
 
     def row_bytes_per_gpu(self, topo: Topology) -> np.ndarray:
         """Bytes of rows (embeddings plus optimizer state) each GPU stores (float64[G]), HBM and
@@ -735,28 +875,28 @@ class Plan:
         host = np.zeros(G)
         everywhere = 0.0
         node_acc = np.zeros(M)
-        rbs = np.zeros(len(self.tables))
-        for i, tp in enumerate(self.tables.values()):
-            rb = rbs[i] = float(tp.table.row_bytes)
-            if tp.replicated:
-                everywhere += tp.table.num_rows * rb
-                continue
-            everywhere += tp.global_ids.size * rb
-            if tp.node_ids.size:
-                node_acc += np.bincount(tp.node_local, minlength=M) * rb
-            if tp.placed_ids.size:
-                out += np.bincount(tp.placed_gpus, minlength=G) * rb
-            if tp.cold.kind == "hash":
-                cold = (tp.rows_per_gpu(topo) - self.non_cold_rows_per_gpu(tp, topo)) * rb
+        shape = (G, M)
+        for tp in self.tables.values():
+            terms = tp.__dict__.get("_memory_terms_of")
+            if terms is None or terms[0] != shape:
+                terms = tp._memory_terms(topo)
+                tp.__dict__["_memory_terms_of"] = terms
+            _, rows_everywhere, node, placed, hashed = terms
+            everywhere += rows_everywhere
+            if node is not None:
+                node_acc += node
+            if placed is not None:
+                out += placed
+            if hashed is not None:
                 if tp.has_host_tier:
-                    out += tp.hbm_fraction * cold
-                    host += (1.0 - tp.hbm_fraction) * cold
+                    out += tp.hbm_fraction * hashed
+                    host += (1.0 - tp.hbm_fraction) * hashed
                 else:
-                    out += cold
+                    out += hashed
         f = self.flat
-        cold_row_counts(G, f["layout"], f["num_rows"], rbs, f["lay_kind"], f["lay_off"],
-                        f["lay_gpus"], f["lay_w"], f["lay_boff"], f["lay_bounds"], f["sp_off"],
-                        f["sp_ids"], out, f["hf_off"], f["hf"], host)
+        cold_row_counts(G, f["layout"], f["num_rows"], f["row_bytes"], f["lay_kind"],
+                        f["lay_off"], f["lay_gpus"], f["lay_w"], f["lay_boff"], f["lay_bounds"],
+                        f["sp_off"], f["sp_ids"], out, f["hf_off"], f["hf"], host)
         out += everywhere
         node = np.tile(node_acc, topo.nodes)
         out += node
@@ -786,58 +926,40 @@ class Plan:
         ``sharding[t]`` the code (:data:`SHARDING_CODES`) of table t's sharding kind. Layout kinds:
         0 hash, 1 explicit range bounds, 2 replicated, 3 weighted ranges (``lay_bounds``: the
         cumulative weights), 4 column shards (``lay_w``: the widths)."""
-        sp_ids, sp_codes, sp_off = [], [], [0]
-        layout, rows, eb, pooled = [], [], [], []
-        hf, hf_off, ulb = [], [0], []
         kinds = self.sharding_kinds
         lay_of: dict[tuple, int] = {}
-        lk, lg, lw, lb, ls, loff, lboff = [], [], [], [], [], [0], [0]
+        lays: list[tuple] = []
+        layout = []
         for tp in self.tables.values():
-            ids, codes = tp.special_sorted
-            sp_ids.append(ids)
-            sp_codes.append(codes)
-            sp_off.append(sp_off[-1] + ids.size)
             c = tp.cold
             key = c.layout_key
             li = lay_of.get(key)
             if li is None:
-                li = lay_of[key] = len(lk)
-                lk.append(key[0])
-                lg.append(c.gpus.astype(np.int64))
-                if key[0] == 3:
-                    lw.append(c.weights)
-                    lb.append(cumulative_weights(c.weights))
-                elif key[0] == 1:
-                    lw.append(np.diff(c.bounds).astype(np.float64))
-                    lb.append(c.bounds.astype(np.float64))
-                elif key[0] == 4:
-                    lw.append(c.widths.astype(np.float64))
-                    lb.append(np.zeros(0))
-                else:
-                    lw.append(np.ones(c.gpus.size))
-                    lb.append(np.zeros(0))
-                ls.append(c.seed)
-                loff.append(loff[-1] + c.gpus.size)
-                lboff.append(lboff[-1] + lb[-1].size)
+                li = lay_of[key] = len(lays)
+                lays.append(c.flat_layout)
             layout.append(li)
-            rows.append(tp.table.num_rows)
-            eb.append(float(tp.table.embedding_bytes))
-            pooled.append(tp.table.kind == "pooled")
-            hf.append(tp.hbm_fraction)
-            hf_off.append(hf_off[-1] + tp.hbm_fraction.size)
-            ulb.append(float(tp.table.embedding_bytes + 2 * tp.table.row_bytes))
+        parts = [tp.flat_parts for tp in self.tables.values()]
+        ids, codes, rows, rbs, eb, pooled, hf, ulb = (list(x) for x in zip(*parts)) if parts \
+            else ([], [], [], [], [], [], [], [])
+        lk, lg, lw, lb, ls = (list(x) for x in zip(*lays)) if lays else ([], [], [], [], [])
 
         def cat(parts, dtype):
             return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
-        return {"sp_off": np.asarray(sp_off, np.int64), "sp_ids": cat(sp_ids, np.int64),
-                "sp_codes": cat(sp_codes, np.int32), "layout": np.asarray(layout, np.int64),
+
+        def offsets(arrays):
+            out = np.zeros(len(arrays) + 1, np.int64)
+            np.cumsum([a.size for a in arrays], out=out[1:])
+            return out
+        return {"sp_off": offsets(ids), "sp_ids": cat(ids, np.int64),
+                "sp_codes": cat(codes, np.int32), "layout": np.asarray(layout, np.int64),
                 "num_rows": np.asarray(rows, np.int64), "emb_bytes": np.asarray(eb, np.float64),
                 "pooled": np.asarray(pooled, np.bool_), "lay_kind": np.asarray(lk, np.int64),
-                "lay_off": np.asarray(loff, np.int64), "lay_gpus": cat(lg, np.int64),
-                "lay_w": cat(lw, np.float64), "lay_boff": np.asarray(lboff, np.int64),
+                "lay_off": offsets(lg), "lay_gpus": cat(lg, np.int64),
+                "lay_w": cat(lw, np.float64), "lay_boff": offsets(lb),
                 "lay_bounds": cat(lb, np.float64), "lay_seed": np.asarray(ls, np.uint64),
-                "hf_off": np.asarray(hf_off, np.int64), "hf": cat(hf, np.float64),
+                "hf_off": offsets(hf), "hf": cat(hf, np.float64),
                 "uvm_lookup_bytes": np.asarray(ulb, np.float64),
+                "row_bytes": np.asarray(rbs, np.float64),
                 "sharding": np.asarray([SHARDING_CODES[kinds[n]] for n in self.tables], np.int64)}
 
     # -------------------------------------------------------------- equality

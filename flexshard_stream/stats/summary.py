@@ -63,6 +63,18 @@ class FrequencySummary:
         """Estimated access probability of each top row (estimate / total)."""
         return self.top_est / self.total if self.total else np.zeros_like(self.top_est)
 
+    def hottest_first(self, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """The top rows inside ``[0, num_rows)`` and their estimates by decreasing estimate, ties
+        by ID (``np.lexsort((ids, -est))`` of them), read-only, computed once per ``num_rows``.
+        A summary already in that order (as :attr:`top_ids` documents) is checked in one pass
+        and not sorted again; the planner's benefit curves and HugeCTR's baseline both read it."""
+        cache = self.__dict__.setdefault("_hottest_first", {})
+        key = int(num_rows)
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = _hottest_first(self.top_ids, self.top_est, key)
+        return found
+
     def tail_probability(self) -> float:
         """Modelled access probability of one tail row (uniform tail)."""
         if self.total == 0 or self.tail_rows <= 0:
@@ -94,3 +106,22 @@ class FrequencySummary:
                 "mean_length": float(self.mean_length), "tail_mass": float(self.tail_mass),
                 "tail_rows": float(self.tail_rows), "top": top,
                 "length_quantiles": dict(self.length_quantiles)}
+
+
+def _hottest_first(ids: np.ndarray, est: np.ndarray, num_rows: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`FrequencySummary.hottest_first`: the rows inside the table, the sort skipped when
+    they already are in order (estimates not increasing, IDs increasing among equal estimates:
+    then ``lexsort`` is the identity; a NaN fails the check and is sorted as before)."""
+    ids, est = np.asarray(ids, np.int64), np.asarray(est, np.float64)
+    ok = (ids >= 0) & (ids < num_rows)
+    if not ok.all():
+        ids, est = ids[ok], est[ok]
+    a, b = est[:-1], est[1:]
+    if not (np.all(b <= a) and np.all((b < a) | (ids[1:] > ids[:-1]))):
+        order = np.lexsort((ids, -est))
+        ids, est = ids[order], est[order]
+    ids, est = ids.copy(), est.copy()
+    ids.flags.writeable = False
+    est.flags.writeable = False
+    return ids, est
