@@ -42,7 +42,9 @@ only), on their topologies, de-duplication off and on, torchrec profile. The pla
 profiled as a user's log (``sources.profile.profile_batches``: the first three quarters fitted,
 the last quarter held out, default sketches; the synthetic presets' planning half is generated
 again for it). FlexShard is what a user of ``plan`` gets: ``plan_flexshard(fitted part, B,
-MemoryPolicy(), model, holdout=held-out quarter, references={"torchrec": TorchRec's plan})``,
+MemoryPolicy(), model, holdout=held-out quarter, holdout_halves=its two halves,
+references={"torchrec": TorchRec's plan})`` (the halves judge a lead when each holds one
+iteration: docs/PLANNER.md "Chosen for the next window"; ``details`` says per cell which rule chose),
 the default budget being each GPU's HBM less TorchRec's 15%. The baselines
 (``baselines.baseline_plans``) and TorchRec's plan (the first section's) are made on the whole
 planning half. Every plan is priced in sample on the whole planning half (analytic) and out of
@@ -732,6 +734,7 @@ def heldout_headline(hres: dict, ws: Sequence[Workload], demo: dict | None) -> d
     targets = [_target(f"held-out: {k}", v, HELDOUT_TARGETS[k], limits[k])
                for k, v in keys.items()]
     section = {"policy": "plan_flexshard(fit, B, MemoryPolicy(), model, holdout=last quarter, "
+                         "holdout_halves=its two halves, "
                          "references={'torchrec': TorchRec's plan}); baselines and TorchRec's "
                          "plan on the whole planning half; torchrec profile",
                "worst_vs_best_in_sample": _worst(hres, "vs_best_baseline_in"),
