@@ -85,6 +85,11 @@ def _shortlist(candidates: Sequence[Candidate], budget_bytes: float, top: int
     return out
 
 
+def _half_samples(halves: Sequence[AnalyticPricing]) -> int:
+    """Samples in the smaller half (each half's: its largest table summary's)."""
+    return min(max((s.samples for s in h.summaries.values()), default=0) for h in halves)
+
+
 def halves_usable(halves: Sequence[AnalyticPricing] | None, iteration_samples: int
                   ) -> tuple[bool, str]:
     """Whether the held-out halves can judge a lead: two of them, each holding one iteration
@@ -94,7 +99,7 @@ def halves_usable(halves: Sequence[AnalyticPricing] | None, iteration_samples: i
         return False, "no halves given"
     if len(halves) != 2:
         raise ConfigError(f"held-out halves: expected 2, got {len(halves)}")
-    n = min(max((s.samples for s in h.summaries.values()), default=0) for h in halves)
+    n = _half_samples(halves)
     if n < iteration_samples:
         return False, (f"a half holds {n:,} samples, under one iteration "
                        f"({iteration_samples:,}): the fastest on the whole held-out part")
@@ -158,7 +163,6 @@ def select_on_holdout(candidates: Sequence[Candidate], budget_bytes: float,
         return HoldoutChoice(*priced[best], len(shortlist), costs,
                              halves=None if halves is None else {"why_not": why})
     best, inc, score = lead_on_both_halves(priced, halves)
-    n = min(max(s.samples for s in h.summaries.values()) for h in halves)
     return HoldoutChoice(*priced[best], len(shortlist), costs, "lead on both halves",
                          {"incumbent": priced[inc][0].origin, "worse_half_ratio": score,
-                          "samples": n})
+                          "samples": _half_samples(halves)})
