@@ -13,6 +13,7 @@ from flexshard_stream import testing as fst
 from flexshard_stream.errors import ConfigError
 from flexshard_stream.placement.baselines import baseline_plans
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic
+from flexshard_stream.placement.holdout import HALVES_MARGIN, lead_on_both_halves
 from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard
 from flexshard_stream.placement.profiles import execution_profile
 from flexshard_stream.plans.tables import EmbeddingTable
@@ -154,7 +155,7 @@ def test_a_lead_on_both_halves_displaces_and_halves_under_an_iteration_are_not_u
     topo = Topology.uniform(2, 2, hbm_bytes_per_gpu=8e9)
     t = EmbeddingTable("items", 4000, 64, kind="sequence")
     dist, _ = _drifted([t], 1.2, 1, 1, 30.0)
-    B, model = 32, CostModel(dedup=True)
+    B, model = 32, CostModel(dedup=False)
     fit = _summaries([t], dist, topo, B, 6, 3)
     parts = [_stats([t], dist, topo, B, 2, 4 + i) for i in range(2)]
     held = parts[0].copy().merge(parts[1]).summary(k=4096)
@@ -164,7 +165,7 @@ def test_a_lead_on_both_halves_displaces_and_halves_under_an_iteration_are_not_u
     sel = r.plan.meta["selection"]
     assert sel["rule"] == "lead on both halves" and r.plan.strategy == "flexshard"
     assert r.plan.meta["chosen_from"] != sel["halves"]["incumbent"]
-    assert 0 < sel["halves"]["worse_half_ratio"] < 1
+    assert 0 < sel["halves"]["worse_half_ratio"] < 1 - HALVES_MARGIN
     for h in halves:    # the chosen one is faster than the incumbent on each half
         assert evaluate_analytic(r.plan, h, B, model).iteration_time_s <= \
             sel["halves"]["worse_half_ratio"] * min(
@@ -180,6 +181,32 @@ def test_a_lead_on_both_halves_displaces_and_halves_under_an_iteration_are_not_u
     with pytest.raises(ConfigError, match="halves"):
         plan_flexshard([t], topo, fit, B, MemoryPolicy(), model, holdout=held,
                        holdout_halves=halves[:1])
+
+
+def test_the_halves_rule_wants_a_lead_beyond_the_margin_on_the_worse_half():
+    """lead_on_both_halves on stand-in candidates: the incumbent is the fastest whole plan on the
+    whole held-out part; a lead on one half only, or under the margin on the worse half, keeps
+    it; the lowest worse-half ratio beyond the margin displaces it."""
+    from types import SimpleNamespace as NS
+
+    def cand(name, whole, t, t1, t2):
+        return (NS(state=None if whole else [(1, 0)], plan=name), NS(iteration_time_s=t)), \
+            {name: t1}, {name: t2}
+
+    rows = [cand("rw", True, 10.0, 10.0, 10.0), cand("inc", True, 8.0, 8.0, 8.0),
+            cand("one_half", False, 7.0, 6.0, 8.1),         # faster on the first half only
+            cand("small", False, 7.9, 7.9, 7.9),            # 1.25% on both: under the margin
+            cand("both", False, 7.5, 7.6, 7.7),             # 3.75% on the worse half
+            cand("best", False, 7.6, 7.2, 7.4)]             # 7.5% on the worse half
+    halves = [NS(cost=lambda p, i=i: NS(iteration_time_s={k: v for r in rows
+                                                          for k, v in r[1 + i].items()}[p]))
+              for i in range(2)]
+    priced = [r[0] for r in rows]
+    assert lead_on_both_halves(priced, halves) == (5, 1, pytest.approx(7.4 / 8))
+    assert lead_on_both_halves(priced[:4], halves) == (1, 1, 1.0)       # the incumbent stays
+    assert lead_on_both_halves(priced[:4], halves, margin=0.0)[0] == 3  # without a margin
+    assert lead_on_both_halves(priced, halves, margin=0.1) == (1, 1, 1.0)
+    assert HALVES_MARGIN == OUT_OF_SAMPLE_MARGIN      # the noise the docs state, both places
 
 
 def test_profile_split_in_log_order_with_the_crossing_batch_cut():

@@ -8,8 +8,9 @@ plan when given) and row-wise on a held-out part of the profile that none of the
 (the last quarter in time, ``docs/PLANNER.md`` "Chosen for the next window"), and returns the one
 fastest there among those that fit the budget on both parts, unless the held-out part's two halves
 (in time order) are each one iteration at least: then :func:`lead_on_both_halves` chooses, and a
-candidate displaces the fastest whole plan only where it is faster on both halves. What ``plan``
-prints is then the held-out figure: what the next window sees, as far as the profile can tell.
+candidate displaces the fastest whole plan only where it is faster on both halves (by
+:data:`HALVES_MARGIN`). What ``plan`` prints is then the held-out figure: what the next window
+sees, as far as the profile can tell.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ from .pricing import AnalyticPricing, Candidate, fits_budget
 from .workload import Workload
 
 __all__ = ["HoldoutChoice", "select_on_holdout", "HOLDOUT_SHARE", "holdout_pricing",
-           "lead_on_both_halves", "halves_usable"]
+           "lead_on_both_halves", "halves_usable", "HALVES_MARGIN"]
 
 #: The share of the profile's samples, its last in time (or in row order), held out by default.
 HOLDOUT_SHARE = 0.25
+#: How much faster than the incumbent a candidate must be on its worse held-out half to displace
+#: it: the sampling noise between two draws of one distribution that docs/PLANNER.md states
+#: (a lead under it is no evidence; measured in "Chosen for the next window").
+HALVES_MARGIN = 0.02
 # relative slack on "faster": ties go to the candidate listed first (row-wise first)
 _REL = 1e-12
 
@@ -107,7 +112,8 @@ def halves_usable(halves: Sequence[AnalyticPricing] | None, iteration_samples: i
 
 
 def lead_on_both_halves(priced: Sequence[tuple[Candidate, Cost]],
-                        halves: Sequence[AnalyticPricing]) -> tuple[int, int, float]:
+                        halves: Sequence[AnalyticPricing], margin: float = HALVES_MARGIN
+                        ) -> tuple[int, int, float]:
     """The held-out choice robust to the held-out part's noise (docs/PLANNER.md "Chosen for the
     next window"). ``priced``: (candidate, held-out cost) of every candidate that fits, in the
     shortlist's order; ``halves``: the held-out part's first and second half (time order).
@@ -115,9 +121,10 @@ def lead_on_both_halves(priced: Sequence[tuple[Candidate, Cost]],
     The incumbent is the fastest whole plan (``state`` None: a baseline, a partition, a
     reference) on the whole held-out part. Every candidate is priced on each half and its
     time divided by the incumbent's there; its score is the worse (larger) of the two ratios. A
-    candidate displaces the incumbent only with a score below 1, faster on both halves, and the
-    lowest score wins (ties to the first listed). Returns (index of the chosen one in
-    ``priced``, index of the incumbent, the chosen one's score)."""
+    candidate displaces the incumbent only with a score below ``1 - margin``, faster by the
+    margin on both halves, and the lowest score wins (ties to the first listed). Returns (index
+    of the chosen one in ``priced``, index of the incumbent, the chosen one's score: 1.0 when
+    the incumbent stays)."""
     whole = [i for i, (c, _) in enumerate(priced) if c.state is None]
     pool = whole or range(len(priced))
     inc = min(pool, key=lambda i: (priced[i][1].iteration_time_s, i))
@@ -127,7 +134,7 @@ def lead_on_both_halves(priced: Sequence[tuple[Candidate, Cost]],
         if i == inc:
             continue
         r = max(h.cost(c.plan).iteration_time_s / max(t, 1e-300) for h, t in zip(halves, ref))
-        if r < score * (1 - _REL):
+        if r < min(score, 1.0 - margin) * (1 - _REL):
             best, score = i, r
     return best, inc, score
 
