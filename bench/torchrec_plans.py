@@ -42,7 +42,9 @@ only), on their topologies, de-duplication off and on, torchrec profile. The pla
 profiled as a user's log (``sources.profile.profile_batches``: the first three quarters fitted,
 the last quarter held out, default sketches; the synthetic presets' planning half is generated
 again for it). FlexShard is what a user of ``plan`` gets: ``plan_flexshard(fitted part, B,
-MemoryPolicy(), model, holdout=held-out quarter, references={"torchrec": TorchRec's plan})``,
+MemoryPolicy(), model, holdout=held-out quarter, holdout_halves=its two halves,
+references={"torchrec": TorchRec's plan})`` (the halves judge a lead when each holds one
+iteration: docs/PLANNER.md "Chosen for the next window"; ``details`` says per cell which rule chose),
 the default budget being each GPU's HBM less TorchRec's 15%. The baselines
 (``baselines.baseline_plans``) and TorchRec's plan (the first section's) are made on the whole
 planning half. Every plan is priced in sample on the whole planning half (analytic) and out of
@@ -528,13 +530,16 @@ HELDOUT_QUICK_SKIP: tuple[str, ...] = ()
 
 def profile_summaries(w: Workload, topk: int) -> dict:
     """The summaries (``topk`` rows per table) of ``w``'s profile: ``fit`` (the first three
-    quarters of the planning half), ``holdout`` (its last quarter; None when too small) and
-    ``whole`` (the two merged: the whole planning half)."""
+    quarters of the planning half), ``holdout`` (its last quarter; None when too small),
+    ``halves`` (that quarter's two halves in log order, or None) and ``whole`` (the two merged:
+    the whole planning half)."""
     t0 = time.perf_counter()
     p = w.profile()
     w.meta["profile_s"] = time.perf_counter() - t0
     return {"fit": p.fit.summary(topk),
             "holdout": None if p.holdout is None else p.holdout.summary(topk),
+            "halves": (None if p.holdout_halves is None
+                       else [h.summary(topk) for h in p.holdout_halves]),
             "whole": p.whole.summary(topk)}
 
 
@@ -558,7 +563,7 @@ def heldout_setting(w: Workload, topo: Topology, B: int, plans: dict, sums: dict
     t0 = time.perf_counter()
     r = plan_flexshard(w.tables, topo, sums["fit"], B, MemoryPolicy(), model,
                        holdout=sums["holdout"], references=refs,
-                       refit=sums["whole"])
+                       refit=sums["whole"], holdout_halves=sums["halves"])
     plan_s = time.perf_counter() - t0
     allp = dict(plans, flexshard=r.plan)
     costs = {n: {"in": evaluate_analytic(p, sums["whole"], B, model, want_matrices=False),
@@ -569,6 +574,8 @@ def heldout_setting(w: Workload, topo: Topology, B: int, plans: dict, sums: dict
     sel = r.plan.meta.get("selection")
     out = {"plan_seconds": plan_s, "flexshard_strategy": r.plan.strategy,
            "flexshard_chosen_from": r.plan.meta.get("chosen_from"),
+           "selection_rule": sel.get("rule") if isinstance(sel, dict) else None,
+           "selection_halves": sel.get("halves") if isinstance(sel, dict) else None,
            "holdout_ms": ({k: 1e3 * v for k, v in sel["holdout_iteration_time_s"].items()}
                           if isinstance(sel, dict) else None),
            "time_ms": ms, "fits_budget": fits,
@@ -727,6 +734,7 @@ def heldout_headline(hres: dict, ws: Sequence[Workload], demo: dict | None) -> d
     targets = [_target(f"held-out: {k}", v, HELDOUT_TARGETS[k], limits[k])
                for k, v in keys.items()]
     section = {"policy": "plan_flexshard(fit, B, MemoryPolicy(), model, holdout=last quarter, "
+                         "holdout_halves=its two halves, "
                          "references={'torchrec': TorchRec's plan}); baselines and TorchRec's "
                          "plan on the whole planning half; torchrec profile",
                "worst_vs_best_in_sample": _worst(hres, "vs_best_baseline_in"),

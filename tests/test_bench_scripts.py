@@ -85,12 +85,16 @@ def test_torchrec_bench_heldout_section_prices_every_plan_in_and_out_of_sample()
     assert sums["holdout"] is not None
     fit, hold = (sums[k]["ad"].samples for k in ("fit", "holdout"))
     assert (fit, hold) == (3072, 1024)   # the planning half's last quarter held out
+    assert [h["ad"].samples for h in sums["halves"]] == [512, 512]   # its halves, in log order
     res = tp.heldout_on(w, "2x8", {}, sums)
     assert res["budget_bytes"] == tp.MemoryPolicy().hbm_budget(tp.Topology.preset("2x8"))
     for key, _ in tp.SETTINGS:
         o = res[f"torchrec_{key}"]
         assert set(o["time_ms"]) == {*tp.BASELINES, "flexshard"}
         assert o["fits_budget"]["flexshard"]
+        # 2x8 at B = 64: one iteration is 1,024 samples, more than a half holds
+        assert o["selection_rule"] == "fastest on the held-out part"
+        assert "under one iteration" in o["selection_halves"]["why_not"]
         for k in ("in", "out"):
             best = o["best_baseline"][k]
             assert o["fits_budget"][best]

@@ -10,8 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flexshard_stream import testing as fst
+from flexshard_stream.errors import ConfigError
 from flexshard_stream.placement.baselines import baseline_plans
 from flexshard_stream.placement.cost import CostModel, evaluate_analytic
+from flexshard_stream.placement.holdout import HALVES_MARGIN, lead_on_both_halves
 from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard
 from flexshard_stream.placement.profiles import execution_profile
 from flexshard_stream.plans.tables import EmbeddingTable
@@ -26,10 +28,15 @@ OUT_OF_SAMPLE_MARGIN = 0.02
 
 def _summaries(tables, sums, topo, B, iterations, seed):
     """Summaries counted from ``iterations`` sampled iterations of ``sums``' distributions."""
+    return _stats(tables, sums, topo, B, iterations, seed).summary(k=4096)
+
+
+def _stats(tables, sums, topo, B, iterations, seed):
+    """StreamStats counted from ``iterations`` sampled iterations of ``sums``' distributions."""
     stats = StreamStats({t.feature: t.num_rows for t in tables})
     for b in fst.sample_batches(tables, sums, topo, B, iterations, seed=seed):
         stats.update(b)
-    return stats.summary(k=4096)
+    return stats
 
 
 def _drifted(tables, alpha, seed_fit, seed_next, length):
@@ -68,23 +75,29 @@ def test_the_held_out_choice_is_the_fastest_there_and_is_recorded():
 
 @given(alpha=st.floats(0.8, 1.5), rows=st.integers(500, 4000), dim=st.sampled_from([16, 64]),
        length=st.floats(2.0, 40.0), kind=st.sampled_from(["sequence", "pooled"]),
-       dedup=st.booleans(), moved=st.booleans(), seed=st.integers(0, 10**6))
+       dedup=st.booleans(), moved=st.booleans(), seed=st.integers(0, 10**6),
+       halves=st.booleans())
 @settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 def test_out_of_sample_never_slower_than_the_best_baseline_beyond_the_margin(
-        alpha, rows, dim, length, kind, dedup, moved, seed):
+        alpha, rows, dim, length, kind, dedup, moved, seed, halves):
     """Drifting traces: the fitted part's hot set is (``moved``) or is not the held-out part's;
     the next window is a fresh sample of the held-out part's distribution. Judged on that next
     window, the chosen plan is never slower than the fastest baseline fitted on the same part
-    that fits the budget, beyond :data:`OUT_OF_SAMPLE_MARGIN`."""
+    that fits the budget, beyond :data:`OUT_OF_SAMPLE_MARGIN`: chosen on the whole held-out
+    part, or (``halves``) by the lead on both of its halves, one iteration each."""
     topo = Topology.uniform(2, 2, hbm_bytes_per_gpu=8e9)
     t = EmbeddingTable("items", rows, dim, kind=kind)
     B, model = 32, CostModel(dedup=dedup)
     fit_dist, next_dist = _drifted([t], alpha, seed, seed + (1 if moved else 0), length)
     fit = _summaries([t], fit_dist, topo, B, 6, seed)
-    held = _summaries([t], next_dist, topo, B, 2, seed + 7)
+    parts = [_stats([t], next_dist, topo, B, 1, seed + 7 + i) for i in range(2)]
+    held = parts[0].copy().merge(parts[1]).summary(k=4096)
     nxt = _summaries([t], next_dist, topo, B, 4, seed + 11)
-    r = plan_flexshard([t], topo, fit, B, MemoryPolicy(), model, holdout=held)
+    r = plan_flexshard([t], topo, fit, B, MemoryPolicy(), model, holdout=held,
+                       holdout_halves=[p.summary(k=4096) for p in parts] if halves else None)
+    assert r.plan.meta["selection"]["rule"] == ("lead on both halves" if halves
+                                                else "fastest on the held-out part")
     mine = evaluate_analytic(r.plan, nxt, B, model).iteration_time_s
     runtime = execution_profile(r.plan.meta["target"])
     best = np.inf
@@ -95,8 +108,108 @@ def test_out_of_sample_never_slower_than_the_best_baseline_beyond_the_margin(
     assert mine <= best * (1 + OUT_OF_SAMPLE_MARGIN), (mine, best, r.plan.meta["chosen_from"])
 
 
+def _noisy_lead():
+    """A held-out part whose first half still has the fitted part's hot set and whose second
+    half (and the next window) has another: on the whole held-out part, replicas of the old hot
+    set lead; on the second half they do not."""
+    topo = Topology.uniform(2, 2, hbm_bytes_per_gpu=8e9)
+    t = EmbeddingTable("items", 4000, 64, kind="sequence")
+    old, new = _drifted([t], 1.2, 1, 2, 30.0)
+    B = 32
+    fit = _summaries([t], old, topo, B, 6, 3)
+    parts = [_stats([t], old, topo, B, 2, 4), _stats([t], new, topo, B, 2, 5)]
+    held = parts[0].copy().merge(parts[1]).summary(k=4096)
+    nxt = _summaries([t], new, topo, B, 4, 6)
+    return topo, t, B, fit, held, [p.summary(k=4096) for p in parts], nxt
+
+
+def test_a_lead_on_one_half_only_does_not_displace_the_fastest_whole_plan():
+    """The lead of a tier candidate on the whole held-out part comes from its first half alone:
+    chosen on the whole part the tier candidate wins, and is slower on the next window than the
+    fastest whole plan; chosen by the lead on both halves the whole plan stays, recorded."""
+    from flexshard_stream.placement.baselines import BASELINES
+
+    topo, t, B, fit, held, halves, nxt = _noisy_lead()
+    model = CostModel(dedup=True)
+    whole = plan_flexshard([t], topo, fit, B, MemoryPolicy(), model, holdout=held)
+    robust = plan_flexshard([t], topo, fit, B, MemoryPolicy(), model, holdout=held,
+                            holdout_halves=halves)
+    assert whole.plan.meta["chosen_from"] not in BASELINES        # the noisy lead wins there
+    sel = robust.plan.meta["selection"]
+    assert sel["rule"] == "lead on both halves"
+    assert robust.plan.meta["chosen_from"] == sel["halves"]["incumbent"] in BASELINES
+    assert sel["halves"]["worse_half_ratio"] == 1.0
+    assert sel["halves"]["samples"] >= topo.num_gpus * B
+    on_next = {n: evaluate_analytic(r.plan, nxt, B, model).iteration_time_s
+               for n, r in (("whole", whole), ("robust", robust))}
+    assert on_next["robust"] < on_next["whole"]
+    # what is reported is the chosen plan's cost on the whole held-out part
+    assert robust.cost.iteration_time_s == pytest.approx(
+        evaluate_analytic(robust.plan, held, B, model).iteration_time_s, rel=1e-9)
+
+
+def test_a_lead_on_both_halves_displaces_and_halves_under_an_iteration_are_not_used():
+    """No drift: a tier candidate faster on both halves is chosen, its worse half recorded;
+    halves of fewer samples than one iteration (G x B) leave the choice to the whole held-out
+    part, and say why."""
+    topo = Topology.uniform(2, 2, hbm_bytes_per_gpu=8e9)
+    t = EmbeddingTable("items", 4000, 64, kind="sequence")
+    dist, _ = _drifted([t], 1.2, 1, 1, 30.0)
+    B, model = 32, CostModel(dedup=False)
+    fit = _summaries([t], dist, topo, B, 6, 3)
+    parts = [_stats([t], dist, topo, B, 2, 4 + i) for i in range(2)]
+    held = parts[0].copy().merge(parts[1]).summary(k=4096)
+    halves = [p.summary(k=4096) for p in parts]
+    r = plan_flexshard([t], topo, fit, B, MemoryPolicy(), model, holdout=held,
+                       holdout_halves=halves)
+    sel = r.plan.meta["selection"]
+    assert sel["rule"] == "lead on both halves" and r.plan.strategy == "flexshard"
+    assert r.plan.meta["chosen_from"] != sel["halves"]["incumbent"]
+    assert 0 < sel["halves"]["worse_half_ratio"] < 1 - HALVES_MARGIN
+    for h in halves:    # the chosen one is faster than the incumbent on each half
+        assert evaluate_analytic(r.plan, h, B, model).iteration_time_s <= \
+            sel["halves"]["worse_half_ratio"] * min(
+                evaluate_analytic(p, h, B, model).iteration_time_s
+                for n, p in baseline_plans([t], topo, fit, B).items()
+                if n == sel["halves"]["incumbent"]) * (1 + 1e-9)
+    # B large enough that a half (two iterations at B = 32) is under one iteration
+    big = plan_flexshard([t], topo, fit, 4 * B, MemoryPolicy(), model, holdout=held,
+                         holdout_halves=halves)
+    sel = big.plan.meta["selection"]
+    assert sel["rule"] == "fastest on the held-out part" and "under one iteration" in \
+        sel["halves"]["why_not"]
+    with pytest.raises(ConfigError, match="halves"):
+        plan_flexshard([t], topo, fit, B, MemoryPolicy(), model, holdout=held,
+                       holdout_halves=halves[:1])
+
+
+def test_the_halves_rule_wants_a_lead_beyond_the_margin_on_the_worse_half():
+    """lead_on_both_halves on stand-in candidates: the incumbent is the fastest whole plan on the
+    whole held-out part; a lead on one half only, or under the margin on the worse half, keeps
+    it; the lowest worse-half ratio beyond the margin displaces it."""
+    from types import SimpleNamespace as NS
+
+    def cand(name, whole, t, t1, t2):
+        return (NS(state=None if whole else [(1, 0)], plan=name), NS(iteration_time_s=t)), \
+            {name: t1}, {name: t2}
+
+    rows = [cand("rw", True, 10.0, 10.0, 10.0), cand("inc", True, 8.0, 8.0, 8.0),
+            cand("one_half", False, 7.0, 6.0, 8.1),         # faster on the first half only
+            cand("small", False, 7.9, 7.9, 7.9),            # 1.25% on both: under the margin
+            cand("both", False, 7.5, 7.6, 7.7),             # 3.75% on the worse half
+            cand("best", False, 7.6, 7.2, 7.4)]             # 7.5% on the worse half
+    halves = [NS(cost=lambda p, i=i: NS(iteration_time_s={k: v for r in rows
+                                                          for k, v in r[1 + i].items()}[p]))
+              for i in range(2)]
+    priced = [r[0] for r in rows]
+    assert lead_on_both_halves(priced, halves) == (5, 1, pytest.approx(7.4 / 8))
+    assert lead_on_both_halves(priced[:4], halves) == (1, 1, 1.0)       # the incumbent stays
+    assert lead_on_both_halves(priced[:4], halves, margin=0.0)[0] == 3  # without a margin
+    assert lead_on_both_halves(priced, halves, margin=0.1) == (1, 1, 1.0)
+    assert HALVES_MARGIN == OUT_OF_SAMPLE_MARGIN      # the noise the docs state, both places
+
+
 def test_profile_split_in_log_order_with_the_crossing_batch_cut():
-    from flexshard_stream.errors import ConfigError
     from flexshard_stream.sources.profile import profile_batches
     from flexshard_stream.stats.batch import Batch
     from flexshard_stream.stats.config import TableConfig
@@ -112,10 +225,16 @@ def test_profile_split_in_log_order_with_the_crossing_batch_cut():
     assert held.top_ids.min() == 75 and held.top_ids.max() == 99      # the last quarter, exactly
     assert p.fit.summary(k=100)["f"].top_ids.max() == 74 and p.time_ordered
     assert p.whole.samples == 100 and p.fit.samples == 75       # whole leaves the parts alone
+    first, second = (h.summary(k=100)["f"] for h in p.holdout_halves)   # 12 and 13 samples
+    assert (first.top_ids.min(), first.top_ids.max()) == (75, 86)
+    assert (second.top_ids.min(), second.top_ids.max()) == (87, 99)
     back = profile_batches([batch(50, 10, 50), batch(0, 10, 0)], tabs, 20)
     assert not back.time_ordered
     small = profile_batches([batch(0, 10, 0)], tabs, 10, min_holdout_samples=8)
     assert small.holdout is None and small.fit.samples == 10
+    assert small.holdout_halves is None
+    one = profile_batches([batch(0, 10, 0)], tabs, 10, holdout_share=0.1)
+    assert one.holdout.samples == 1 and one.holdout_halves is None
     none = profile_batches([batch(0, 10, 0)], tabs, 10, holdout_share=0.0)
     assert none.holdout is None
     for bad in (1.0, -0.1, float("nan")):

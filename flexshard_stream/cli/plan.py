@@ -283,9 +283,12 @@ def _make_plan(strategy: str, tabs, topo, prof, summaries, batch_size: int, memo
         fit = summaries_by_table(tabs, prof.fit.summary(k=topk))
         hold = (summaries_by_table(tabs, prof.holdout.summary(k=topk))
                 if prof.holdout is not None else None)
+        halves = (None if prof.holdout_halves is None else
+                  [summaries_by_table(tabs, h.summary(k=topk)) for h in prof.holdout_halves])
         result = plan_flexshard(tabs, topo, fit, batch_size, memory, model, target=target,
                                 holdout=hold, references=refs,
-                                refit=summaries if hold is not None else None)
+                                refit=summaries if hold is not None else None,
+                                holdout_halves=halves)
         return result, result.plan
     if strategy == "torchrec":
         from ..placement.references import plan_torchrec
@@ -407,6 +410,12 @@ def _print_plan(doc: Mapping[str, Any], p, result) -> None:
         sel = doc["estimate"].get("selection") or {}
         where = ("on the log's held-out last rows (the plan was fitted on the rest)"
                  if sel.get("holdout") else "in sample")
+        halves = sel.get("halves") or {}
+        if sel.get("rule") == "lead on both halves":
+            where += (f"; chosen by its lead over {halves['incumbent']} on both halves of them"
+                      f" (x{halves['worse_half_ratio']:.3f} on the worse)"
+                      if halves["worse_half_ratio"] < 1 else
+                      f"; no candidate led {halves['incumbent']} on both halves of them")
         say(f"modelled per iteration (analytic, {where}) against {result.baseline.strategy}, "
             f"at a budget of {fmt_bytes(result.budget_bytes)} per GPU "
             f"({doc['estimate']['budget']}):")

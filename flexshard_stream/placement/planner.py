@@ -265,7 +265,9 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
                    holdout: Mapping[str, FrequencySummary] | None = None,
                    references: Mapping[str, Plan] | None = None,
                    workload: Workload | None = None,
-                   refit: Mapping[str, FrequencySummary] | None = None) -> PlanResult:
+                   refit: Mapping[str, FrequencySummary] | None = None,
+                   holdout_halves: Sequence[Mapping[str, FrequencySummary]] | None = None
+                   ) -> PlanResult:
     """Plan every table's sharding kind and FlexShard tiers for ``tables`` on ``topo`` from
     per-table frequency summaries: propose (``placement.candidates``, ``placement.partition``)
     -> price -> select (``placement.pricing``), docs/PLANNER.md.
@@ -292,6 +294,10 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
         ``holdout`` together): with ``holdout``, the chosen candidate's recipe (its origin, tier
         sizes, cold layout) is built again on these statistics, so that its replicas are the
         hottest rows of the whole profile, the freshest the planner has (docs/PLANNER.md)
+    holdout_halves : the held-out part's first and second half in time order (two summaries
+        like ``holdout``; ``sources.profile.Profile.holdout_halves``): with ``holdout``, when each
+        holds one iteration (G x B samples) at least, a candidate displaces the fastest whole
+        plan only when it is faster on both (``placement.holdout.lead_on_both_halves``)
     workload : the :class:`~flexshard_stream.placement.workload.Workload` instead of
         ``batch_size``, ``model`` and ``mean_lengths`` (loose arguments given beside it must
         agree); bound to ``summaries`` here (``Workload.for_stats``: every table's mean length,
@@ -326,7 +332,10 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     choice, held = None, None
     if holdout is not None:
         held = holdout_pricing(pricing, holdout)
-        choice = select_on_holdout(pool, base.budget_bytes, held, top=cfg.holdout_candidates)
+        halves = (None if holdout_halves is None else
+                  [holdout_pricing(pricing, h) for h in holdout_halves])
+        choice = select_on_holdout(pool, base.budget_bytes, held, top=cfg.holdout_candidates,
+                                   halves=halves)
         best = choice.candidate if choice is not None else best
     is_row_wise = best is row_wise
     if choice is not None and refit is not None:
@@ -595,6 +604,8 @@ def _result(best: Candidate, is_row_wise: bool, base: _Baselines, memory: Memory
             "sharding_kinds": dict(best.plan.sharding_kinds),
             "selection": ("in sample" if choice is None else
                           {"method": "held-out part of the profile", "priced": choice.priced,
+                           "rule": choice.rule,
+                           **({} if choice.halves is None else {"halves": dict(choice.halves)}),
                            "in_sample_estimates": best.cost.to_json(),
                            "holdout_iteration_time_s": dict(choice.costs)})}
     plan = Plan("rw" if is_row_wise else "flexshard", best.plan.topology,

@@ -4,8 +4,10 @@ The planner fits its candidates on the first part of a profile and chooses among
 (``placement.holdout``): the plan a user gets is the one that did best on data it was not fitted
 on. :func:`profile_batches` reads batches in log order into two statistics, the fitted part (the
 first ``1 - holdout_share`` of the samples) and the held-out part (the last ``holdout_share``),
-splitting the batch that crosses the boundary. Logs are written in time order; a log whose ``ts``
-goes back in time is still split in row order, and :attr:`Profile.time_ordered` says so.
+splitting the batch that crosses the boundary, and the held-out part once more into its two
+halves in log order (:attr:`Profile.holdout_halves`: the held-out choice asks a candidate to lead
+on both, ``placement.holdout``). Logs are written in time order; a log whose ``ts`` goes back in
+time is still split in row order, and :attr:`Profile.time_ordered` says so.
 """
 
 from __future__ import annotations
@@ -34,11 +36,16 @@ class Profile:
     fit : the first samples (all of them without a held-out part)
     holdout : the last ``holdout_share`` of the samples, or None (too few samples, or share 0)
     time_ordered : whether the batches' ``ts`` never went back in time (True without ``ts``)
+    holdout_halves : the held-out part's first and second half of its samples in log order
+        (counted apart, ``holdout`` counts them together), or None (no held-out part, or one
+        sample in it); whether they hold enough samples to judge a plan is the planner's call
+        (``placement.holdout.halves_usable``)
     """
 
     fit: StreamStats
     holdout: StreamStats | None
     time_ordered: bool = True
+    holdout_halves: tuple[StreamStats, StreamStats] | None = None
 
     @property
     def whole(self) -> StreamStats:
@@ -80,8 +87,10 @@ def profile_batches(batches: Iterable[Batch], tables: Sequence[TableConfig], tot
     share = _check_share(holdout_share)
     cut = int(total_samples) - int(round(int(total_samples) * share))
     held_out = share > 0 and int(total_samples) - cut >= max(1, int(min_holdout_samples))
+    mid = cut + (int(total_samples) - cut) // 2
     fit = StreamStats(list(tables))
     hold = StreamStats(list(tables)) if held_out else None
+    halves = (StreamStats(list(tables)), StreamStats(list(tables))) if held_out else None
     seen, last_ts, ordered = 0, -math.inf, True
     for b in batches:
         if b.timestamp is not None and b.batch_size:
@@ -91,12 +100,26 @@ def profile_batches(batches: Iterable[Batch], tables: Sequence[TableConfig], tot
         n = b.batch_size
         if hold is None or seen + n <= cut:
             fit.update(b)
-        elif seen >= cut:
-            hold.update(b)
         else:
-            fit.update(slice_batch(b, 0, cut - seen))
-            hold.update(slice_batch(b, cut - seen, n))
+            _count_held_out(b, seen, cut, mid, fit, hold, halves)
         seen += n
     if hold is not None and hold.samples == 0:
         hold = None
-    return Profile(fit, hold, ordered)
+    if hold is None or min(h.samples for h in halves) == 0:
+        halves = None
+    return Profile(fit, hold, ordered, halves)
+
+
+def _count_held_out(b: Batch, seen: int, cut: int, mid: int, fit: StreamStats,
+                    hold: StreamStats, halves: tuple[StreamStats, StreamStats]) -> None:
+    """Count ``b`` (its first sample the log's ``seen``-th) into the fitted part before ``cut``,
+    the held-out part after it and each held-out half (``mid`` between them), cut by samples."""
+    n = b.batch_size
+    if seen < cut:
+        fit.update(slice_batch(b, 0, cut - seen))
+    lo = max(seen, cut)
+    part = b if lo == seen else slice_batch(b, lo - seen, n)
+    hold.update(part)
+    for h, a, z in ((halves[0], lo, min(seen + n, mid)), (halves[1], max(lo, mid), seen + n)):
+        if z > a:
+            h.update(part if (a, z) == (lo, seen + n) else slice_batch(b, a - seen, z - seen))
