@@ -728,8 +728,10 @@ def heldout_headline(hres: dict, ws: Sequence[Workload], demo: dict | None) -> d
                                              "heldout.losses)",
               "worst_vs_torchrec_out_of_sample": "the held-out choice; TorchRec's plan is a "
                                                  "reference FlexShard may choose",
-              "sequence_geomean_vs_best_out_of_sample": "skew the planner turns into replicas "
-                                                        "within the default budget",
+              "sequence_geomean_vs_best_out_of_sample": "node replicas (FlexShard's sequence "
+                                                        "tier) do not run on TorchRec 1.8, so "
+                                                        "the plan is close to HugeCTR's hybrid "
+                                                        "(docs/PLANNER.md)",
               "demo_speedup_vs_best": "the demo's defaults (B, window, profile)"}
     targets = [_target(f"held-out: {k}", v, HELDOUT_TARGETS[k], limits[k])
                for k, v in keys.items()]
