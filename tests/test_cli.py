@@ -325,3 +325,19 @@ def test_dedup_defaults_to_what_the_runtime_does(tmp_path, profile, expected):
     assert r.exit_code == 0, r.output
     (res,) = json.loads(r.output.strip().splitlines()[-1]).values()
     assert res["dedup"] is expected
+
+
+def test_cost_table_fits_80_columns_with_long_labels():
+    """A plan label like ``flexshard (= torchrec)`` stacks the headers on two lines instead of
+    pushing the table past 80 columns; short labels keep the one-line header."""
+    from flexshard_stream.cli.common import WIDTH, cost_rows
+
+    r = {"bytes_per_iter": {"total": 38.7e6, "inter_node": 5.95e6},
+         "comm_time_s_per_iter": 15.8e-6, "peak_memory_bytes": 3.46e6, "speedup_vs_rw": 1.0}
+    short = cost_rows([("rw", r), ("flexshard", r)])
+    assert "crossing nodes" in short and max(map(len, short.splitlines())) <= WIDTH
+    for vs_rw in (False, True):
+        long = cost_rows([("rw", r), ("flexshard (= torchrec)", r)], vs_rw=vs_rw).splitlines()
+        assert max(map(len, long)) <= WIDTH
+        assert long[0].split() == ["crossing", "incl.", "comm", "peak/"]
+        assert long[3].startswith("flexshard (= torchrec)") and "5.95 MB" in long[3]

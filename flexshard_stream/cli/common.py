@@ -151,8 +151,13 @@ def note(msg: str) -> None:
 def text_table(header: Sequence[str], rows: Sequence[Sequence[Any]], left: Any = 1) -> str:
     """Columns of text, two spaces apart, widths from the content (nothing is truncated or
     wrapped): left-aligned are the first ``left`` columns (an int) or the columns in ``left``
-    (a set of indices), the rest right-aligned."""
-    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    (a set of indices), the rest right-aligned. A header cell with line breaks spans as many
+    header lines (each aligned as its column)."""
+    heads = [str(c).split("\n") for c in header]
+    depth = max(len(h) for h in heads)
+    head_lines = [[(h[len(h) - depth + k] if k >= depth - len(h) else "") for h in heads]
+                  for k in range(depth)]
+    cells = head_lines + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lefts = set(range(left)) if isinstance(left, int) else set(left)
     lines = []
@@ -210,8 +215,14 @@ def cost_rows(entries: Sequence[tuple[str, Mapping[str, Any]]], vs_rw: bool = Fa
             sp = r.get("speedup_vs_rw")
             row.append("-" if sp is None else f"{sp:.2f}x")
         rows.append(row)
-    return text_table(["", "all-to-all", "crossing nodes", "incl. sync", "comm time",
-                       "peak/GPU"] + (["vs rw"] if vs_rw else []), rows)
+    extra = ["vs rw"] if vs_rw else []
+    table = text_table(["", "all-to-all", "crossing nodes", "incl. sync", "comm time",
+                        "peak/GPU"] + extra, rows)
+    if max(len(line) for line in table.splitlines()) <= WIDTH:
+        return table
+    # long labels: the headers on two lines, so the columns are as wide as their figures
+    return text_table(["", "all-to-all", "crossing\nnodes", "incl.\nsync", "comm\ntime",
+                       "peak/\nGPU"] + extra, rows)
 
 
 def vs_best_text(r: Mapping[str, Any]) -> str:
