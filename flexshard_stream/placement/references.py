@@ -28,8 +28,8 @@ from ..stats.summary import FrequencySummary
 from .cost import CostModel, evaluate_analytic
 from .workload import Workload, workload_of
 
-__all__ = ["plan_torchrec", "TorchRecPlanResult", "TORCHREC_REFERENCE_TABLES", "plan_from_sharding_plan",
-           "torchrec_topology_config", "torchrec_estimate", "module_paths",
+__all__ = ["plan_torchrec", "TorchRecPlanResult", "TORCHREC_REFERENCE_TABLES",
+           "plan_from_sharding_plan", "torchrec_topology_config", "torchrec_estimate", "module_paths",
            "UVM_CACHING_RATIO", "TORCHREC_STRATEGY"]
 
 

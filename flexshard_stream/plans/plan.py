@@ -135,18 +135,8 @@ def _vector(a: Any, dtype) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype).ravel()
 
 
-def _int32_vector(a: Any) -> np.ndarray:
-    """``a`` as a contiguous int32 vector (itself when it is one)."""
-    if type(a) is np.ndarray and a.dtype == np.int32 and a.ndim == 1 and a.flags.c_contiguous:
-        return a
-    return np.ascontiguousarray(np.asarray(a, dtype=np.int32).ravel())
-
-
 def _sorted_unique_ids(a: Any, what: str, table: str, num_rows: int) -> np.ndarray:
-    if type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == 1 and a.flags.c_contiguous:
-        arr = a
-    else:
-        arr = np.ascontiguousarray(np.asarray(a if a is not None else [], dtype=np.int64).ravel())
+    arr = _vector(a if a is not None else [], np.int64)
     if arr.size:
         if arr.size > 1 and (arr[1:] <= arr[:-1]).any():
             raise ConfigError(f"table {table!r}: {what} must be sorted and unique")
@@ -225,8 +215,7 @@ class ColdSharding:
                               f"{self.widths.size} widths")
         if (self.widths <= 0).any():
             raise ConfigError(f"column widths must be > 0 columns, got {self.widths.tolist()}")
-        g = self.gpus
-        if (len(set(g.tolist())) if g.size <= 64 else np.unique(g).size) != g.size:
+        if self.distinct_gpus != self.gpus.size:
             raise ConfigError(f"column shards must sit on distinct GPUs, got "
                               f"{self.gpus.tolist()}")
 
@@ -478,7 +467,7 @@ class TablePlan:
         for name in ("global_ids", "node_ids", "placed_ids"):
             object.__setattr__(self, name, _sorted_unique_ids(getattr(self, name), name, t.name,
                                                               t.num_rows))
-        nl, pg = _int32_vector(self.node_local), _int32_vector(self.placed_gpus)
+        nl, pg = _vector(self.node_local, np.int32), _vector(self.placed_gpus, np.int32)
         if nl.size != self.node_ids.size:
             raise ConfigError(f"table {t.name!r}: {nl.size} node_local entries for "
                               f"{self.node_ids.size} node_ids")
