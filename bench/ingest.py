@@ -320,7 +320,10 @@ def bench_sampled(block, repeats):
 
 
 def bench_real(repeats):
-    """Top-1000 recall, error and IDs/s on every real stream, at the default sizes."""
+    """Top-1000 recall, error and IDs/s on every real stream, at the default sizes, row count
+    unknown (the exact phase while the rows fit, docs/STATISTICS.md) against the open-addressing
+    peer on the same raw IDs, timed in turn; then the exact path with rows known
+    (:func:`bench_exact`)."""
     try:
         from flexshard_stream.sources import datasets
         streams = {"movielens_movies": datasets.movielens_stream(),
@@ -333,10 +336,15 @@ def bench_real(repeats):
     out = {}
     for name, ids in streams.items():
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        ts = TableStats(name).update(ids)  # row count unknown: sketched, as a sidecar would
-        dt = best_time(lambda: TableStats(name).update(ids), repeats)
+        ts = TableStats(name).update(ids)  # row count unknown, as a sidecar would count it
+        open_addressing_counts(ids[:16])
+        t = interleaved_best({"ours": lambda: TableStats(name).update(ids),
+                              "open_addressing": lambda: open_addressing_counts(ids)}, repeats)
         rec, err = recall_and_err(ts, ids)
-        out[name] = {"ids": int(ids.size), "ids_per_s": ids.size / dt,
+        out[name] = {"ids": int(ids.size), "distinct": int(np.unique(ids).size),
+                     "ids_per_s": ids.size / t["ours"], "exact_phase": bool(ts.exact_phase),
+                     "open_addressing_raw_ids_per_s": ids.size / t["open_addressing"],
+                     "rows_unknown_vs_open_addressing": t["open_addressing"] / t["ours"],
                      "topk_recall_at_1000": rec, "top1000_mean_rel_err": err}
         out[name].update(bench_exact(name, ids, repeats))
     return out

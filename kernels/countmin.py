@@ -110,3 +110,34 @@ def cms_update(table, ids, seed, conservative):
         for k in range(start, stop):
             buf[k - start] = mix64(uint64(ids[k]), seed)
         cms_increment_many(table, buf, stop - start, conservative, est)
+
+
+@njit(nogil=True, cache=True)
+def cms_add_counts(table, keys, counts, seed, conservative):
+    """Add ``counts[j]`` occurrences of row ``keys[j]`` for every ``j`` with ``counts[j] > 0``:
+    plain, ``+count`` in every row (saturating; the sketch then equals the one of the stream those
+    occurrences came from, in any order); conservative, every counter of the row raised to at least
+    its minimum plus the count (an upper bound still, as the one-at-a-time update keeps)."""
+    depth, width = table.shape
+    if width == 0:
+        return
+    flat = table.reshape(depth * width)
+    mask = uint64(width - 1)
+    for j in range(keys.shape[0]):
+        c = counts[j]
+        if c <= 0:
+            continue
+        h = mix64(uint64(keys[j]), seed)
+        if conservative:
+            m = uint64(0xFFFFFFFF)
+            for i in range(depth):
+                m = min(m, uint64(flat[cms_cell(h, i, width, mask)]))
+            target = uint32(min(m + uint64(c), uint64(0xFFFFFFFF)))
+            for i in range(depth):
+                k = cms_cell(h, i, width, mask)
+                if flat[k] < target:
+                    flat[k] = target
+        else:
+            for i in range(depth):
+                k = cms_cell(h, i, width, mask)
+                flat[k] = uint32(min(uint64(flat[k]) + uint64(c), uint64(0xFFFFFFFF)))

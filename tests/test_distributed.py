@@ -31,7 +31,7 @@ from flexshard_stream.sources.distributed import (
 )
 from flexshard_stream.sources.logs import read_log
 
-CFG = SketchConfig(cms_epsilon=0.01, cms_delta=0.05, hh_lg_size=6, hll_p=8)
+CFG = SketchConfig(cms_epsilon=0.01, cms_delta=0.05, hh_lg_size=4, hll_p=8)  # purges past 48 rows
 TABLES = {"a": None, "b": None, "c": 300}        # a, b sketched (heavy hitters purge), c exact
 EXACT = {"a": 4000, "b": 2000, "c": 300}         # every table counted exactly
 FILES, PER_FILE, ROW_GROUP = 4, 3000, 750

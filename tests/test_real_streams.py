@@ -36,13 +36,15 @@ def test_topk_recall_default_sizes(shared_data, name):
     ids = np.ascontiguousarray(_streams(shared_data)[name], dtype=np.int64)
     ts = TableStats(name).update(ids)        # row count unknown: sketched with the defaults
     assert not ts.exact
+    assert ts.exact_phase                    # 7,639-18,357 rows: all fit, all counted exactly
+    assert np.array_equal(ts.estimate(np.unique(ids)), np.unique(ids, return_counts=True)[1])
     k = min(1000, np.unique(ids).size)
     assert recall_at(ts, ids, k) >= 0.99
     # bounds hold for every row, and no row above the heavy-hitter threshold is missing
     u, c = np.unique(ids, return_counts=True)
     _, lo, hi = ts.bounds(u)
     assert np.all(lo <= c) and np.all(c <= hi)
-    tracked = np.isin(u, ts.top(ts.config.hh_capacity)[0])
+    tracked = np.isin(u, ts.top(ts.tracked_capacity)[0])
     assert np.all(tracked[c > ts.max_error])
     d = ts.distinct()[0]
     assert abs(d - u.size) / u.size < 0.05

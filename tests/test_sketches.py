@@ -43,7 +43,7 @@ def test_heavy_hitter_bounds_hold_for_every_item(ids, mode):
     assert np.all((lo <= est) & (est <= hi))
     # no row above the threshold is missing from the table
     tracked = np.zeros(probe.size, bool)
-    tracked[t.top(cfg.hh_capacity)[0]] = True
+    tracked[t.top(t.tracked_capacity)[0]] = True
     assert np.all(tracked[true > t.max_error])
     # the a-posteriori bound stays within the Misra-Gries one: N / (counters / 2)
     assert t.max_error <= ids.size / (cfg.hh_capacity / 2) + 1
@@ -233,7 +233,7 @@ def test_heavy_hitter_invariants_after_updates_and_merge(ids, cut):
         tk = true[k] if k.size else k
         assert np.all(counts[live] <= tk) and np.all(tk <= counts[live] + errs[live])
         assert np.all(errs[live] <= meta[1]) and np.all(counts[live] + errs[live] > meta[1])
-        assert int(meta[0]) == int(live.sum()) <= SMALL.hh_capacity
+        assert int(meta[0]) == int(live.sum()) <= t.tracked_capacity
         untracked = np.setdiff1d(np.flatnonzero(true), k)
         assert np.all(true[untracked] <= meta[1])
 

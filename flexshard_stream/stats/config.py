@@ -14,6 +14,8 @@ __all__ = ["SketchConfig", "TableConfig", "normalize_tables"]
 _CMS_MODES = ("plain", "conservative", "off")
 #: Largest sampling rate ``sample_k`` (one ID in a million).
 MAX_SAMPLE_K = 1 << 20
+#: Slots (``2**lg``) an exact phase starts with at most (:attr:`SketchConfig.exact_phase_first_lg_size`).
+EXACT_PHASE_FIRST_LG = 10
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,35 @@ class SketchConfig:
     def hh_capacity(self) -> int:
         """Heavy-hitter counters kept at most."""
         return (3 << self.hh_lg_size) // 4
+
+    @property
+    def sketch_bytes(self) -> int:
+        """Bytes of a sketched table's count-min, heavy-hitter and HyperLogLog arrays."""
+        width = self.cms_width if self.cms_mode != "off" else 0
+        return 4 * self.cms_depth * width + 24 * (1 << self.hh_lg_size) + (1 << self.hll_p)
+
+    @property
+    def exact_phase_lg_size(self) -> int:
+        """Slots (``2**lg``) of the table that counts a sketched table exactly until its rows stop
+        fitting (the exact phase, docs/STATISTICS.md): the most, up to four times the heavy-hitter
+        slots, whose keys and counts (16 bytes a slot) take no more memory than the sketches they
+        stand in for. Default 2**16 slots, 49,152 rows, 1 MiB of the sketches' 1.4 MiB."""
+        lg = self.hh_lg_size
+        while lg < self.hh_lg_size + 2 and 16 << (lg + 1) <= self.sketch_bytes:
+            lg += 1
+        return lg
+
+    @property
+    def exact_phase_first_lg_size(self) -> int:
+        """Slots (``2**lg``) the exact phase starts with: 2**10 (16 KiB of keys and counts, in
+        the first-level cache), or the heavy-hitter slots when fewer; the table doubles as rows
+        arrive, up to :attr:`exact_phase_lg_size`."""
+        return min(EXACT_PHASE_FIRST_LG, self.hh_lg_size)
+
+    def uses_exact_phase(self, num_rows: int | None) -> bool:
+        """Whether a new table of ``num_rows`` rows starts in the exact phase: sketched tables
+        without sampled ingestion (a sampled table counts one ID in ``k`` from the start)."""
+        return not self.uses_exact(num_rows) and self.sample_k == 1
 
     def uses_exact(self, num_rows: int | None) -> bool:
         """Whether a table of ``num_rows`` rows is counted exactly under this policy."""

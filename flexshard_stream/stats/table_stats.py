@@ -24,8 +24,11 @@ from ..errors import BatchError, ConfigError, FormatError, IncompatibleError
 from ..formats.container import pack, unpack
 from ..formats.fields import INT64_MAX, field_int, field_number, field_str, mapping
 from ..formats.interop import check_kll_ints_image
-from ..kernels.countmin import cms_query
+from ..kernels.countmin import cms_add_counts, cms_query
+from ..kernels.exact import hashed_exact_update
 from ..kernels.frequent import hh_capacity, hh_lookup, hh_misplaced, hh_rebuild, hh_union
+from ..kernels.hashing import hash_ids
+from ..kernels.hll import hll_update_hashed
 from ..kernels.pipeline import segment_min_max, update_table
 from .config import SketchConfig
 from .summary import FrequencySummary
@@ -42,6 +45,11 @@ _EMPTY_U32 = np.zeros(0, dtype=np.uint32)
 #: :meth:`TableStats.resample`), so every file a version-2 reader would read right stays version 2.
 STATS_VERSION = 2
 STATS_VERSION_VARIANCE = 3
+#: 4 = a table in its exact phase: the heavy-hitter arrays (``SketchConfig.exact_phase_lg_size``
+#: slots) hold every row seen with its exact count, the count-min and HyperLogLog arrays are still
+#: empty. Written only then, so a reader of versions 1 to 3 refuses such a file rather than
+#: misreading it; a table past its exact phase is written as before.
+STATS_VERSION_EXACT_PHASE = 4
 #: Normal quantile of the sampling bounds: 3 standard deviations, about 99.7% per row (two-sided).
 SAMPLE_Z = 3.0
 #: Largest heavy-hitter count or error a loaded table may hold (far beyond any real stream, and
@@ -73,6 +81,24 @@ def sampled_count_bounds(lower: np.ndarray, upper: np.ndarray, k: int, z: float 
         lo = ((np.sqrt(za * za + 4.0 * k * lower) - za) / 2.0) ** 2
         hi = ((np.sqrt(za * za + 4.0 * k * upper) + za) / 2.0) ** 2
     return lo, hi
+
+
+def _slots(lg: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Empty heavy-hitter arrays (keys, counts, errors) of ``2**lg`` slots."""
+    return (np.zeros(1 << lg, dtype=np.int64), np.zeros(1 << lg, dtype=np.int64),
+            np.zeros(1 << lg, dtype=np.int64))
+
+
+def _exact_phase_lg(arrays: dict[str, np.ndarray], config: SketchConfig, where: str) -> int:
+    """``lg`` of a saved exact table's ``2**lg`` slots, read from its ``mg_keys`` array and
+    checked to be one the exact phase grows through; FormatError naming ``where`` otherwise."""
+    size = arrays["mg_keys"].size
+    lo, hi = config.exact_phase_first_lg_size, config.exact_phase_lg_size
+    lg = size.bit_length() - 1
+    if arrays["mg_keys"].ndim != 1 or size != 1 << lg or not lo <= lg <= hi:
+        raise FormatError(f"{where}: array 'mg_keys' holds {size} slots; an exact phase has "
+                          f"2**{lo} to 2**{hi}")
+    return lg
 
 
 def _min_max(ids: np.ndarray) -> tuple[int, int]:
@@ -114,7 +140,9 @@ def _saved_bytes(config: SketchConfig, num_rows: int | None, version: int) -> in
         return 4 * num_rows
     width = config.cms_width if config.cms_mode != "off" else 0
     per_slot = 16 if version == 1 else 24
-    return 4 * config.cms_depth * width + per_slot * (1 << config.hh_lg_size) + (1 << config.hll_p)
+    lg = (config.exact_phase_first_lg_size if version == STATS_VERSION_EXACT_PHASE
+          else config.hh_lg_size)
+    return 4 * config.cms_depth * width + per_slot * (1 << lg) + (1 << config.hll_p)
 
 
 def checked_table_meta(meta: Any, arrays: dict[str, np.ndarray], source: str
@@ -137,9 +165,12 @@ def checked_table_meta(meta: Any, arrays: dict[str, np.ndarray], source: str
         field_int(meta, key, where)
     field_int(meta, "max_id", where, lo=-1)
     version = field_int(meta, "stats_version", where, default=1)
-    if version not in (1, STATS_VERSION, STATS_VERSION_VARIANCE):
+    if version not in (1, STATS_VERSION, STATS_VERSION_VARIANCE, STATS_VERSION_EXACT_PHASE):
         raise FormatError(f"{where}: statistics version {version}; this flexshard_stream reads "
-                          f"versions 1 to {STATS_VERSION_VARIANCE}")
+                          f"versions 1 to {STATS_VERSION_EXACT_PHASE}")
+    if version == STATS_VERSION_EXACT_PHASE and not config.uses_exact_phase(num_rows):
+        raise FormatError(f"{where}: statistics version {version} (exact phase) for a table that "
+                          f"has none (exact counts, or sampled ingestion 1 in {config.sample_k})")
     need = _saved_bytes(config, num_rows, version)
     have = sum(a.nbytes for a in arrays.values())
     if need > have:
@@ -228,6 +259,9 @@ class TableStats:
         self.config = config or SketchConfig()
         c = self.config
         self.exact = c.uses_exact(num_rows)
+        #: sketched table still counting every row seen exactly (docs/STATISTICS.md, "Exact
+        #: phase"); it ends, once, when a new row finds the exact table full
+        self.exact_phase = c.uses_exact_phase(num_rows)
         if self.exact:
             self._counts = np.zeros(num_rows, dtype=np.uint32)
             self._cms = np.zeros((c.cms_depth, 0), dtype=np.uint32)
@@ -239,9 +273,8 @@ class TableStats:
             self._counts = _EMPTY_U32
             width = c.cms_width if c.cms_mode != "off" else 0
             self._cms = np.zeros((c.cms_depth, width), dtype=np.uint32)
-            self._mg_keys = np.zeros(1 << c.hh_lg_size, dtype=np.int64)
-            self._mg_vals = np.zeros(1 << c.hh_lg_size, dtype=np.int64)  # counts, 0 = empty slot
-            self._mg_errs = np.zeros(1 << c.hh_lg_size, dtype=np.int64)
+            lg = c.exact_phase_first_lg_size if self.exact_phase else c.hh_lg_size
+            self._mg_keys, self._mg_vals, self._mg_errs = _slots(lg)  # counts 0 = empty slot
             self._hll = np.zeros(1 << c.hll_p, dtype=np.uint8)
         self._mg_meta = np.zeros(3, dtype=np.int64)  # live rows, threshold, occurrences counted
         self._sample_state = np.array([-1, 0], dtype=np.int64)  # IDs to skip, uniforms drawn
@@ -289,17 +322,75 @@ class TableStats:
         above ``num_rows``) whose largest is ``max_id``; ``lengths`` (int64 IDs per sample, summing
         to ``ids.size``) or None. :meth:`update` and ``StreamStats.update_validated`` call it after
         validating; nothing is checked here. Releases the GIL inside the kernel."""
-        c = self.config
         if ids.size:
-            self.saturated += int(update_table(ids, c.seed, self._cms, c.cms_mode == "conservative",
-                                               self._mg_keys, self._mg_vals, self._mg_errs,
-                                               self._mg_meta, self._hll, c.hll_p, self._counts,
-                                               c.sample_k, c.sample_seed, self._sample_state))
+            rest = self._count_exact_phase(ids) if self.exact_phase else ids
+            if rest.size:
+                self._count(rest)
             self.total += int(ids.size)
             if max_id > self.max_id:
                 self.max_id = max_id
         if lengths is not None and lengths.size:
             self._update_lengths(lengths)
+
+    def _count(self, ids: np.ndarray) -> None:
+        """The fused kernel over validated ``ids``: exact counts, or the sketches."""
+        c = self.config
+        self.saturated += int(update_table(ids, c.seed, self._cms, c.cms_mode == "conservative",
+                                           self._mg_keys, self._mg_vals, self._mg_errs,
+                                           self._mg_meta, self._hll, c.hll_p, self._counts,
+                                           c.sample_k, c.sample_seed, self._sample_state))
+
+    def _count_exact_phase(self, ids: np.ndarray) -> np.ndarray:
+        """Count ``ids`` in the exact table, doubling it while a new row finds it full and it
+        may grow; returns the IDs left when it may not (the phase is then over: count them in the
+        sketches)."""
+        c = self.config
+        while ids.size:
+            done = int(hashed_exact_update(ids, c.seed, self._mg_keys, self._mg_vals,
+                                           self._mg_meta))
+            ids = ids[done:]
+            if not ids.size:
+                break
+            lg = self._mg_vals.size.bit_length()     # the next size: twice this one
+            if lg > c.exact_phase_lg_size:
+                self._leave_exact_phase()
+                break
+            self._rebuild_exact(lg, *self._exact_rows())
+        return ids
+
+    def _exact_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, counts)`` of the rows in the exact table (copies)."""
+        live = self._mg_vals > 0
+        return self._mg_keys[live], self._mg_vals[live]
+
+    def _rebuild_exact(self, lg: int, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Refill the exact table, at ``2**lg`` slots, with ``keys``/``counts`` (all fit)."""
+        counted = int(self._mg_meta[2])
+        self._mg_keys, self._mg_vals, self._mg_errs = _slots(lg)
+        hh_rebuild(self._mg_keys, self._mg_vals, self._mg_errs, self._mg_meta, keys, counts,
+                   np.zeros_like(counts), 0, self.config.seed)
+        self._mg_meta[2] = counted
+
+    def _leave_exact_phase(self) -> None:
+        """End the exact phase: every row's exact count goes into the count-min sketch (plain: it
+        is then the sketch of the stream counted so far, as if counted there from the start) and
+        its hash into the HyperLogLog registers (exactly the registers of that stream: they depend
+        only on the rows seen); the heavy-hitter table is rebuilt at its own size from the exact
+        counts with threshold 0, raised to the rows' median while more rows remain than it tracks
+        (every row dropped counts at most the threshold). All bounds then hold as for a table
+        sketched from its first ID."""
+        c = self.config
+        keys, counts = self._exact_rows()
+        cms_add_counts(self._cms, keys, counts, c.seed, c.cms_mode == "conservative")
+        hashes = hash_ids(keys, c.seed, np.empty(keys.size, dtype=np.uint64))
+        hll_update_hashed(self._hll, c.hll_p, hashes, hashes.size)
+        counted = int(self._mg_meta[2])
+        self._mg_keys, self._mg_vals, self._mg_errs = _slots(c.hh_lg_size)
+        self._mg_meta = np.zeros(3, dtype=np.int64)
+        hh_rebuild(self._mg_keys, self._mg_vals, self._mg_errs, self._mg_meta, keys, counts,
+                   np.zeros_like(counts), 0, c.seed)
+        self._mg_meta[2] = counted
+        self.exact_phase = False
 
     def _update_lengths(self, lengths: np.ndarray) -> None:
         """Feed the length sketch: every sample, or with ``sample_k > 1`` one sample in ``k`` (each
@@ -327,8 +418,8 @@ class TableStats:
         ``lower <= true <= upper`` always; the count-min part exceeds the truth by at most
         ``epsilon * N`` with probability ``1 - delta``. The estimate is the upper bound (count-min
         off: count + error for tracked rows, 0 for the rest). Sampled ingestion scales the estimate
-        by ``k`` and widens both bounds with :func:`sampled_count_bounds`. Exact tables return the
-        counts three times.
+        by ``k`` and widens both bounds with :func:`sampled_count_bounds`. Exact tables, and
+        sketched tables in their exact phase, return the counts three times.
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if self.exact:
@@ -339,6 +430,9 @@ class TableStats:
         count = np.zeros(ids.size, dtype=np.int64)
         err = np.zeros(ids.size, dtype=np.int64)
         hh_lookup(self._mg_keys, self._mg_vals, self._mg_errs, ids, self.config.seed, count, err)
+        if self.exact_phase:  # every row seen is in the table, with its exact count
+            c = count.astype(np.float64)
+            return c, c.copy(), c.copy()
         tracked = err >= 0
         lower = count.astype(np.float64)
         upper = np.where(tracked, count + err, self._mg_meta[1]).astype(np.float64)
@@ -362,10 +456,16 @@ class TableStats:
 
     def cms_estimate(self, ids: np.ndarray) -> np.ndarray:
         """The count-min sketch's own estimate (never below the truth); exact counts if exact."""
-        if self.exact or not self._cms.shape[1]:
+        if self.exact or self.exact_phase or not self._cms.shape[1]:
             return self.bounds(ids)[0]
         return cms_query(self._cms, np.ascontiguousarray(ids, dtype=np.int64), self.config.seed,
                          np.zeros(len(ids), dtype=np.uint64)).astype(np.float64)
+
+    @property
+    def tracked_capacity(self) -> int:
+        """Rows the heavy-hitter table tracks at most now: ``0.75 * 2**exact_phase_lg_size`` in
+        the exact phase, ``0.75 * 2**hh_lg_size`` after it, 0 for exact tables."""
+        return 0 if self.exact else int(hh_capacity(self._mg_vals.size))
 
     @property
     def max_error(self) -> float:
@@ -410,8 +510,8 @@ class TableStats:
 
     def distinct(self) -> tuple[float, float, float]:
         """``(estimate, lower, upper)`` distinct rows touched; bounds about 95% (2 standard errors)."""
-        if self.exact:
-            n = float(np.count_nonzero(self._counts))
+        if self.exact or self.exact_phase:
+            n = float(np.count_nonzero(self._counts) if self.exact else self._mg_meta[0])
             return n, n, n
         e = hll_estimate(self._hll)
         rse = 1.04 / math.sqrt(self._hll.size)
@@ -438,7 +538,8 @@ class TableStats:
         if tail_mass > 0 and tail_rows == 0:
             tail_rows = 1.0
         return FrequencySummary(self.name, int(self.total), ids, est, lo, hi, d, dlo, dhi,
-                                tail_mass, tail_rows, self.num_rows, self.exact, self.samples,
+                                tail_mass, tail_rows, self.num_rows,
+                                self.exact or self.exact_phase, self.samples,
                                 self.mean_length, self.length_quantiles())
 
     @property
@@ -480,31 +581,61 @@ class TableStats:
         statistics of the concatenated stream); heavy hitters merge with the published guarantee:
         counts and errors add, a row tracked on one side only takes the other side's threshold as
         error, thresholds add (then a purge if too many rows), so ``lower <= true <= upper`` still
-        holds. Saturating where counters would wrap.
+        holds. Saturating where counters would wrap. Two tables in their exact phase stay in it
+        while the rows of both fit; otherwise each leaves it first (the other side on a copy:
+        ``other`` is never changed).
         """
         self._check_compatible(other)
         if self.exact:
             s = self._counts.astype(np.uint64) + other._counts
             self.saturated += other.saturated
             self._counts = np.minimum(s, _U32_MAX).astype(np.uint32)
-        else:
-            if self._cms.size:
-                s = self._cms.astype(np.uint64) + other._cms
-                self._cms = np.minimum(s, _U32_MAX).astype(np.uint32)
-            seed = self.config.seed
-            thr, othr = int(self._mg_meta[1]), int(other._mg_meta[1])
-            rows = hh_union(self._mg_keys, self._mg_vals, self._mg_errs, thr, other._mg_keys,
-                            other._mg_vals, other._mg_errs, othr, seed)
-            hh_rebuild(self._mg_keys, self._mg_vals, self._mg_errs, self._mg_meta, *rows,
-                       thr + othr, seed)
-            self._mg_meta[2] += other._mg_meta[2]
-            np.maximum(self._hll, other._hll, out=self._hll)
-            self.sample_variance = max(self.sample_variance, other.sample_variance)
+        elif not self._merge_exact_phases(other):
+            if other.exact_phase:
+                other = other.copy()
+                other._leave_exact_phase()
+            self._merge_sketches(other)
         self._lengths.merge(other._lengths)
         self.total += other.total
         self.samples += other.samples
         self.max_id = max(self.max_id, other.max_id)
         return self
+
+    def _merge_exact_phases(self, other: "TableStats") -> bool:
+        """Add ``other``'s exact counts when both tables are in their exact phase and the rows of
+        both fit the exact table; returns whether it did (False: nothing changed)."""
+        if not (self.exact_phase and other.exact_phase):
+            return False
+        (a, ca), (b, cb) = self._exact_rows(), other._exact_rows()
+        keys, where = np.unique(np.concatenate([a, b]), return_inverse=True)
+        counts = np.bincount(where.ravel(), weights=np.concatenate([ca, cb]),
+                             minlength=keys.size).astype(np.int64)
+        lg = self.config.exact_phase_first_lg_size
+        while int(hh_capacity(1 << lg)) < keys.size and lg < self.config.exact_phase_lg_size:
+            lg += 1
+        if int(hh_capacity(1 << lg)) < keys.size:
+            return False
+        self._mg_meta[2] += other._mg_meta[2]
+        self._rebuild_exact(max(lg, self._mg_vals.size.bit_length() - 1), keys, counts)
+        return True
+
+    def _merge_sketches(self, other: "TableStats") -> None:
+        """Add a sketched ``other`` (past any exact phase) into this table, leaving its own exact
+        phase first."""
+        if self.exact_phase:
+            self._leave_exact_phase()
+        if self._cms.size:
+            s = self._cms.astype(np.uint64) + other._cms
+            self._cms = np.minimum(s, _U32_MAX).astype(np.uint32)
+        seed = self.config.seed
+        thr, othr = int(self._mg_meta[1]), int(other._mg_meta[1])
+        rows = hh_union(self._mg_keys, self._mg_vals, self._mg_errs, thr, other._mg_keys,
+                        other._mg_vals, other._mg_errs, othr, seed)
+        hh_rebuild(self._mg_keys, self._mg_vals, self._mg_errs, self._mg_meta, *rows,
+                   thr + othr, seed)
+        self._mg_meta[2] += other._mg_meta[2]
+        np.maximum(self._hll, other._hll, out=self._hll)
+        self.sample_variance = max(self.sample_variance, other.sample_variance)
 
     def scale(self, factor: float) -> "TableStats":
         """Multiply every count by ``factor`` in (0, 1] (exponential decay).
@@ -524,6 +655,8 @@ class TableStats:
         old_total = self.total
         if self.exact:
             self.total = self._scale_exact_counts(factor)
+        elif self.exact_phase:
+            self.total = self._scale_exact_phase(factor)
         else:
             self._scale_sketched_counts(factor)
             self.total = int(self.total * factor)
@@ -544,6 +677,17 @@ class TableStats:
         after = int(self._counts.sum(dtype=np.uint64))
         beyond_counters = max(0.0, self.total - before) * factor     # saturated lookups
         return after + int(beyond_counters)
+
+    def _scale_exact_phase(self, factor: float) -> int:
+        """The exact phase's counts times ``factor``, rounded down as exact counts are (a row
+        whose count reaches 0 leaves the table); returns the new total, their sum (lookups)."""
+        keys, counts = self._exact_rows()
+        counts = np.floor(counts * factor).astype(np.int64)
+        keep = counts > 0
+        total = int(counts.sum())
+        self._mg_meta[2] = total
+        self._rebuild_exact(self._mg_vals.size.bit_length() - 1, keys[keep], counts[keep])
+        return total
 
     def _decay_sample_variance(self, factor: float) -> None:
         """The variance of counts scaled by ``factor`` is ``factor**2`` times theirs, for
@@ -572,6 +716,8 @@ class TableStats:
         old = self.config.sample_k
         if config.sample_k == old:
             return self
+        if self.exact_phase:    # sampled occurrences are counted in the sketches only
+            self._leave_exact_phase()
         if not self.exact:
             self._scale_sketched_counts(old / config.sample_k)
         self.config = config
@@ -610,7 +756,9 @@ class TableStats:
                 "exact": self.exact, "total": self.total, "samples": self.samples,
                 "saturated": self.saturated, "max_id": self.max_id,
                 "stats_version": STATS_VERSION}
-        if self.sample_variance > self._rate_variance:
+        if self.exact_phase:
+            meta["stats_version"] = STATS_VERSION_EXACT_PHASE
+        elif self.sample_variance > self._rate_variance:
             meta.update(stats_version=STATS_VERSION_VARIANCE,
                         sample_variance=self.sample_variance)
         return meta
@@ -632,6 +780,13 @@ class TableStats:
         try:
             name, num_rows, config, version = checked_table_meta(meta, arrays, source)
             t = cls(name, num_rows, config)
+            if version == STATS_VERSION_EXACT_PHASE:
+                t._mg_keys, t._mg_vals, t._mg_errs = _slots(_exact_phase_lg(arrays, config,
+                                                                            f"{source}: table "
+                                                                            f"{name!r}"))
+            elif t.exact_phase:
+                t._mg_keys, t._mg_vals, t._mg_errs = _slots(config.hh_lg_size)
+                t.exact_phase = False
             t._load_arrays(arrays, version, source)
             if version == STATS_VERSION_VARIANCE:
                 t._load_sample_variance(meta.get("sample_variance"), source)
@@ -648,6 +803,8 @@ class TableStats:
                               ) from None
         if not t.exact:
             t._check_heavy_hitters(source)
+        if t.exact_phase:
+            t._check_exact_phase(source)
         return t
 
     def _load_arrays(self, arrays: dict[str, np.ndarray], version: int, source: str) -> None:
@@ -732,6 +889,23 @@ class TableStats:
             raise bad("sample_state", f"is {self._sample_state.tolist()}, expected "
                       "[skip >= -1, draws >= 0]")
 
+    def _check_exact_phase(self, source: str) -> None:
+        """A loaded table in its exact phase: threshold 0, every error 0, count-min and
+        HyperLogLog arrays still empty, the counts summing to the lookups counted; FormatError
+        naming the field otherwise."""
+        where = f"{source}: table {self.name!r} (exact phase)"
+        counts = int(self._mg_vals.sum())
+        checks = (("mg_meta[1]", "(threshold) is not 0", self._mg_meta[1] != 0),
+                  ("mg_errs", "holds a non-zero error", self._mg_errs.any()),
+                  ("cms", "is not empty", self._cms.any()),
+                  ("hll", "is not empty", self._hll.any()),
+                  ("total", f"is {self.total}, not the counts' sum {counts}", self.total != counts),
+                  ("mg_meta[2]", f"is {int(self._mg_meta[2])}, not the total {self.total}",
+                   int(self._mg_meta[2]) != self.total))
+        for field, what, bad in checks:
+            if bad:
+                raise FormatError(f"{where}: {field} {what}")
+
     def to_bytes(self) -> bytes:
         """Serialize (magic, version, checksum); see :mod:`flexshard_stream.formats.container`."""
         return pack("TableStats", self._meta(), self._arrays())
@@ -750,13 +924,20 @@ class TableStats:
         (``frequent_items_sketch.deserialize(b, PyLongsSerDe())``) read it: each tracked row's
         lower bound as its weight and one offset covering every row's upper bound (so DataSketches
         reports bounds no tighter than this table's), the total lookups as stream weight. Exact
-        tables export their top ``0.75 * 2**hh_lg_size`` rows with zero error.
+        tables export their top ``0.75 * 2**hh_lg_size`` rows with zero error; so do tables in
+        their exact phase, with the largest count left out as the offset.
         """
         from ..formats.interop import frequent_items_image
         lg = self.config.hh_lg_size
         if self.exact:
             ids, est, _, _ = self.top(self.config.hh_capacity)
             return frequent_items_image(lg, ids, est.astype(np.int64), self.total, 0)
+        if self.exact_phase:
+            ids, est, _, _ = self.top(self.config.hh_capacity + 1)
+            offset = int(est[-1]) if ids.size > self.config.hh_capacity else 0
+            cut = self.config.hh_capacity
+            return frequent_items_image(lg, ids[:cut], est[:cut].astype(np.int64), self.total,
+                                        offset)
         ids, lower, _, offset = self._frequent_items()
         return frequent_items_image(lg, ids, lower, self.total, offset)
 
@@ -774,7 +955,7 @@ class TableStats:
         return np.flatnonzero(self._counts).astype(np.int64)
 
     def __repr__(self) -> str:
-        mode = "exact" if self.exact else "sketch"
+        mode = "exact" if self.exact else "exact phase" if self.exact_phase else "sketch"
         return (f"TableStats({self.name!r}, {mode}, total={self.total}, samples={self.samples}, "
                 f"state_bytes={self.state_bytes})")
 
