@@ -474,11 +474,12 @@ def _worst(results: dict, key: str, profile: str = "torchrec", only: str | None 
 
 
 def _target(name: str, worst: dict | None, target: float, limit: str,
-            at_most: bool = False) -> dict:
-    """One target: met when the figure is at least (``at_most``: at most) ``target``."""
+            at_most: bool = False, skipped: str | None = None) -> dict:
+    """One target: met when the figure is at least (``at_most``: at most) ``target``; with no
+    figure, why: ``skipped`` (the option that left its section out) or the other reasons."""
     if worst is None:
         return {"name": name, "target": target, "figure": None, "met": None, "at_most": at_most,
-                "why": "not measured (TorchRec not installed, nothing to compare, or skipped)"}
+                "why": skipped or "not measured (TorchRec not installed, or nothing to compare)"}
     x = worst["figure"]
     return {"name": name, "target": target, **worst, "at_most": at_most,
             "met": bool(x <= target if at_most else x >= target), "limit": limit}
@@ -843,8 +844,18 @@ def torchrec_status() -> dict:
         return {"installed": False, "reason": f"{e}: install the 'torchrec' extra"}
 
 
-def headline(results: dict, ptimes: dict) -> dict:
-    """The keys of the JSON and the targets."""
+def skipped_sections(args) -> dict[str, str | None]:
+    """Why a section of the first part did not run, by section (``None``: it ran)."""
+    only = ("--heldout-only" if args.heldout_only else "--planning-only" if args.planning_only
+            else None)
+    return {"workloads": only and f"skipped ({only})",
+            "planning": "skipped (--no-planning-times)" if args.no_planning_times else None}
+
+
+def headline(results: dict, ptimes: dict, skipped: dict[str, str | None] | None = None) -> dict:
+    """The keys of the JSON and the targets (``skipped``: :func:`skipped_sections`)."""
+    skipped = skipped or {}
+    w, p = skipped.get("workloads"), skipped.get("planning")
     vs_tr = {s: _worst(results, f"vs_torchrec_{s}") for s in ("in", "out")}
     vs_bb = {p: {s: _worst(results, f"vs_best_baseline_{s}", p) for s in ("in", "out")}
              for p in PROFILES}
@@ -864,24 +875,28 @@ def headline(results: dict, ptimes: dict) -> dict:
            "export_gain_kept": gain, **ptimes}
     out["targets"] = [
         _target("speedup_vs_torchrec_plan in sample", vs_tr["in"], TARGETS["in_sample"],
-                "FlexShard's candidate space and pricing (see losses)"),
+                "FlexShard's candidate space and pricing (see losses)", skipped=w),
         _target("speedup_vs_torchrec_plan out of sample", vs_tr["out"],
-                TARGETS["out_of_sample"], "drift between the halves, and the in-sample gap"),
+                TARGETS["out_of_sample"], "drift between the halves, and the in-sample gap",
+                skipped=w),
         _target("speedup_vs_best_baseline in sample", vs_bb["torchrec"]["in"],
-                TARGETS["in_sample"], "FlexShard's candidate space and pricing (see losses)"),
+                TARGETS["in_sample"], "FlexShard's candidate space and pricing (see losses)",
+                skipped=w),
         _target("speedup_vs_best_baseline out of sample", vs_bb["torchrec"]["out"],
-                TARGETS["out_of_sample"], "drift between the halves, and the in-sample gap"),
+                TARGETS["out_of_sample"], "drift between the halves, and the in-sample gap",
+                skipped=w),
         _target("sequence preset vs TorchRec, dedup off (out of sample)", seq["out"],
-                TARGETS["sequence_dedup_off"], "skew the planner turns into replicas"),
+                TARGETS["sequence_dedup_off"], "skew the planner turns into replicas", skipped=w),
         _target("export_gain_kept", gain, TARGETS["export_gain_kept"],
-                "TorchRec's equal row blocks under the export's ID remap"),
+                "TorchRec's equal row blocks under the export's ID remap", skipped=w),
         _target("planning speed-up over TorchRec from 100 tables",
                 min(from100, key=lambda r: r["figure"]) if from100 else None,
-                TARGETS["plan_speedup_from_100_tables"], "TorchRec's proposer and partitioner"),
+                TARGETS["plan_speedup_from_100_tables"], "TorchRec's proposer and partitioner",
+                skipped=p),
         _target("plan_seconds_1000_tables (CPU)",
                 slow and {"figure": slow[1]["cpu_s"], "workload": f"{slow[0]} GPUs"},
                 TARGETS["plan_seconds_1000_tables"], "the planner's candidate pricing",
-                at_most=True)]
+                at_most=True, skipped=p)]
     return out
 
 
@@ -961,7 +976,7 @@ def main(argv=None):
     ptimes = ({"plan_seconds_vs_torchrec": {}, "plan_seconds_1000_tables": {}}
               if args.no_planning_times else planning_times(counts, tr["installed"]))
     planning_s = time.perf_counter() - t0
-    out = {"quick": args.quick, "torchrec": tr, **headline(results, ptimes),
+    out = {"quick": args.quick, "torchrec": tr, **headline(results, ptimes, skipped_sections(args)),
            "losses": losses(results),
            "workloads": {w.name: {"note": w.note, "tables": len(w.tables), **w.meta}
                          for w in ws},
@@ -979,7 +994,7 @@ def main(argv=None):
         fig = t["figure"]
         log(f"  target {t['name']:55s} {'-' if fig is None else f'{fig:.3f}':>8s} "
             f"({'<=' if t.get('at_most') else '>='} {t['target']}) "
-            f"{'met' if t['met'] else 'MISSED' if t['met'] is False else 'n/a'}")
+            f"{'met' if t['met'] else 'MISSED' if t['met'] is False else 'n/a: ' + t['why']}")
     held = f"{len(out['heldout']['losses'])} held-out losses; " if "heldout" in out else ""
     log(f"  {len(out['losses'])} losses; {held}total {out['seconds']['total']:.0f} s wall, "
         f"{out['seconds']['cpu_total']:.0f} s CPU")
