@@ -849,7 +849,9 @@ def skipped_sections(args) -> dict[str, str | None]:
     only = ("--heldout-only" if args.heldout_only else "--planning-only" if args.planning_only
             else None)
     return {"workloads": only and f"skipped ({only})",
-            "planning": "skipped (--no-planning-times)" if args.no_planning_times else None}
+            "planning": (("skipped (--heldout-only)" if args.heldout_only
+                          else "skipped (--no-planning-times)") if args.no_planning_times
+                         else None)}
 
 
 def headline(results: dict, ptimes: dict, skipped: dict[str, str | None] | None = None) -> dict:
