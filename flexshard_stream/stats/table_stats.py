@@ -25,7 +25,7 @@ from ..formats.container import pack, unpack
 from ..formats.fields import INT64_MAX, field_int, field_number, field_str, mapping
 from ..formats.interop import check_kll_ints_image
 from ..kernels.countmin import cms_add_counts, cms_query
-from ..kernels.exact import hashed_exact_update
+from ..kernels.exact import hashed_exact_count
 from ..kernels.frequent import hh_capacity, hh_lookup, hh_misplaced, hh_rebuild, hh_union
 from ..kernels.hashing import hash_ids
 from ..kernels.hll import hll_update_hashed
@@ -345,18 +345,15 @@ class TableStats:
         may grow; returns the IDs left when it may not (the phase is then over: count them in the
         sketches)."""
         c = self.config
-        while ids.size:
-            done = int(hashed_exact_update(ids, c.seed, self._mg_keys, self._mg_vals,
-                                           self._mg_meta))
-            ids = ids[done:]
-            if not ids.size:
-                break
-            lg = self._mg_vals.size.bit_length()     # the next size: twice this one
-            if lg > c.exact_phase_lg_size:
-                self._leave_exact_phase()
-                break
-            self._rebuild_exact(lg, *self._exact_rows())
-        return ids
+        keys, counts, done = hashed_exact_count(ids, c.seed, self._mg_keys, self._mg_vals,
+                                                self._mg_meta, c.exact_phase_lg_size)
+        if counts.size != self._mg_vals.size:
+            self._mg_keys, self._mg_vals = keys, counts
+            self._mg_errs = np.zeros(counts.size, dtype=np.int64)
+        rest = ids[int(done):]
+        if rest.size:
+            self._leave_exact_phase()
+        return rest
 
     def _exact_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """``(keys, counts)`` of the rows in the exact table (copies)."""
