@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import BatchError
+from ..kernels.batchcheck import NEGATIVE, OK, TOO_LARGE, check_lengths
 
 __all__ = ["Batch", "slice_batch", "concat_batches", "rebatch"]
 
@@ -43,9 +44,7 @@ def _as_id_array(values: Any, field: str = "values") -> np.ndarray:
         if arr.size and int(arr.max()) > np.iinfo(np.int64).max:
             pos = int(np.argmax(arr > np.iinfo(np.int64).max))
             raise BatchError("ID does not fit in int64", field=field, position=pos)
-    if arr.dtype != np.int64:
-        arr = arr.astype(np.int64)
-    return np.ascontiguousarray(arr)
+    return _int64(arr)
 
 
 def _as_lengths(lengths: Any) -> np.ndarray:
@@ -60,9 +59,97 @@ def _as_lengths(lengths: Any) -> np.ndarray:
         pos = int(np.argmax(arr > np.iinfo(np.int64).max))
         raise BatchError(f"length {int(arr[pos])} does not fit in int64", field="lengths",
                          position=pos)
-    if arr.dtype != np.int64:
-        arr = arr.astype(np.int64)
+    return _int64(arr)
+
+
+def _int64(arr: np.ndarray) -> np.ndarray:
+    """An integer vector as contiguous int64: itself when it is one, a view of uint64 values
+    already checked to fit, else one copy (int32 and the like widened)."""
+    if arr.dtype == np.uint64:
+        arr = arr.view(np.int64)
+    elif arr.dtype != np.int64:
+        return arr.astype(np.int64)             # a new array, contiguous
     return np.ascontiguousarray(arr)
+
+
+def _checked_keys(keys: Sequence[str]) -> tuple[str, ...]:
+    """``keys`` as a tuple of distinct non-empty strings (BatchError otherwise)."""
+    keys = tuple(keys)
+    for k in keys:
+        if not isinstance(k, str) or not k:
+            raise BatchError(f"keys must be non-empty strings, got {k!r}", field="keys")
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise BatchError("duplicate key", feature=dup, field="keys")
+    return keys
+
+
+def _key_offsets(keys: tuple[str, ...], lens: np.ndarray, num_values: int) -> np.ndarray:
+    """Where each key's IDs start in ``values`` (``len(keys) + 1`` int64, read-only), after
+    checking ``lens`` in one pass (:func:`~flexshard_stream.kernels.batchcheck.check_lengths`):
+    a multiple of the keys, none negative, none above ``num_values``, summing to it."""
+    nk = len(keys)
+    offsets = np.zeros(nk + 1, dtype=np.int64)
+    if nk == 0:
+        if num_values or lens.size:
+            raise BatchError("values or lengths given without keys", field="keys")
+    elif lens.size % nk:
+        raise BatchError(f"{lens.size} lengths is not a multiple of {nk} keys", field="lengths")
+    else:
+        code, value = check_lengths(lens, nk, num_values, offsets)
+        if code != OK:
+            _raise_lengths(keys, lens, num_values, code)
+    offsets.flags.writeable = False
+    return offsets
+
+
+def _raise_lengths(keys: tuple[str, ...], lens: np.ndarray, num_values: int, code: int) -> None:
+    """The BatchError for lengths that ``check_lengths`` refused (``code``), naming the first
+    offending position (the error path: found here, not in the kernel)."""
+    bs = lens.size // len(keys)
+    if code == NEGATIVE:
+        p = int(np.flatnonzero(lens < 0)[0])
+        raise BatchError(f"negative length {int(lens[p])} (sample {p % bs}); expected >= 0",
+                         feature=keys[p // bs], field="lengths", position=p)
+    if code == TOO_LARGE:
+        p = int(np.argmax(lens))
+        raise BatchError(f"length {int(lens[p])} (sample {p % bs}) exceeds the {num_values} "
+                         f"values of the whole batch", feature=keys[p // bs], field="lengths",
+                         position=p)
+    total = int(lens.sum(dtype=object))   # exact: each length <= num_values, but many of them
+    raise BatchError(f"lengths sum to {total} but there are {num_values} values", field="lengths")
+
+
+def _checked_weights(weights: Any, keys: tuple[str, ...], vals: np.ndarray,
+                     offsets: np.ndarray) -> np.ndarray:
+    """``weights`` as contiguous float32, one per value, none NaN or negative (one reduction:
+    ``min`` propagates NaN; the position is found only on error)."""
+    w = np.asarray(weights)
+    if w.dtype.kind not in "fiu":
+        raise BatchError(f"weights must be numeric, got dtype {w.dtype}", field="weights")
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if w.shape != vals.shape:
+        raise BatchError(f"{w.size} weights for {vals.size} values", field="weights")
+    if w.size and not w.min() >= 0:
+        p = int(np.flatnonzero(~(w >= 0))[0])  # catches NaN and negatives
+        feat = keys[int(np.searchsorted(offsets, p, side="right")) - 1]
+        raise BatchError(f"weight {w[p]} is NaN or negative; expected >= 0",
+                         feature=feat, field="weights", position=p)
+    return w
+
+
+def _checked_timestamp(timestamp: Any, keys: tuple[str, ...], lens: np.ndarray) -> np.ndarray:
+    """``timestamp`` as float64 seconds, one or one per sample, every one finite."""
+    ts = np.atleast_1d(np.asarray(timestamp, dtype=np.float64))
+    bs = lens.size // len(keys) if keys else 0
+    if ts.ndim != 1 or (ts.size != 1 and ts.size != bs):
+        raise BatchError(f"timestamp must be one value or one per sample ({bs}); "
+                         f"got {ts.size}", field="timestamp")
+    if ts.size and not (np.isfinite(ts.min()) and np.isfinite(ts.max())):  # NaN propagates
+        p = int(np.flatnonzero(~np.isfinite(ts))[0])
+        raise BatchError(f"timestamp {float(ts[p])!r} is not a finite number of "
+                         f"seconds", field="timestamp", position=p)
+    return ts
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,74 +176,18 @@ class Batch:
 
     def __init__(self, keys: Sequence[str], values: Any, lengths: Any, weights: Any = None,
                  timestamp: Any = None):
-        keys = tuple(keys)
-        for k in keys:
-            if not isinstance(k, str) or not k:
-                raise BatchError(f"keys must be non-empty strings, got {k!r}", field="keys")
-        if len(set(keys)) != len(keys):
-            dup = next(k for k in keys if keys.count(k) > 1)
-            raise BatchError("duplicate key", feature=dup, field="keys")
+        keys = _checked_keys(keys)
         vals = _as_id_array(values)
         lens = _as_lengths(lengths)
-        if len(keys) == 0:
-            if vals.size or lens.size:
-                raise BatchError("values or lengths given without keys", field="keys")
-        elif lens.size % len(keys):
-            raise BatchError(f"{lens.size} lengths is not a multiple of {len(keys)} keys",
-                             field="lengths")
-        if lens.size:
-            neg = np.flatnonzero(lens < 0)
-            if neg.size:
-                p = int(neg[0])
-                bs = lens.size // len(keys)
-                raise BatchError(f"negative length {int(lens[p])} (sample {p % bs}); expected >= 0",
-                                 feature=keys[p // bs], field="lengths", position=p)
-        if lens.size and int(lens.max()) > vals.size:   # before summing: the sum could overflow
-            p = int(np.argmax(lens))
-            bs = lens.size // len(keys)
-            raise BatchError(f"length {int(lens[p])} (sample {p % bs}) exceeds the {vals.size} "
-                             f"values of the whole batch", feature=keys[p // bs], field="lengths",
-                             position=p)
-        total = int(lens.sum()) if lens.size else 0
-        if total != vals.size:
-            raise BatchError(f"lengths sum to {total} but there are {vals.size} values",
-                             field="lengths")
-        w = None
-        if weights is not None:
-            w = np.asarray(weights)
-            if w.dtype.kind not in "fiu":
-                raise BatchError(f"weights must be numeric, got dtype {w.dtype}", field="weights")
-            w = np.ascontiguousarray(w, dtype=np.float32)
-            if w.shape != vals.shape:
-                raise BatchError(f"{w.size} weights for {vals.size} values", field="weights")
-            bad = np.flatnonzero(~(w >= 0))  # catches NaN and negatives
-            if bad.size:
-                p = int(bad[0])
-                feat = keys[self._feature_of(lens, len(keys), p)]
-                raise BatchError(f"weight {w[p]} is NaN or negative; expected >= 0",
-                                 feature=feat, field="weights", position=p)
-        ts = None
-        if timestamp is not None:
-            ts = np.atleast_1d(np.asarray(timestamp, dtype=np.float64))
-            bs = lens.size // len(keys) if keys else 0
-            if ts.ndim != 1 or (ts.size != 1 and ts.size != bs):
-                raise BatchError(f"timestamp must be one value or one per sample ({bs}); "
-                                 f"got {ts.size}", field="timestamp")
-            bad = np.flatnonzero(~np.isfinite(ts))
-            if bad.size:
-                raise BatchError(f"timestamp {float(ts[bad[0]])!r} is not a finite number of "
-                                 f"seconds", field="timestamp", position=int(bad[0]))
+        offsets = _key_offsets(keys, lens, vals.size)
+        w = None if weights is None else _checked_weights(weights, keys, vals, offsets)
+        ts = None if timestamp is None else _checked_timestamp(timestamp, keys, lens)
         object.__setattr__(self, "keys", keys)
         object.__setattr__(self, "values", vals)
         object.__setattr__(self, "lengths", lens)
         object.__setattr__(self, "weights", w)
         object.__setattr__(self, "timestamp", ts)
-
-    @staticmethod
-    def _feature_of(lengths: np.ndarray, nkeys: int, value_pos: int) -> int:
-        bs = lengths.size // nkeys
-        per_key = lengths.reshape(nkeys, bs).sum(axis=1)
-        return int(np.searchsorted(np.cumsum(per_key), value_pos, side="right"))
+        object.__setattr__(self, "_offsets", offsets)
 
     # ----------------------------------------------------------------- views
     @property
@@ -170,16 +201,14 @@ class Batch:
         return int(self.values.size)
 
     def key_offsets(self) -> np.ndarray:
-        """Offsets into ``values`` where each key's IDs start; length ``len(keys) + 1``."""
-        if not self.keys:
-            return np.zeros(1, dtype=np.int64)
-        per_key = self.lengths.reshape(len(self.keys), -1).sum(axis=1)
-        return np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
+        """Offsets into ``values`` where each key's IDs start; length ``len(keys) + 1`` (int64,
+        read-only: computed once, when the batch was built)."""
+        return self._offsets  # type: ignore[attr-defined]
 
     def feature_values(self, key: str) -> np.ndarray:
         """The IDs of one feature (a view, no copy)."""
         i = self.keys.index(key)
-        off = self.key_offsets()
+        off = self._offsets  # type: ignore[attr-defined]
         return self.values[off[i]:off[i + 1]]
 
     def feature_lengths(self, key: str) -> np.ndarray:
