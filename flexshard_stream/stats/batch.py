@@ -320,23 +320,12 @@ class Batch:
                              f"({sizes} samples); a Batch has one batch size for all its "
                              f"features: convert the features of each batch size separately, "
                              f"Batch.from_kjt(kjt, keys=[...])", field="lengths")
-        len_off = np.concatenate([[0], np.cumsum(strides)]).astype(np.int64)
-        if len_off[-1] != lengths.size:
+        if sum(strides) != lengths.size:
             raise BatchError(f"{lengths.size} lengths for batch sizes {strides} of keys "
                              f"{all_keys}", field="lengths")
-        per_key = np.add.reduceat(lengths, len_off[:-1]) if lengths.size else \
-            np.zeros(len(all_keys), np.int64)
-        per_key = np.where(np.diff(len_off) > 0, per_key, 0)
-        val_off = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
-
-        def pick(arr: Any, off: np.ndarray) -> Any:
-            if arr is None or idx == list(range(len(all_keys))):
-                return arr
-            if idx and idx == list(range(idx[0], idx[-1] + 1)):     # adjacent: a view
-                return arr[off[idx[0]]:off[idx[-1] + 1]]
-            return np.concatenate([arr[off[i]:off[i + 1]] for i in idx]) if idx else arr[:0]
-        return cls(keys, pick(values, val_off), pick(lengths, len_off), pick(weights, val_off),
-                   timestamp)
+        if idx == list(range(len(all_keys))):     # the whole KJT: its arrays as they are
+            return cls(keys, values, lengths, weights, timestamp)
+        return cls(keys, *_kjt_subset(idx, strides, values, lengths, weights), timestamp)
 
     @classmethod
     def empty(cls, keys: Iterable[str] = ()) -> "Batch":
@@ -357,6 +346,25 @@ def _host_array(x: Any, field: str) -> Any:
     if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
         return np.from_dlpack(x)
     return np.asarray(x)
+
+
+def _kjt_subset(idx: list[int], strides: list[int], values: np.ndarray, lengths: np.ndarray,
+                weights: np.ndarray | None) -> tuple[Any, Any, Any]:
+    """The values, lengths and weights of the KJT's keys ``idx`` (in that order): views when
+    they are adjacent in the KJT, else one copy."""
+    len_off = np.concatenate([[0], np.cumsum(strides)]).astype(np.int64)
+    per_key = np.add.reduceat(lengths, len_off[:-1], dtype=np.int64) if lengths.size else \
+        np.zeros(len(strides), np.int64)
+    per_key = np.where(np.diff(len_off) > 0, per_key, 0)
+    val_off = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
+
+    def pick(arr: Any, off: np.ndarray) -> Any:
+        if arr is None:
+            return arr
+        if idx and idx == list(range(idx[0], idx[-1] + 1)):     # adjacent: a view
+            return arr[off[idx[0]]:off[idx[-1] + 1]]
+        return np.concatenate([arr[off[i]:off[i + 1]] for i in idx]) if idx else arr[:0]
+    return pick(values, val_off), pick(lengths, len_off), pick(weights, val_off)
 
 
 def _kjt_strides(kjt: Any, keys: Sequence[str], num_lengths: int) -> list[int]:
