@@ -154,3 +154,44 @@ def test_weight_and_timestamp_errors_after_an_empty_key():
             Batch(["a"], [1, 2, 3], [1, 1, 1], timestamp=[1.0, bad, 2.0])
     b = Batch(["a"], [1, 2], [1, 1], weights=[0.0, 2.0], timestamp=[1e308, -1e308])
     assert b.weights.dtype == np.float32 and b.timestamp.tolist() == [1e308, -1e308]
+
+
+class _KJT:
+    """The KeyedJaggedTensor accessors over numpy arrays (three keys, two samples each)."""
+
+    def __init__(self, lengths=(1, 2, 0, 1, 3, 1)):
+        self._l = np.array(lengths, np.int64)
+        self._v = np.arange(self._l.sum(), dtype=np.int64) * 10
+        self._w = np.arange(self._l.sum(), dtype=np.float32)
+
+    def keys(self):
+        return ["a", "b", "c"]
+
+    def values(self):
+        return self._v
+
+    def lengths(self):
+        return self._l
+
+    def weights_or_none(self):
+        return self._w
+
+    def stride_per_key(self):
+        return [2, 2, 2]
+
+
+def test_from_kjt_whole_views_subset_in_order():
+    kjt = _KJT()
+    whole = Batch.from_kjt(kjt)
+    assert np.shares_memory(whole.values, kjt._v) and np.shares_memory(whole.lengths, kjt._l)
+    assert whole.key_offsets().tolist() == [0, 3, 4, 8]
+    sub = Batch.from_kjt(kjt, keys=["c", "a"])
+    assert sub.keys == ("c", "a")
+    assert sub.values.tolist() == [40, 50, 60, 70, 0, 10, 20]
+    assert sub.lengths.tolist() == [3, 1, 1, 2]
+    assert sub.weights.tolist() == [4, 5, 6, 7, 0, 1, 2]
+    adjacent = Batch.from_kjt(kjt, keys=["b", "c"])
+    assert adjacent.values.tolist() == [30, 40, 50, 60, 70]
+    assert np.shares_memory(adjacent.values, kjt._v)
+    with pytest.raises(BatchError, match=r"feature 'b'.*negative length"):
+        Batch.from_kjt(_KJT((1, 2, 0, -1, 3, 1)))
