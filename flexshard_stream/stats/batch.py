@@ -13,7 +13,9 @@ one ``B`` for the whole batch, which the cost model and the statistics rely on. 
 ``KeyedJaggedTensor`` with a variable batch per feature is refused by :meth:`Batch.from_kjt`, which
 names each feature's batch size; take the features of one batch size at a time (``keys=``).
 
-:class:`Batch` only checks the *shape* of the layout on construction (cheap, O(keys)). Checks against
+:class:`Batch` only checks the *shape* of the layout on construction: one vectorized pass over the
+lengths (which also gives each key's offset into the values, kept) and one reduction over the
+weights when given. Checks against
 a table configuration (IDs in range, configured keys) are done by :func:`validate_batch` in
 :mod:`flexshard_stream.stats.stream`, before any state changes.
 """
@@ -96,7 +98,7 @@ def _key_offsets(keys: tuple[str, ...], lens: np.ndarray, num_values: int) -> np
     elif lens.size % nk:
         raise BatchError(f"{lens.size} lengths is not a multiple of {nk} keys", field="lengths")
     else:
-        code, value = check_lengths(lens, nk, num_values, offsets)
+        code, _ = check_lengths(lens, nk, num_values, offsets)
         if code != OK:
             _raise_lengths(keys, lens, num_values, code)
     offsets.flags.writeable = False
