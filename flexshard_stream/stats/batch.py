@@ -13,7 +13,9 @@ one ``B`` for the whole batch, which the cost model and the statistics rely on. 
 ``KeyedJaggedTensor`` with a variable batch per feature is refused by :meth:`Batch.from_kjt`, which
 names each feature's batch size; take the features of one batch size at a time (``keys=``).
 
-:class:`Batch` only checks the *shape* of the layout on construction (cheap, O(keys)). Checks against
+:class:`Batch` only checks the *shape* of the layout on construction: one vectorized pass over the
+lengths (which also gives each key's offset into the values, kept) and one reduction over the
+weights when given. Checks against
 a table configuration (IDs in range, configured keys) are done by :func:`validate_batch` in
 :mod:`flexshard_stream.stats.stream`, before any state changes.
 """
@@ -26,6 +28,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import BatchError
+from ..kernels.batchcheck import NEGATIVE, OK, TOO_LARGE, check_lengths
 
 __all__ = ["Batch", "slice_batch", "concat_batches", "rebatch"]
 
@@ -43,9 +46,7 @@ def _as_id_array(values: Any, field: str = "values") -> np.ndarray:
         if arr.size and int(arr.max()) > np.iinfo(np.int64).max:
             pos = int(np.argmax(arr > np.iinfo(np.int64).max))
             raise BatchError("ID does not fit in int64", field=field, position=pos)
-    if arr.dtype != np.int64:
-        arr = arr.astype(np.int64)
-    return np.ascontiguousarray(arr)
+    return _int64(arr)
 
 
 def _as_lengths(lengths: Any) -> np.ndarray:
@@ -60,9 +61,97 @@ def _as_lengths(lengths: Any) -> np.ndarray:
         pos = int(np.argmax(arr > np.iinfo(np.int64).max))
         raise BatchError(f"length {int(arr[pos])} does not fit in int64", field="lengths",
                          position=pos)
-    if arr.dtype != np.int64:
-        arr = arr.astype(np.int64)
+    return _int64(arr)
+
+
+def _int64(arr: np.ndarray) -> np.ndarray:
+    """An integer vector as contiguous int64: itself when it is one, a view of uint64 values
+    already checked to fit, else one copy (int32 and the like widened)."""
+    if arr.dtype == np.uint64:
+        arr = arr.view(np.int64)
+    elif arr.dtype != np.int64:
+        return arr.astype(np.int64)             # a new array, contiguous
     return np.ascontiguousarray(arr)
+
+
+def _checked_keys(keys: Sequence[str]) -> tuple[str, ...]:
+    """``keys`` as a tuple of distinct non-empty strings (BatchError otherwise)."""
+    keys = tuple(keys)
+    for k in keys:
+        if not isinstance(k, str) or not k:
+            raise BatchError(f"keys must be non-empty strings, got {k!r}", field="keys")
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise BatchError("duplicate key", feature=dup, field="keys")
+    return keys
+
+
+def _key_offsets(keys: tuple[str, ...], lens: np.ndarray, num_values: int) -> np.ndarray:
+    """Where each key's IDs start in ``values`` (``len(keys) + 1`` int64, read-only), after
+    checking ``lens`` in one pass (:func:`~flexshard_stream.kernels.batchcheck.check_lengths`):
+    a multiple of the keys, none negative, none above ``num_values``, summing to it."""
+    nk = len(keys)
+    offsets = np.zeros(nk + 1, dtype=np.int64)
+    if nk == 0:
+        if num_values or lens.size:
+            raise BatchError("values or lengths given without keys", field="keys")
+    elif lens.size % nk:
+        raise BatchError(f"{lens.size} lengths is not a multiple of {nk} keys", field="lengths")
+    else:
+        code, _ = check_lengths(lens, nk, num_values, offsets)
+        if code != OK:
+            _raise_lengths(keys, lens, num_values, code)
+    offsets.flags.writeable = False
+    return offsets
+
+
+def _raise_lengths(keys: tuple[str, ...], lens: np.ndarray, num_values: int, code: int) -> None:
+    """The BatchError for lengths that ``check_lengths`` refused (``code``), naming the first
+    offending position (the error path: found here, not in the kernel)."""
+    bs = lens.size // len(keys)
+    if code == NEGATIVE:
+        p = int(np.flatnonzero(lens < 0)[0])
+        raise BatchError(f"negative length {int(lens[p])} (sample {p % bs}); expected >= 0",
+                         feature=keys[p // bs], field="lengths", position=p)
+    if code == TOO_LARGE:
+        p = int(np.argmax(lens))
+        raise BatchError(f"length {int(lens[p])} (sample {p % bs}) exceeds the {num_values} "
+                         f"values of the whole batch", feature=keys[p // bs], field="lengths",
+                         position=p)
+    total = int(lens.sum(dtype=object))   # exact: each length <= num_values, but many of them
+    raise BatchError(f"lengths sum to {total} but there are {num_values} values", field="lengths")
+
+
+def _checked_weights(weights: Any, keys: tuple[str, ...], vals: np.ndarray,
+                     offsets: np.ndarray) -> np.ndarray:
+    """``weights`` as contiguous float32, one per value, none NaN or negative (one reduction:
+    ``min`` propagates NaN; the position is found only on error)."""
+    w = np.asarray(weights)
+    if w.dtype.kind not in "fiu":
+        raise BatchError(f"weights must be numeric, got dtype {w.dtype}", field="weights")
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if w.shape != vals.shape:
+        raise BatchError(f"{w.size} weights for {vals.size} values", field="weights")
+    if w.size and not w.min() >= 0:
+        p = int(np.flatnonzero(~(w >= 0))[0])  # catches NaN and negatives
+        feat = keys[int(np.searchsorted(offsets, p, side="right")) - 1]
+        raise BatchError(f"weight {w[p]} is NaN or negative; expected >= 0",
+                         feature=feat, field="weights", position=p)
+    return w
+
+
+def _checked_timestamp(timestamp: Any, keys: tuple[str, ...], lens: np.ndarray) -> np.ndarray:
+    """``timestamp`` as float64 seconds, one or one per sample, every one finite."""
+    ts = np.atleast_1d(np.asarray(timestamp, dtype=np.float64))
+    bs = lens.size // len(keys) if keys else 0
+    if ts.ndim != 1 or (ts.size != 1 and ts.size != bs):
+        raise BatchError(f"timestamp must be one value or one per sample ({bs}); "
+                         f"got {ts.size}", field="timestamp")
+    if ts.size and not (np.isfinite(ts.min()) and np.isfinite(ts.max())):  # NaN propagates
+        p = int(np.flatnonzero(~np.isfinite(ts))[0])
+        raise BatchError(f"timestamp {float(ts[p])!r} is not a finite number of "
+                         f"seconds", field="timestamp", position=p)
+    return ts
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,74 +178,18 @@ class Batch:
 
     def __init__(self, keys: Sequence[str], values: Any, lengths: Any, weights: Any = None,
                  timestamp: Any = None):
-        keys = tuple(keys)
-        for k in keys:
-            if not isinstance(k, str) or not k:
-                raise BatchError(f"keys must be non-empty strings, got {k!r}", field="keys")
-        if len(set(keys)) != len(keys):
-            dup = next(k for k in keys if keys.count(k) > 1)
-            raise BatchError("duplicate key", feature=dup, field="keys")
+        keys = _checked_keys(keys)
         vals = _as_id_array(values)
         lens = _as_lengths(lengths)
-        if len(keys) == 0:
-            if vals.size or lens.size:
-                raise BatchError("values or lengths given without keys", field="keys")
-        elif lens.size % len(keys):
-            raise BatchError(f"{lens.size} lengths is not a multiple of {len(keys)} keys",
-                             field="lengths")
-        if lens.size:
-            neg = np.flatnonzero(lens < 0)
-            if neg.size:
-                p = int(neg[0])
-                bs = lens.size // len(keys)
-                raise BatchError(f"negative length {int(lens[p])} (sample {p % bs}); expected >= 0",
-                                 feature=keys[p // bs], field="lengths", position=p)
-        if lens.size and int(lens.max()) > vals.size:   # before summing: the sum could overflow
-            p = int(np.argmax(lens))
-            bs = lens.size // len(keys)
-            raise BatchError(f"length {int(lens[p])} (sample {p % bs}) exceeds the {vals.size} "
-                             f"values of the whole batch", feature=keys[p // bs], field="lengths",
-                             position=p)
-        total = int(lens.sum()) if lens.size else 0
-        if total != vals.size:
-            raise BatchError(f"lengths sum to {total} but there are {vals.size} values",
-                             field="lengths")
-        w = None
-        if weights is not None:
-            w = np.asarray(weights)
-            if w.dtype.kind not in "fiu":
-                raise BatchError(f"weights must be numeric, got dtype {w.dtype}", field="weights")
-            w = np.ascontiguousarray(w, dtype=np.float32)
-            if w.shape != vals.shape:
-                raise BatchError(f"{w.size} weights for {vals.size} values", field="weights")
-            bad = np.flatnonzero(~(w >= 0))  # catches NaN and negatives
-            if bad.size:
-                p = int(bad[0])
-                feat = keys[self._feature_of(lens, len(keys), p)]
-                raise BatchError(f"weight {w[p]} is NaN or negative; expected >= 0",
-                                 feature=feat, field="weights", position=p)
-        ts = None
-        if timestamp is not None:
-            ts = np.atleast_1d(np.asarray(timestamp, dtype=np.float64))
-            bs = lens.size // len(keys) if keys else 0
-            if ts.ndim != 1 or (ts.size != 1 and ts.size != bs):
-                raise BatchError(f"timestamp must be one value or one per sample ({bs}); "
-                                 f"got {ts.size}", field="timestamp")
-            bad = np.flatnonzero(~np.isfinite(ts))
-            if bad.size:
-                raise BatchError(f"timestamp {float(ts[bad[0]])!r} is not a finite number of "
-                                 f"seconds", field="timestamp", position=int(bad[0]))
+        offsets = _key_offsets(keys, lens, vals.size)
+        w = None if weights is None else _checked_weights(weights, keys, vals, offsets)
+        ts = None if timestamp is None else _checked_timestamp(timestamp, keys, lens)
         object.__setattr__(self, "keys", keys)
         object.__setattr__(self, "values", vals)
         object.__setattr__(self, "lengths", lens)
         object.__setattr__(self, "weights", w)
         object.__setattr__(self, "timestamp", ts)
-
-    @staticmethod
-    def _feature_of(lengths: np.ndarray, nkeys: int, value_pos: int) -> int:
-        bs = lengths.size // nkeys
-        per_key = lengths.reshape(nkeys, bs).sum(axis=1)
-        return int(np.searchsorted(np.cumsum(per_key), value_pos, side="right"))
+        object.__setattr__(self, "_offsets", offsets)
 
     # ----------------------------------------------------------------- views
     @property
@@ -170,16 +203,14 @@ class Batch:
         return int(self.values.size)
 
     def key_offsets(self) -> np.ndarray:
-        """Offsets into ``values`` where each key's IDs start; length ``len(keys) + 1``."""
-        if not self.keys:
-            return np.zeros(1, dtype=np.int64)
-        per_key = self.lengths.reshape(len(self.keys), -1).sum(axis=1)
-        return np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
+        """Offsets into ``values`` where each key's IDs start; length ``len(keys) + 1`` (int64,
+        read-only: computed once, when the batch was built)."""
+        return self._offsets  # type: ignore[attr-defined]
 
     def feature_values(self, key: str) -> np.ndarray:
         """The IDs of one feature (a view, no copy)."""
         i = self.keys.index(key)
-        off = self.key_offsets()
+        off = self._offsets  # type: ignore[attr-defined]
         return self.values[off[i]:off[i + 1]]
 
     def feature_lengths(self, key: str) -> np.ndarray:
@@ -291,23 +322,12 @@ class Batch:
                              f"({sizes} samples); a Batch has one batch size for all its "
                              f"features: convert the features of each batch size separately, "
                              f"Batch.from_kjt(kjt, keys=[...])", field="lengths")
-        len_off = np.concatenate([[0], np.cumsum(strides)]).astype(np.int64)
-        if len_off[-1] != lengths.size:
+        if sum(strides) != lengths.size:
             raise BatchError(f"{lengths.size} lengths for batch sizes {strides} of keys "
                              f"{all_keys}", field="lengths")
-        per_key = np.add.reduceat(lengths, len_off[:-1]) if lengths.size else \
-            np.zeros(len(all_keys), np.int64)
-        per_key = np.where(np.diff(len_off) > 0, per_key, 0)
-        val_off = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
-
-        def pick(arr: Any, off: np.ndarray) -> Any:
-            if arr is None or idx == list(range(len(all_keys))):
-                return arr
-            if idx and idx == list(range(idx[0], idx[-1] + 1)):     # adjacent: a view
-                return arr[off[idx[0]]:off[idx[-1] + 1]]
-            return np.concatenate([arr[off[i]:off[i + 1]] for i in idx]) if idx else arr[:0]
-        return cls(keys, pick(values, val_off), pick(lengths, len_off), pick(weights, val_off),
-                   timestamp)
+        if idx == list(range(len(all_keys))):     # the whole KJT: its arrays as they are
+            return cls(keys, values, lengths, weights, timestamp)
+        return cls(keys, *_kjt_subset(idx, strides, values, lengths, weights), timestamp)
 
     @classmethod
     def empty(cls, keys: Iterable[str] = ()) -> "Batch":
@@ -328,6 +348,25 @@ def _host_array(x: Any, field: str) -> Any:
     if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
         return np.from_dlpack(x)
     return np.asarray(x)
+
+
+def _kjt_subset(idx: list[int], strides: list[int], values: np.ndarray, lengths: np.ndarray,
+                weights: np.ndarray | None) -> tuple[Any, Any, Any]:
+    """The values, lengths and weights of the KJT's keys ``idx`` (in that order): views when
+    they are adjacent in the KJT, else one copy."""
+    len_off = np.concatenate([[0], np.cumsum(strides)]).astype(np.int64)
+    per_key = np.add.reduceat(lengths, len_off[:-1], dtype=np.int64) if lengths.size else \
+        np.zeros(len(strides), np.int64)
+    per_key = np.where(np.diff(len_off) > 0, per_key, 0)
+    val_off = np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64)
+
+    def pick(arr: Any, off: np.ndarray) -> Any:
+        if arr is None:
+            return arr
+        if idx and idx == list(range(idx[0], idx[-1] + 1)):     # adjacent: a view
+            return arr[off[idx[0]]:off[idx[-1] + 1]]
+        return np.concatenate([arr[off[i]:off[i + 1]] for i in idx]) if idx else arr[:0]
+    return pick(values, val_off), pick(lengths, len_off), pick(weights, val_off)
 
 
 def _kjt_strides(kjt: Any, keys: Sequence[str], num_lengths: int) -> list[int]:

@@ -18,7 +18,7 @@ from ..errors import BatchError, ConfigError, FormatError, IncompatibleError
 from ..formats.container import pack, unpack, write_atomic
 from ..formats.fields import field_bool, field_int, field_list, field_number, field_str, mapping
 from ..formats.files import read_bytes
-from ..kernels.pipeline import segment_min_max
+from ..kernels.batchcheck import NEGATIVE, OK, check_ids
 from .batch import Batch
 from .config import SketchConfig, TableConfig, normalize_tables
 from .state import check_state, state_blob
@@ -29,6 +29,7 @@ __all__ = ["StreamStats", "stream_state", "validate_batch"]
 
 _KIND = "StreamStats"
 _STATE_KIND, _STATE_VERSION, _STATE_BLOB = "stream", 1, "stats.fss"
+_I64_MAX = int(np.iinfo(np.int64).max)
 
 
 def validate_batch(batch: Batch, tables: Mapping[str, TableConfig], *, allow_new: bool = False
@@ -36,43 +37,54 @@ def validate_batch(batch: Batch, tables: Mapping[str, TableConfig], *, allow_new
     """Check ``batch`` against ``tables``; return ``[(feature, ids, lengths, max_id)]`` views.
 
     Raises :class:`BatchError` naming the feature, field and position of the first problem: a key
-    not configured (unless ``allow_new``), negative IDs, IDs at or above ``num_rows``. Shape problems
-    (lengths not adding up, bad dtypes, NaN or negative weights) were already rejected when the
-    :class:`Batch` was built.
+    not configured (unless ``allow_new``), negative IDs, IDs at or above ``num_rows``. One pass
+    over the values for every key (:func:`~flexshard_stream.kernels.batchcheck.check_ids`: the
+    largest ID, the sign bits, the row counts); the position of a problem is found after. Shape
+    problems (lengths not adding up, bad dtypes, NaN or negative weights) were already rejected
+    when the :class:`Batch` was built.
     """
     if not isinstance(batch, Batch):
         raise BatchError(f"expected a flexshard_stream.Batch, got {type(batch).__name__}; "
                          "build one with Batch(keys, values, lengths) or Batch.from_kjt(kjt)")
-    if not allow_new:
-        for k in batch.keys:
-            if k not in tables:
-                raise BatchError(f"key not configured; configured: {sorted(tables)}",
-                                 feature=k, field="keys")
-    nk = len(batch.keys)
+    keys = batch.keys
+    configs = [tables.get(k) for k in keys]
+    if not allow_new and None in configs:
+        k = keys[configs.index(None)]
+        raise BatchError(f"key not configured; configured: {sorted(tables)}",
+                         feature=k, field="keys")
+    nk = len(keys)
     if nk == 0 or batch.num_values == 0 and batch.batch_size == 0:
         return []
     offsets = batch.key_offsets()
-    mins = np.empty(nk, dtype=np.int64)
+    limits = np.array([_row_limit(t) for t in configs], dtype=np.int64)
     maxs = np.empty(nk, dtype=np.int64)
-    segment_min_max(batch.values, offsets, mins, maxs)
-    bs = batch.batch_size
-    out = []
-    for i, k in enumerate(batch.keys):
-        ids = batch.values[offsets[i]:offsets[i + 1]]
-        lens = batch.lengths[i * bs:(i + 1) * bs]
-        if ids.size:
-            if mins[i] < 0:
-                p = int(np.flatnonzero(ids < 0)[0])
-                raise BatchError(f"negative ID {int(ids[p])} (sample {_sample_of(lens, p)}); "
-                                 "expected >= 0", feature=k, field="values", position=p)
-            t = tables.get(k)
-            if t is not None and t.num_rows is not None and maxs[i] >= t.num_rows:
-                p = int(np.flatnonzero(ids >= t.num_rows)[0])
-                raise BatchError(f"ID {int(ids[p])} (sample {_sample_of(lens, p)}) out of range; "
-                                 f"expected < num_rows {t.num_rows}", feature=k, field="values",
-                                 position=p)
-        out.append((k, ids, lens, int(maxs[i])))
-    return out
+    bad, code = check_ids(batch.values, offsets, limits, maxs)
+    if code != OK:
+        _raise_ids(batch, bad, code == NEGATIVE, int(limits[bad]))
+    values, lengths, bs = batch.values, batch.lengths, batch.batch_size
+    return [(k, values[offsets[i]:offsets[i + 1]], lengths[i * bs:(i + 1) * bs], int(maxs[i]))
+            for i, k in enumerate(keys)]
+
+
+def _row_limit(table: TableConfig | None) -> int:
+    """What ``check_ids`` holds a table's IDs below: its row count, or -1 (unknown, or beyond
+    int64: no int64 ID reaches it)."""
+    n = None if table is None else table.num_rows
+    return -1 if n is None or n > _I64_MAX else int(n)
+
+
+def _raise_ids(batch: Batch, i: int, negative: bool, num_rows: int) -> None:
+    """The BatchError for key ``i``'s first negative ID (``negative``) or first ID at or above
+    ``num_rows``: its feature, position within the feature and sample."""
+    k = batch.keys[i]
+    ids, lens = batch.feature_values(k), batch.feature_lengths(k)
+    if negative:
+        p = int(np.flatnonzero(ids < 0)[0])
+        raise BatchError(f"negative ID {int(ids[p])} (sample {_sample_of(lens, p)}); "
+                         "expected >= 0", feature=k, field="values", position=p)
+    p = int(np.flatnonzero(ids >= num_rows)[0])
+    raise BatchError(f"ID {int(ids[p])} (sample {_sample_of(lens, p)}) out of range; "
+                     f"expected < num_rows {num_rows}", feature=k, field="values", position=p)
 
 
 def stream_state(blob: bytes) -> dict[str, Any]:
