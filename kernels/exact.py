@@ -2,7 +2,6 @@
 open-addressing table of the rows seen for a table whose rows are not known (the exact phase of a
 sketched table, until its rows stop fitting)."""
 
-import numpy as np
 from numba import njit, uint32, uint64
 
 from .frequent import hh_capacity, hh_shift
@@ -34,8 +33,8 @@ def hashed_exact_update(ids, seed, keys, counts, meta):
     fits: a new row is admitted with count 1 while fewer than ``0.75 * size`` rows are live.
 
     Returns how many leading IDs were counted: ``ids.shape[0]``, or the position of the first ID
-    of a new row that found the table full (the caller then grows the table, or moves it to
-    sketching and counts the rest there). ``meta[2]`` (occurrences counted) grows by that number.
+    of a new row that found the table full (the caller then moves the table to sketching and
+    counts the rest there). ``meta[2]`` (occurrences counted) grows by that number.
     The probe is written out here rather than taken from :func:`.frequent.hh_probe`: this loop is
     the whole cost of the exact phase, and the inline form runs about 2.5x faster.
     """
@@ -69,44 +68,3 @@ def hashed_exact_update(ids, seed, keys, counts, meta):
     meta[2] += done
     return done
 
-
-@njit(nogil=True, cache=True)
-def _rehashed(keys, counts, lg, seed):
-    """The rows of an exact table (``counts > 0``) in a new, empty table of ``2**lg`` slots that
-    holds them all: ``(keys, counts)``."""
-    size = 1 << lg
-    new_keys = np.zeros(size, dtype=np.int64)
-    new_counts = np.zeros(size, dtype=np.int64)
-    mask = uint64(size - 1)
-    shift = hh_shift(size)
-    for j in range(counts.shape[0]):
-        if counts[j] > 0:
-            i = mix64(uint64(keys[j]), seed) >> shift
-            while new_counts[i] != 0:
-                i = (i + uint64(1)) & mask
-            new_keys[i] = keys[j]
-            new_counts[i] = counts[j]
-    return new_keys, new_counts
-
-
-@njit(nogil=True, cache=True)
-def hashed_exact_count(ids, seed, keys, counts, meta, max_lg):
-    """:func:`hashed_exact_update`, the table doubled whenever a new row finds it full, up to
-    ``2**max_lg`` slots: returns ``(keys, counts, done)``, the table (the arrays passed in, or
-    new ones twice, four times... their size) and how many leading IDs were counted (fewer than
-    all only when the largest table is full)."""
-    done = 0
-    n = ids.shape[0]
-    while True:
-        done += hashed_exact_update(ids[done:], seed, keys, counts, meta)
-        size = counts.shape[0]
-        if done == n or size >= (1 << max_lg):
-            return keys, counts, done
-        lg = 0
-        while (1 << lg) < size:
-            lg += 1
-        keys, counts = _rehashed(keys, counts, lg + 1, seed)
-        live = 0
-        for j in range(counts.shape[0]):
-            live += counts[j] > 0
-        meta[0] = live

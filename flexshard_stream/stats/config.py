@@ -14,8 +14,6 @@ __all__ = ["SketchConfig", "TableConfig", "normalize_tables"]
 _CMS_MODES = ("plain", "conservative", "off")
 #: Largest sampling rate ``sample_k`` (one ID in a million).
 MAX_SAMPLE_K = 1 << 20
-#: Slots (``2**lg``) an exact phase starts with at most (:attr:`SketchConfig.exact_phase_first_lg_size`).
-EXACT_PHASE_FIRST_LG = 10
 
 
 @dataclass(frozen=True)
@@ -137,13 +135,6 @@ class SketchConfig:
         while lg < self.hh_lg_size + 2 and 16 << (lg + 1) <= self.sketch_bytes:
             lg += 1
         return lg
-
-    @property
-    def exact_phase_first_lg_size(self) -> int:
-        """Slots (``2**lg``) the exact phase starts with: 2**10 (16 KiB of keys and counts, in
-        the first-level cache), or the heavy-hitter slots when fewer; the table doubles as rows
-        arrive, up to :attr:`exact_phase_lg_size`."""
-        return min(EXACT_PHASE_FIRST_LG, self.hh_lg_size)
 
     def uses_exact_phase(self, num_rows: int | None) -> bool:
         """Whether a new table of ``num_rows`` rows starts in the exact phase: sketched tables

@@ -25,7 +25,7 @@ from ..formats.container import pack, unpack
 from ..formats.fields import INT64_MAX, field_int, field_number, field_str, mapping
 from ..formats.interop import check_kll_ints_image
 from ..kernels.countmin import cms_add_counts, cms_query
-from ..kernels.exact import hashed_exact_count
+from ..kernels.exact import hashed_exact_update
 from ..kernels.frequent import hh_capacity, hh_lookup, hh_misplaced, hh_rebuild, hh_union
 from ..kernels.hashing import hash_ids
 from ..kernels.hll import hll_update_hashed
@@ -89,18 +89,6 @@ def _slots(lg: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.zeros(1 << lg, dtype=np.int64))
 
 
-def _exact_phase_lg(arrays: dict[str, np.ndarray], config: SketchConfig, where: str) -> int:
-    """``lg`` of a saved exact table's ``2**lg`` slots, read from its ``mg_keys`` array and
-    checked to be one the exact phase grows through; FormatError naming ``where`` otherwise."""
-    size = arrays["mg_keys"].size
-    lo, hi = config.exact_phase_first_lg_size, config.exact_phase_lg_size
-    lg = size.bit_length() - 1
-    if arrays["mg_keys"].ndim != 1 or size != 1 << lg or not lo <= lg <= hi:
-        raise FormatError(f"{where}: array 'mg_keys' holds {size} slots; an exact phase has "
-                          f"2**{lo} to 2**{hi}")
-    return lg
-
-
 def _min_max(ids: np.ndarray) -> tuple[int, int]:
     """Smallest and largest of non-empty int64 ``ids`` in one pass (the kernel that validates
     batches)."""
@@ -140,8 +128,7 @@ def _saved_bytes(config: SketchConfig, num_rows: int | None, version: int) -> in
         return 4 * num_rows
     width = config.cms_width if config.cms_mode != "off" else 0
     per_slot = 16 if version == 1 else 24
-    lg = (config.exact_phase_first_lg_size if version == STATS_VERSION_EXACT_PHASE
-          else config.hh_lg_size)
+    lg = config.exact_phase_lg_size if version == STATS_VERSION_EXACT_PHASE else config.hh_lg_size
     return 4 * config.cms_depth * width + per_slot * (1 << lg) + (1 << config.hll_p)
 
 
@@ -273,7 +260,7 @@ class TableStats:
             self._counts = _EMPTY_U32
             width = c.cms_width if c.cms_mode != "off" else 0
             self._cms = np.zeros((c.cms_depth, width), dtype=np.uint32)
-            lg = c.exact_phase_first_lg_size if self.exact_phase else c.hh_lg_size
+            lg = c.exact_phase_lg_size if self.exact_phase else c.hh_lg_size
             self._mg_keys, self._mg_vals, self._mg_errs = _slots(lg)  # counts 0 = empty slot
             self._hll = np.zeros(1 << c.hll_p, dtype=np.uint8)
         self._mg_meta = np.zeros(3, dtype=np.int64)  # live rows, threshold, occurrences counted
@@ -341,15 +328,10 @@ class TableStats:
                                            c.sample_k, c.sample_seed, self._sample_state))
 
     def _count_exact_phase(self, ids: np.ndarray) -> np.ndarray:
-        """Count ``ids`` in the exact table, doubling it while a new row finds it full and it
-        may grow; returns the IDs left when it may not (the phase is then over: count them in the
-        sketches)."""
-        c = self.config
-        keys, counts, done = hashed_exact_count(ids, c.seed, self._mg_keys, self._mg_vals,
-                                                self._mg_meta, c.exact_phase_lg_size)
-        if counts.size != self._mg_vals.size:
-            self._mg_keys, self._mg_vals = keys, counts
-            self._mg_errs = np.zeros(counts.size, dtype=np.int64)
+        """Count ``ids`` in the exact table; returns the IDs left when a new row found it full
+        (the phase is then over: count them in the sketches)."""
+        done = hashed_exact_update(ids, self.config.seed, self._mg_keys, self._mg_vals,
+                                   self._mg_meta)
         rest = ids[int(done):]
         if rest.size:
             self._leave_exact_phase()
@@ -360,10 +342,9 @@ class TableStats:
         live = self._mg_vals > 0
         return self._mg_keys[live], self._mg_vals[live]
 
-    def _rebuild_exact(self, lg: int, keys: np.ndarray, counts: np.ndarray) -> None:
-        """Refill the exact table, at ``2**lg`` slots, with ``keys``/``counts`` (all fit)."""
+    def _rebuild_exact(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Refill the exact table with ``keys``/``counts`` (all fit)."""
         counted = int(self._mg_meta[2])
-        self._mg_keys, self._mg_vals, self._mg_errs = _slots(lg)
         hh_rebuild(self._mg_keys, self._mg_vals, self._mg_errs, self._mg_meta, keys, counts,
                    np.zeros_like(counts), 0, self.config.seed)
         self._mg_meta[2] = counted
@@ -607,13 +588,10 @@ class TableStats:
         keys, where = np.unique(np.concatenate([a, b]), return_inverse=True)
         counts = np.bincount(where.ravel(), weights=np.concatenate([ca, cb]),
                              minlength=keys.size).astype(np.int64)
-        lg = self.config.exact_phase_first_lg_size
-        while int(hh_capacity(1 << lg)) < keys.size and lg < self.config.exact_phase_lg_size:
-            lg += 1
-        if int(hh_capacity(1 << lg)) < keys.size:
+        if keys.size > self.tracked_capacity:
             return False
         self._mg_meta[2] += other._mg_meta[2]
-        self._rebuild_exact(max(lg, self._mg_vals.size.bit_length() - 1), keys, counts)
+        self._rebuild_exact(keys, counts)
         return True
 
     def _merge_sketches(self, other: "TableStats") -> None:
@@ -683,7 +661,7 @@ class TableStats:
         keep = counts > 0
         total = int(counts.sum())
         self._mg_meta[2] = total
-        self._rebuild_exact(self._mg_vals.size.bit_length() - 1, keys[keep], counts[keep])
+        self._rebuild_exact(keys[keep], counts[keep])
         return total
 
     def _decay_sample_variance(self, factor: float) -> None:
@@ -777,11 +755,7 @@ class TableStats:
         try:
             name, num_rows, config, version = checked_table_meta(meta, arrays, source)
             t = cls(name, num_rows, config)
-            if version == STATS_VERSION_EXACT_PHASE:
-                t._mg_keys, t._mg_vals, t._mg_errs = _slots(_exact_phase_lg(arrays, config,
-                                                                            f"{source}: table "
-                                                                            f"{name!r}"))
-            elif t.exact_phase:
+            if t.exact_phase and version != STATS_VERSION_EXACT_PHASE:
                 t._mg_keys, t._mg_vals, t._mg_errs = _slots(config.hh_lg_size)
                 t.exact_phase = False
             t._load_arrays(arrays, version, source)
