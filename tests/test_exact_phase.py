@@ -151,7 +151,8 @@ def test_loaded_exact_phase_is_validated():
     damaged("total", total=t.total + 1)
     damaged("bytes of counters", mg_keys=np.zeros(48, np.int64))
     damaged(r"'mg_keys' has shape \(256,\)", mg_keys=np.zeros(256, np.int64))
-    damaged("exact phase", config={**SMALL.to_dict(), "sample_k": 4})
+    damaged("'exact_phase' is true", config={**SMALL.to_dict(), "sample_k": 4})
+    damaged("'exact_phase' is 1", exact_phase=1)
     assert TableStats.from_bytes(_repacked(t)).to_bytes() == t.to_bytes()
 
 

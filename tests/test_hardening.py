@@ -132,7 +132,7 @@ def saved_stats():
     rng = np.random.default_rng(0)
     for _ in range(20):
         a = np.minimum(rng.zipf(1.2, 64), 10**6)
-        s.update(Batch(["a", "b"], np.concatenate([a, a % 100]), np.full(32, 4)))
+        s.update(Batch(["a", "b"], np.concatenate([a, a % 100]), np.full(2, 64)))  # KLL-long
     return s.to_bytes()
 
 

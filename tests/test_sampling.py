@@ -43,8 +43,10 @@ def assert_same_statistics(a: bytes, b: bytes, kind="StreamStats"):
     for name in xa:
         if name.endswith("lengths"):
             ka, kb = (ds.kll_ints_sketch.deserialize(x[name].tobytes()) for x in (xa, xb))
-            assert (ka.n, ka.get_min_value(), ka.get_max_value()) == \
-                (kb.n, kb.get_min_value(), kb.get_max_value()), name
+            assert ka.n == kb.n, name             # (short lengths: in length_hist, compared)
+            if ka.n:
+                assert (ka.get_min_value(), ka.get_max_value()) == \
+                    (kb.get_min_value(), kb.get_max_value()), name
         else:
             np.testing.assert_array_equal(xa[name], xb[name], err_msg=name)
 

@@ -45,11 +45,17 @@ _EMPTY_U32 = np.zeros(0, dtype=np.uint32)
 #: :meth:`TableStats.resample`), so every file a version-2 reader would read right stays version 2.
 STATS_VERSION = 2
 STATS_VERSION_VARIANCE = 3
-#: 4 = a table in its exact phase: the heavy-hitter arrays (``SketchConfig.exact_phase_lg_size``
-#: slots) hold every row seen with its exact count, the count-min and HyperLogLog arrays are still
-#: empty. Written only then, so a reader of versions 1 to 3 refuses such a file rather than
-#: misreading it; a table past its exact phase is written as before.
-STATS_VERSION_EXACT_PHASE = 4
+#: 4 = version 2 plus: the header's ``exact_phase`` (true: the heavy-hitter arrays, of
+#: ``SketchConfig.exact_phase_lg_size`` slots, hold every row seen with its exact count, the
+#: count-min and HyperLogLog arrays are still empty), ``sample_variance`` when version 3 would carry
+#: it, and the array ``length_hist``: the samples of each length below :data:`LENGTH_HISTOGRAM`
+#: (the KLL sketch holds the longer ones). Written only when a table is in its exact phase or has
+#: counted a length in the histogram, so a file a version-2 or 3 reader reads right stays that
+#: version, and one it would misread is refused by it.
+STATS_VERSION_FLAGS = 4
+#: Sequence lengths (IDs per sample) below this are counted exactly, one counter per length; a KLL
+#: update costs 25-40 ns a sample, more than a one-hot feature's ID costs to count.
+LENGTH_HISTOGRAM = 64
 #: Normal quantile of the sampling bounds: 3 standard deviations, about 99.7% per row (two-sided).
 SAMPLE_Z = 3.0
 #: Largest heavy-hitter count or error a loaded table may hold (far beyond any real stream, and
@@ -119,7 +125,8 @@ def sketch_config(d: Any, where: str) -> SketchConfig:
         raise FormatError(f"{where}: sketch config: {e}") from None
 
 
-def _saved_bytes(config: SketchConfig, num_rows: int | None, version: int) -> int:
+def _saved_bytes(config: SketchConfig, num_rows: int | None, version: int,
+                 exact_phase: bool) -> int:
     """Bytes of the count arrays a saved table of ``num_rows`` rows holds under ``config`` (exact
     counts, or count-min, heavy-hitter and HyperLogLog arrays): keys and counts per heavy-hitter
     slot, and from :data:`STATS_VERSION` 2 an error too. Building the table allocates at most 1.5
@@ -128,7 +135,7 @@ def _saved_bytes(config: SketchConfig, num_rows: int | None, version: int) -> in
         return 4 * num_rows
     width = config.cms_width if config.cms_mode != "off" else 0
     per_slot = 16 if version == 1 else 24
-    lg = config.exact_phase_lg_size if version == STATS_VERSION_EXACT_PHASE else config.hh_lg_size
+    lg = config.exact_phase_lg_size if exact_phase else config.hh_lg_size
     return 4 * config.cms_depth * width + per_slot * (1 << lg) + (1 << config.hll_p)
 
 
@@ -152,18 +159,30 @@ def checked_table_meta(meta: Any, arrays: dict[str, np.ndarray], source: str
         field_int(meta, key, where)
     field_int(meta, "max_id", where, lo=-1)
     version = field_int(meta, "stats_version", where, default=1)
-    if version not in (1, STATS_VERSION, STATS_VERSION_VARIANCE, STATS_VERSION_EXACT_PHASE):
+    if version not in (1, STATS_VERSION, STATS_VERSION_VARIANCE, STATS_VERSION_FLAGS):
         raise FormatError(f"{where}: statistics version {version}; this flexshard_stream reads "
-                          f"versions 1 to {STATS_VERSION_EXACT_PHASE}")
-    if version == STATS_VERSION_EXACT_PHASE and not config.uses_exact_phase(num_rows):
-        raise FormatError(f"{where}: statistics version {version} (exact phase) for a table that "
-                          f"has none (exact counts, or sampled ingestion 1 in {config.sample_k})")
-    need = _saved_bytes(config, num_rows, version)
+                          f"versions 1 to {STATS_VERSION_FLAGS}")
+    exact_phase = _saved_exact_phase(meta, version, where)
+    if exact_phase and not config.uses_exact_phase(num_rows):
+        raise FormatError(f"{where}: 'exact_phase' is true for a table that has none (exact "
+                          f"counts, or sampled ingestion 1 in {config.sample_k})")
+    need = _saved_bytes(config, num_rows, version, exact_phase)
     have = sum(a.nbytes for a in arrays.values())
     if need > have:
         raise FormatError(f"{where}: its sketch config and num_rows {num_rows} make "
                           f"{need} bytes of counters; the file holds {have} for the table")
     return name, num_rows, config, version
+
+
+def _saved_exact_phase(meta: dict[str, Any], version: int, where: str) -> bool:
+    """Whether a saved table is in its exact phase: the header's ``exact_phase`` from version 4
+    (a boolean, FormatError naming ``where`` otherwise), false before."""
+    if version < STATS_VERSION_FLAGS:
+        return False
+    value = meta.get("exact_phase")
+    if not isinstance(value, bool):
+        raise FormatError(f"{where}: field 'exact_phase' is {value!r}, expected true or false")
+    return value
 
 
 def _lengths_sketch(blob: np.ndarray, config: SketchConfig, what: str) -> ds.kll_ints_sketch:
@@ -268,7 +287,8 @@ class TableStats:
         #: V: the variance of a scaled estimate is at most ``V`` times the true count (``k - 1``
         #: unless a lower rate replaced a higher one, :meth:`resample`; it decays with the counts)
         self.sample_variance = self._rate_variance
-        self._lengths = ds.kll_ints_sketch(c.length_k)
+        self._lengths = ds.kll_ints_sketch(c.length_k)   # lengths >= LENGTH_HISTOGRAM
+        self._length_hist = np.zeros(LENGTH_HISTOGRAM, dtype=np.uint64)
         self.total = 0          # lookups
         self.samples = 0        # samples (bags)
         self.saturated = 0      # lookups that hit a saturated exact counter
@@ -379,12 +399,25 @@ class TableStats:
         k = self.config.sample_k
         if k > 1:
             first = -(self.samples + self.config.sample_seed) % k
-            kept = np.ascontiguousarray(lengths[first::k])
+            kept = lengths[first::k]
         else:
-            kept = lengths if lengths.flags.writeable else lengths.copy()
-        if kept.size:   # (DataSketches' KLL binding rejects read-only arrays)
-            self._lengths.update(kept)
+            kept = lengths
+        if kept.size:
+            self._count_lengths(kept)
         self.samples += int(lengths.size)
+
+    def _count_lengths(self, kept: np.ndarray) -> None:
+        """Lengths below :data:`LENGTH_HISTOGRAM` into the exact histogram (one ``bincount``),
+        the others into the KLL sketch (a contiguous writable copy: DataSketches' binding rejects
+        read-only arrays)."""
+        if int(kept.max()) < LENGTH_HISTOGRAM:
+            self._length_hist += np.bincount(kept, minlength=LENGTH_HISTOGRAM).astype(np.uint64)
+            return
+        short = kept < LENGTH_HISTOGRAM
+        if short.any():
+            self._length_hist += np.bincount(kept[short],
+                                             minlength=LENGTH_HISTOGRAM).astype(np.uint64)
+        self._lengths.update(np.ascontiguousarray(kept[~short]))
 
     # ------------------------------------------------------------- queries
     def bounds(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -497,10 +530,26 @@ class TableStats:
         return e, max(0.0, e * (1 - 2 * rse)), e * (1 + 2 * rse)
 
     def length_quantiles(self, qs: tuple[float, ...] = (0.5, 0.9, 0.99)) -> dict[str, float]:
-        """Quantiles of IDs per sample (empty dict before any sample)."""
-        if self._lengths.is_empty():
+        """Quantiles of IDs per sample (empty dict before any sample), as DataSketches' KLL
+        defines them: the smallest length with more than ``q`` of the samples at or below it (the
+        largest for ``q = 1``). Exact while that falls among the lengths below
+        :data:`LENGTH_HISTOGRAM` (each counted); beyond, the KLL sketch's quantile of the longer
+        lengths at the rank left (its rank error, about 1.65% at ``length_k`` 200, on that
+        part)."""
+        short = int(self._length_hist.sum())
+        long = 0 if self._lengths.is_empty() else int(self._lengths.n)
+        if short + long == 0:
             return {}
-        return {str(q): float(v) for q, v in zip(qs, self._lengths.get_quantiles(list(qs)))}
+        cum = np.cumsum(self._length_hist)
+        out = {}
+        for q in qs:
+            rank = q * (short + long)
+            if rank < short or not long:
+                v = float(np.searchsorted(cum, min(rank, short - 0.5), side="right"))
+            else:
+                v = float(self._lengths.get_quantile(min(1.0, (rank - short) / long)))
+            out[str(q)] = v
+        return out
 
     @property
     def mean_length(self) -> float:
@@ -525,7 +574,7 @@ class TableStats:
         """Memory held by the statistics of this table (bytes)."""
         return int(sum(a.nbytes for a in (self._counts, self._cms, self._mg_keys, self._mg_vals,
                                           self._mg_errs, self._mg_meta, self._hll,
-                                          self._sample_state))
+                                          self._sample_state, self._length_hist))
                    + len(self._lengths.serialize()))
 
     @property
@@ -574,6 +623,7 @@ class TableStats:
                 other._leave_exact_phase()
             self._merge_sketches(other)
         self._lengths.merge(other._lengths)
+        self._length_hist += other._length_hist
         self.total += other.total
         self.samples += other.samples
         self.max_id = max(self.max_id, other.max_id)
@@ -730,13 +780,20 @@ class TableStats:
         meta = {"name": self.name, "num_rows": self.num_rows, "config": self.config.to_dict(),
                 "exact": self.exact, "total": self.total, "samples": self.samples,
                 "saturated": self.saturated, "max_id": self.max_id,
-                "stats_version": STATS_VERSION}
-        if self.exact_phase:
-            meta["stats_version"] = STATS_VERSION_EXACT_PHASE
-        elif self.sample_variance > self._rate_variance:
-            meta.update(stats_version=STATS_VERSION_VARIANCE,
-                        sample_variance=self.sample_variance)
+                "stats_version": self._stats_version()}
+        if meta["stats_version"] == STATS_VERSION_FLAGS:
+            meta["exact_phase"] = self.exact_phase
+        if self.sample_variance > self._rate_variance:
+            meta["sample_variance"] = self.sample_variance
         return meta
+
+    def _stats_version(self) -> int:
+        """The lowest version that holds this table (:data:`STATS_VERSION_FLAGS`)."""
+        if self.exact_phase or self._length_hist.any():
+            return STATS_VERSION_FLAGS
+        if self.sample_variance > self._rate_variance:
+            return STATS_VERSION_VARIANCE
+        return STATS_VERSION
 
     @property
     def _rate_variance(self) -> float:
@@ -744,10 +801,13 @@ class TableStats:
         return 0.0 if self.exact else float(self.config.sample_k - 1)
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        return {"counts": self._counts, "cms": self._cms, "mg_keys": self._mg_keys,
-                "mg_vals": np.stack([self._mg_vals, self._mg_errs]), "mg_meta": self._mg_meta,
-                "hll": self._hll, "sample_state": self._sample_state,
-                "lengths": np.frombuffer(self._lengths.serialize(), dtype=np.uint8)}
+        arrays = {"counts": self._counts, "cms": self._cms, "mg_keys": self._mg_keys,
+                  "mg_vals": np.stack([self._mg_vals, self._mg_errs]), "mg_meta": self._mg_meta,
+                  "hll": self._hll, "sample_state": self._sample_state,
+                  "lengths": np.frombuffer(self._lengths.serialize(), dtype=np.uint8)}
+        if self._stats_version() == STATS_VERSION_FLAGS:
+            arrays["length_hist"] = self._length_hist
+        return arrays
 
     @classmethod
     def _from_parts(cls, meta: dict[str, Any], arrays: dict[str, np.ndarray],
@@ -755,11 +815,12 @@ class TableStats:
         try:
             name, num_rows, config, version = checked_table_meta(meta, arrays, source)
             t = cls(name, num_rows, config)
-            if t.exact_phase and version != STATS_VERSION_EXACT_PHASE:
+            if t.exact_phase and not _saved_exact_phase(meta, version, source):
                 t._mg_keys, t._mg_vals, t._mg_errs = _slots(config.hh_lg_size)
                 t.exact_phase = False
             t._load_arrays(arrays, version, source)
-            if version == STATS_VERSION_VARIANCE:
+            if version == STATS_VERSION_VARIANCE or (version == STATS_VERSION_FLAGS
+                                                     and "sample_variance" in meta):
                 t._load_sample_variance(meta.get("sample_variance"), source)
             t._lengths = _lengths_sketch(arrays["lengths"], t.config,
                                          f"{source}: table {t.name!r} array 'lengths'")
@@ -790,6 +851,8 @@ class TableStats:
             wants["mg_vals"] = self._mg_vals
         else:
             wants["sample_state"] = self._sample_state
+        if version == STATS_VERSION_FLAGS:
+            wants["length_hist"] = self._length_hist
         got = {}
         for key, want in wants.items():
             a = arrays[key]
@@ -798,6 +861,8 @@ class TableStats:
                                   f"{a.shape} {a.dtype}, expected {want.shape} {want.dtype}")
             got[key] = np.array(a, copy=True)
         self._counts, self._cms, self._hll = got["counts"], got["cms"], got["hll"]
+        if "length_hist" in got:
+            self._length_hist = got["length_hist"]
         self._mg_keys, self._mg_meta = got["mg_keys"], got["mg_meta"]
         if version == 1:
             self._mg_vals = got["mg_vals"]
