@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flexshard_stream.kernels.analytic import AnalyticPlan, top_destinations
 from flexshard_stream.kernels.routing import hash_owner_counts
 from flexshard_stream.placement.baselines import (
     BASELINES,
@@ -27,13 +28,20 @@ from flexshard_stream.placement.baselines import (
     rows_lower_bound,
     table_column_wise,
 )
-from flexshard_stream.placement.cost import evaluate_analytic
-from flexshard_stream.placement.pricing import fits_budget
+from flexshard_stream.placement.candidates import PlanBuilder, benefit_curves
+from flexshard_stream.placement.cost import (
+    CostModel,
+    TopRowCache,
+    analytic_summaries,
+    evaluate_analytic,
+)
+from flexshard_stream.placement.pricing import AnalyticPricing, fits_budget
 from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard
 from flexshard_stream.placement.profiles import execution_profile
 from flexshard_stream.placement.workload import workload_of
 from flexshard_stream.plans.plan import (
     ColdSharding,
+    Plan,
     TablePlan,
     expected_rows_per_hash_slot,
     infer_row_kind,
@@ -264,3 +272,52 @@ def test_a_baseline_ruled_out_by_its_rows_does_not_fit():
     for name in ruled_out:
         plan = build_baseline(name, tables, topo, summaries=sums, workload=work)
         assert not fits_budget(evaluate_analytic(plan, sums, workload=work), budget)
+
+
+# ----------------------------------------------------------------------------- top-row cache
+def _cost_arrays(cost):
+    return (cost.iteration_time_s, cost.peak_memory_bytes, cost.buffer_bytes.tobytes(),
+            cost.row_bytes.tobytes(), cost.uvm_time_s)
+
+
+@pytest.mark.parametrize("profile,dedup", [("torchrec", True), ("ideal", False), ("ideal", True)])
+def test_top_row_cache_prices_bit_for_bit_as_without(profile, dedup):
+    """One AnalyticPricing prices plans of every baseline layout (more layout sets than the
+    cache keeps, each priced twice, so entries are evicted and found again) and tier plans on
+    row-wise ranges: every cost equals evaluate_analytic's without the cache, bit for bit."""
+    tables, sums = tables_and_summaries(30, 11, 5.4)
+    topo = Topology.uniform(4, 8)
+    work = workload_of(64, model=CostModel(dedup=dedup, profile=profile),
+                       where="test").for_stats(tables, topo, sums)
+    pricing = AnalyticPricing(sums, work)
+    plans = [build_baseline(n, tables, topo, summaries=sums, workload=work) for n in BASELINES]
+    curves = benefit_curves(tables, sums, topo, work)
+    builder = PlanBuilder(curves, topo, 64)
+    builder.share_cold_ranges(plans[0])
+    plans += [builder.build([(k, k) for _ in tables]) for k in (1, 5, 50)]
+    assert len({tuple(id(tp.cold) for tp in p.tables.values()) for p in plans}) > TopRowCache.KEEP
+    for plan in plans + plans[::-1]:
+        want = evaluate_analytic(plan, sums, workload=work, want_matrices=False)
+        assert _cost_arrays(pricing.cost(plan)) == _cost_arrays(want)
+
+
+def test_top_destinations_are_the_plans_routes():
+    """Each top row inside its table goes where Plan.route sends a cold row of it (replicas
+    aside: the cold function's owner), -1 outside the table."""
+    tables, sums = tables_and_summaries(12, 4, 5.4)
+    topo = Topology.uniform(2, 4)
+    work = workload_of(64, where="test").for_stats(tables, topo, sums)
+    arrays = analytic_summaries(tables, sums, work)
+    for name in ("rw", "rw-hash", "tw", "twrw"):
+        plan = build_baseline(name, tables, topo, summaries=sums, workload=work)
+        bare = Plan(name, topo, [TablePlan(tp.table, tp.cold, sharding=tp.sharding)
+                                 for tp in plan.tables.values()])
+        f = bare.flat
+        dst = np.full(arrays.top_ids.size, -5, np.int32)
+        top_destinations(AnalyticPlan(*(f[k] for k in AnalyticPlan._fields)), arrays, dst)
+        for t, tp in enumerate(bare.tables.values()):
+            ids = arrays.top_ids[arrays.top_off[t]:arrays.top_off[t + 1]]
+            got = dst[arrays.top_off[t]:arrays.top_off[t + 1]]
+            inside = (ids >= 0) & (ids < tp.table.num_rows)
+            assert np.all(got[~inside] == -1)
+            assert np.array_equal(got[inside], bare.route(tp.name, ids[inside], 0))
