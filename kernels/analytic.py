@@ -300,6 +300,17 @@ def top_destinations(plan, sums, out):
 
 
 @njit(nogil=True, cache=True)
+def segment_argsort(keys, off, out):
+    """Into ``out[off[t]:off[t + 1]]``: the positions of ``keys[off[t]:off[t + 1]]`` in stable
+    increasing order (``np.argsort(kind="stable")`` of each segment, offset by ``off[t]``)."""
+    for t in range(off.shape[0] - 1):
+        a, b = off[t], off[t + 1]
+        order = np.argsort(keys[a:b], kind="mergesort")
+        for i in range(b - a):
+            out[a + i] = a + order[i]
+
+
+@njit(nogil=True, cache=True)
 def _column_shards(lay_gpus, lay_w, ca, cb, rq, q, eb, B, L, is_pooled, partial, idx_cold,
                    emb_cold):
     """One column-wise table's cold requests ``rq`` (probability mass ``q``) sent to every

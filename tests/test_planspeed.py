@@ -10,8 +10,10 @@ are exact, and stay within their stated error where they are not.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 
 import numpy as np
 import pytest
@@ -321,3 +323,65 @@ def test_top_destinations_are_the_plans_routes():
             inside = (ids >= 0) & (ids < tp.table.num_rows)
             assert np.all(got[~inside] == -1)
             assert np.array_equal(got[inside], bare.route(tp.name, ids[inside], 0))
+
+
+# ----------------------------------------------------------------------------- curves, tops
+def _old_curve(t, s, topo, work):
+    """A benefit curve's arrays as BenefitCurve computed them table by table before."""
+    G, B, L, dedup = topo.num_gpus, work.batch_size, work.mean_length(t.name, s), work.dedup
+    ids, est = s.hottest_first(t.num_rows)
+    p = est / s.total if s.total else np.zeros(ids.size)
+    lam = G * B * L * p
+    req = -np.expm1(-lam / G) if dedup else lam / G
+    pt = s.tail_probability()
+    lt = G * B * L * pt
+    tail_req = s.tail_rows * (-math.expm1(-lt / G) if dedup else lt / G)
+    R = np.concatenate([[0.0], np.cumsum(req)])
+    P = np.concatenate([[0.0], np.cumsum(p)])
+    return {"ids": ids, "p": p, "req": req, "R": R, "U": np.concatenate([[0.0], np.cumsum(
+        -np.expm1(-lam))]), "P": P, "R_tot": R[-1] + tail_req, "P_tot": P[-1] + (
+        s.tail_rows * pt if s.total else 0.0),
+        "tail_req1": tail_req / s.tail_rows if s.tail_rows > 0 else 0.0}
+
+
+def _with_unseen(tables, sums):
+    """``sums`` with the first table's summary emptied (nothing counted) and the second's
+    top rows out of order, five of them listed twice (other estimates), five equal."""
+    first, second = tables[0].name, tables[1].name
+    out = dict(sums)
+    out[first] = dataclasses.replace(sums[first], total=0, tail_mass=0.0)
+    s = sums[second]
+    ids = np.concatenate([s.top_ids[5:], s.top_ids[:10]])
+    est = np.concatenate([s.top_est[5:], np.full(5, s.top_est[0]), s.top_est[-5:] / 2])
+    out[second] = dataclasses.replace(s, top_ids=ids, top_est=est, top_lower=est, top_upper=est)
+    return out
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+def test_benefit_curves_as_table_by_table(dedup):
+    """All tables' curves at once are each table's curve as before, bit for bit (a summary
+    with nothing counted and one out of order included)."""
+    tables, sums = tables_and_summaries(25, 8, 5.4)
+    sums = _with_unseen(tables, sums)
+    topo = Topology.uniform(3, 8)
+    work = workload_of(64, model=CostModel(dedup=dedup), where="test").for_stats(tables, topo,
+                                                                                 sums)
+    for t, c in zip(tables, benefit_curves(tables, sums, topo, work)):
+        for k, want in _old_curve(t, sums[t.name], topo, work).items():
+            got = getattr(c, k)
+            assert np.array_equal(got, want) if isinstance(want, np.ndarray) else got == want
+
+
+def test_sorted_tops_as_summary_by_summary():
+    """The analytic kernel's top rows, sorted by ID per table (stable: repeated IDs keep their
+    order) with their probabilities, as they were computed summary by summary."""
+    tables, sums = tables_and_summaries(25, 9, 5.4)
+    sums = _with_unseen(tables, sums)
+    work = workload_of(64, where="test").for_stats(tables, Topology.uniform(2, 8), sums)
+    got = analytic_summaries(tables, sums, work)
+    order = [np.argsort(sums[t.name].top_ids, kind="stable") for t in tables]
+    want_ids = np.concatenate([sums[t.name].top_ids[o] for t, o in zip(tables, order)])
+    want_p = np.concatenate([sums[t.name].top_est[o] / sums[t.name].total if sums[t.name].total
+                             else np.zeros(o.size) for t, o in zip(tables, order)])
+    assert np.array_equal(got.top_ids, want_ids) and np.array_equal(got.top_p, want_p)
+    assert np.array_equal(np.diff(got.top_off), [sums[t.name].top_ids.size for t in tables])

@@ -36,6 +36,7 @@ from ..kernels.analytic import (
     AnalyticSummaries,
     AnalyticTopRows,
     analytic_traffic,
+    segment_argsort,
     top_destinations,
     top_requests,
 )
@@ -720,17 +721,42 @@ def _sorted_tops(sums: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     entry = _TOPS[0] if _TOPS else None   # one read: other threads may replace the entry
     if entry is not None and entry[0] == key:
         return entry[2]
+    usual = all(s.top_ids.dtype == np.int64 and s.top_est.dtype == np.float64
+                and s.top_ids.ndim == 1 and s.top_est.shape == s.top_ids.shape for s in sums)
+    val = _tops_together(sums) if usual and sums else _tops_one_by_one(sums)
+    _TOPS[:] = [(key, list(sums), val)]   # the summaries are kept, so their ids are not reused
+    return val
+
+
+def _tops_one_by_one(sums: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_sorted_tops` summary by summary (any dtypes)."""
     ids, ps, off = [], [], [0]
     for s in sums:
         o = np.argsort(s.top_ids, kind="stable")
         ids.append(s.top_ids[o])
         ps.append(s.top_est[o] / s.total if s.total else np.zeros(s.top_ids.size))
         off.append(off[-1] + s.top_ids.size)
-    val = (np.asarray(off, np.int64),
-           np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64),
-           np.concatenate(ps).astype(np.float64) if ps else np.zeros(0))
-    _TOPS[:] = [(key, list(sums), val)]   # the summaries are kept, so their ids are not reused
-    return val
+    return (np.asarray(off, np.int64),
+            np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64),
+            np.concatenate(ps).astype(np.float64) if ps else np.zeros(0))
+
+
+def _tops_together(sums: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_sorted_tops` of int64 IDs and float64 estimates: the same sort (stable, per
+    summary) and divisions, on the concatenated rows (one Numba call, ``segment_argsort``,
+    and a few array operations instead of a few per summary)."""
+    off = np.zeros(len(sums) + 1, np.int64)
+    np.cumsum([s.top_ids.size for s in sums], out=off[1:])
+    sizes = np.diff(off)
+    ids = np.concatenate([s.top_ids for s in sums])
+    order = np.empty(ids.size, np.int64)
+    segment_argsort(ids, off, order)
+    totals = np.array([s.total for s in sums], np.float64)
+    seen = totals != 0
+    p = np.concatenate([s.top_est for s in sums])[order] / np.repeat(
+        np.where(seen, totals, 1.0), sizes)
+    p[np.repeat(~seen, sizes)] = 0.0
+    return off, ids[order], p
 
 
 def evaluate_analytic(plan: Plan, summaries: Mapping[str, FrequencySummary],
