@@ -419,6 +419,27 @@ def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus,
     return ok
 
 
+@njit(nogil=True, cache=True)
+def special_cold_bytes(layout, row_bytes, num_rows, lay_kind, lay_off, lay_gpus, lay_boff,
+                       lay_bounds, sp_off, sp_ids, out):
+    """Take each range-sharded table's special rows out of ``out[G]``: ``row_bytes[t]`` at the
+    GPU of the slot holding each (what :func:`cold_row_counts` subtracts without a host memory
+    tier), for a caller that has the cold rows' bytes before it (``Plan._memory``)."""
+    for t in range(layout.shape[0]):
+        lt = layout[t]
+        kind = lay_kind[lt]
+        if kind != 1 and kind != 3:
+            continue
+        H = num_rows[t]
+        rb = row_bytes[t]
+        ca = lay_off[lt]
+        bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
+        for k in range(sp_off[t], sp_off[t + 1]):
+            r = sp_ids[k]
+            j = weighted_range_slot(bnd, H, r) if kind == 3 else range_slot(bnd, r)
+            out[lay_gpus[ca + j]] -= rb
+
+
 # ----------------------------------------------------------------------------- host memory tier
 @njit(nogil=True, cache=True)
 def cold_rows_by_table(G, layout, num_rows, lay_kind, lay_off, lay_gpus, lay_boff, lay_bounds,

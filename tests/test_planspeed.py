@@ -385,3 +385,40 @@ def test_sorted_tops_as_summary_by_summary():
                              else np.zeros(o.size) for t, o in zip(tables, order)])
     assert np.array_equal(got.top_ids, want_ids) and np.array_equal(got.top_p, want_p)
     assert np.array_equal(np.diff(got.top_off), [sums[t.name].top_ids.size for t in tables])
+
+
+# ----------------------------------------------------------------------------- memory pass
+def test_row_bytes_per_gpu_are_the_table_plans_sums_exactly():
+    """Plan.row_bytes_per_gpu (cold range bytes kept per set of layouts, special rows taken
+    out per plan) equals the sum of its table plans' row_bytes_per_gpu, bit for bit (whole
+    bytes: the sums are exact), for every baseline and tier plans with replicas and placed
+    rows, more layout sets than are kept, each plan made twice."""
+    tables, sums = tables_and_summaries(30, 12, 5.4)
+    topo = Topology.uniform(4, 8)
+    work = workload_of(64, where="test").for_stats(tables, topo, sums)
+    curves = benefit_curves(tables, sums, topo, work)
+
+    def plans():
+        out = [build_baseline(n, tables, topo, summaries=sums, workload=work) for n in BASELINES]
+        builder = PlanBuilder(curves, topo, 64)
+        builder.share_cold_ranges(out[0])
+        return out + [builder.build([(k, 2 * k) for _ in tables], place=True) for k in (1, 7)]
+    for plan in plans() + plans()[::-1]:
+        want = sum(tp.row_bytes_per_gpu(topo) for tp in plan.tables.values())
+        assert np.array_equal(plan.row_bytes_per_gpu, want), plan.strategy
+
+
+def test_column_shards_follow_their_lookups_when_kept():
+    """The kept placements answer only the same tables, groups and loads: the same tables
+    with other lookups, then the first again, are each placed as the old placement does."""
+    topo = Topology.uniform(2, 4)
+    tables = [EmbeddingTable(f"t{i}", 1000, d, "fp32", "pooled")
+              for i, d in enumerate([256, 512, 256, 1024, 512])]
+    every = [np.arange(topo.num_gpus)]
+    for lookups in ({"t0": 9.0, "t3": 1.0}, {"t1": 5.0, "t4": 7.0}, {"t0": 9.0, "t3": 1.0}):
+        for _ in range(2):
+            assert column_wise(tables, topo, lookups=lookups).meta["gpus_of_table"] == \
+                _old_column_gpus(tables, topo, every, lookups)
+            bound = rows_lower_bound("cw", tables, topo, lookups=lookups)
+            assert bound == pytest.approx(float(column_wise(tables, topo, lookups=lookups)
+                                                .row_bytes_per_gpu.max()), rel=1e-12)
