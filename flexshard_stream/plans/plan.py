@@ -427,6 +427,15 @@ def expected_rows_per_hash_slot(num_rows: int, slots: int, seed: int,
         np.maximum(counts, 0, out=counts)
     return counts
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+#: ``TablePlan.special_sorted`` of a table plan without replicas or placed rows.
+_NO_SPECIAL_ROWS = (_read_only(np.zeros(0, np.int64)), _read_only(np.zeros(0, np.int32)))
+
+
 @dataclass(frozen=True, eq=False)
 class TablePlan:
     """The placement of one embedding table (see the module docstring for the tiers).
@@ -535,6 +544,8 @@ class TablePlan:
         return found
 
     def _special_sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        if not (self.global_ids.size or self.node_ids.size or self.placed_ids.size):
+            return _NO_SPECIAL_ROWS   # most table plans: one read-only pair for all
         if not (self.node_ids.size or self.placed_ids.size):   # global replicas only: sorted
             ids, codes = self.global_ids.view(), np.full(self.global_ids.size, -1, np.int32)
             ids.flags.writeable = False
@@ -565,9 +576,10 @@ class TablePlan:
     def _flat_parts(self) -> tuple:
         t = self.table
         ids, codes = self.special_sorted
-        return (ids, codes, t.num_rows, float(t.row_bytes), float(t.embedding_bytes),
-                t.kind == "pooled", self.hbm_fraction,
-                float(t.embedding_bytes + 2 * t.row_bytes))
+        eb = t.embedding_bytes
+        rb = eb + t.optimizer_state_bytes   # t.row_bytes
+        return (ids, codes, t.num_rows, float(rb), float(eb), t.kind == "pooled",
+                self.hbm_fraction, float(eb + 2 * rb))
 
     @property
     def replicated(self) -> bool:
