@@ -38,6 +38,12 @@ AnalyticPlan = namedtuple("AnalyticPlan", [
 #: probability of one tail row, the tail rows and the mean IDs per sample.
 AnalyticSummaries = namedtuple("AnalyticSummaries", [
     "top_off", "top_ids", "top_p", "tail_p", "tail_rows", "mean_len"])
+#: Per explicit top row (:data:`AnalyticSummaries` order), what every plan of a planning run
+#: shares: ``rq`` the requests one GPU sends for the row per iteration (:func:`top_requests`:
+#: depends on the workload and the GPU count only) and ``dst`` the GPU its cold function routes
+#: it to (:func:`top_destinations`: the plan's layouts; -1 outside the table, 0 for column
+#: shards and data-parallel tables, which do not read it).
+AnalyticTopRows = namedtuple("AnalyticTopRows", ["rq", "dst"])
 #: The host memory tier (``Plan.flat``): table ``t``'s HBM fractions ``hf[hf_off[t]:hf_off[t + 1]]``
 #: (G values, or none without a tier) and the UVM bytes per host lookup.
 AnalyticHostTier = namedtuple("AnalyticHostTier", ["hf_off", "hf", "uvm_lookup_bytes"])
@@ -47,14 +53,16 @@ AnalyticOutputs = namedtuple("AnalyticOutputs", [
 
 
 @njit(nogil=True, cache=True)
-def analytic_traffic(G, M, B, dedup, torchrec, plan, sums, host, out):
+def analytic_traffic(G, M, B, dedup, torchrec, plan, sums, host, out, top):
     """Accumulate expected requests per iteration into ``out``; return the global-replica
     gradient bytes (all-reduced over all GPUs).
 
     ``G`` GPUs, ``M`` per node, ``B`` samples per GPU per iteration (float), ``dedup``
     in-batch de-duplication, ``torchrec`` the TorchRec execution profile; ``plan``
     (:data:`AnalyticPlan`), ``sums`` (:data:`AnalyticSummaries`), ``host``
-    (:data:`AnalyticHostTier`) and ``out`` (:data:`AnalyticOutputs`) are named arrays.
+    (:data:`AnalyticHostTier`), ``out`` (:data:`AnalyticOutputs`) and ``top``
+    (:data:`AnalyticTopRows`: :func:`top_requests` and :func:`top_destinations` of the same
+    arguments, which a planner computes once for many plans) are named arrays.
 
     out.idx_cold[G]: requests each other GPU sends to GPU g (cold and placed rows);
     out.idx_node[M]: requests each other GPU of a node sends to its local GPU m (node replicas);
@@ -75,12 +83,12 @@ def analytic_traffic(G, M, B, dedup, torchrec, plan, sums, host, out):
     sp_off, sp_ids, sp_codes, layout = plan.sp_off, plan.sp_ids, plan.sp_codes, plan.layout
     num_rows, emb_bytes, pooled = plan.num_rows, plan.emb_bytes, plan.pooled
     lay_kind, lay_off, lay_gpus, lay_w = plan.lay_kind, plan.lay_off, plan.lay_gpus, plan.lay_w
-    lay_boff, lay_bounds, lay_seed = plan.lay_boff, plan.lay_bounds, plan.lay_seed
     top_off, top_ids, top_p = sums.top_off, sums.top_ids, sums.top_p
     tail_p, tail_rows, mean_len = sums.tail_p, sums.tail_rows, sums.mean_len
     hf_off, hf, uvm_lb = host.hf_off, host.hf, host.uvm_lookup_bytes
     idx_cold, idx_node, emb_cold, emb_node = out.idx_cold, out.idx_node, out.emb_cold, out.emb_node
     s_node, host_lk, uvm_b = out.s_node, out.host_lk, out.uvm_b
+    top_rq, top_dst = top.rq, top.dst
     T = sp_off.shape[0] - 1
     nl = lay_off.shape[0] - 1
     lay_idx = np.zeros(nl)     # tail requests per layout, spread by row share at the end
@@ -118,12 +126,7 @@ def analytic_traffic(G, M, B, dedup, torchrec, plan, sums, host, out):
                 q_n[m] = 0.0
         p_special = np.full(b - a, -1.0)  # probability of special rows found in the top
         ca, cb = lay_off[lt], lay_off[lt + 1]
-        bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
-        ncold = uint64(cb - ca)
-        seed = uint64(lay_seed[lt])
-        H = num_rows[t]
         nsp = b - a
-        nbnd = cb - ca
         ho = hf_off[t]
         tier = hf_off[t + 1] > ho
         ulb = uvm_lb[t]
@@ -131,42 +134,28 @@ def analytic_traffic(G, M, B, dedup, torchrec, plan, sums, host, out):
         col_q = 0.0
         q = a   # top rows come sorted by ID: merge them with the (sorted) special rows
         for k in range(ta, tb):
-            r = top_ids[k]
-            if r < 0 or r >= H:
-                continue
+            dst = top_dst[k]
+            if dst < 0:
+                continue   # outside the table
             p = top_p[k]
             if nsp > 0:
+                r = top_ids[k]
                 while q < b and sp_ids[q] < r:
                     q += 1
                 if q < b and sp_ids[q] == r:
                     p_special[q - a] = p
                     continue  # special rows are handled below with their probability
-            lam = lam_scale * p
-            rq = -np.expm1(-lam * inv_g) if dd else lam * inv_g
+            rq = top_rq[k]
             if kind == 4:
                 col_rq += rq
                 col_q += p
                 continue
-            if kind == 0:
-                dst = lay_gpus[ca + np.int64(mix64(uint64(r), seed) % ncold)]
-            elif kind == 3:
-                # weighted ranges: guess the slot by proportion, check with the recomputed bounds
-                j = np.int64(float(r) / float(H) * nbnd)
-                if j >= nbnd:
-                    j = nbnd - 1
-                lo_b = 0 if j == 0 else np.int64(np.floor(bnd[j] * H + 0.5))
-                hi_b = H if j + 1 == nbnd else np.int64(np.floor(bnd[j + 1] * H + 0.5))
-                if not (lo_b <= r and r < hi_b):
-                    j = weighted_range_slot(bnd, H, r)
-                dst = lay_gpus[ca + j]
-            else:
-                dst = lay_gpus[ca + range_slot(bnd, r)]
             idx_cold[dst] += rq
             if partial:
                 q_c[dst] += p
             elif not is_pooled:
                 emb_cold[dst] += rq * eb
-            if tier and host_u(r) >= hf[ho + dst]:
+            if tier and host_u(top_ids[k]) >= hf[ho + dst]:
                 hl = rq * G
                 host_lk[dst] += hl
                 uvm_b[dst] += hl * ulb
@@ -250,6 +239,75 @@ def analytic_traffic(G, M, B, dedup, torchrec, plan, sums, host, out):
     for g in range(G):
         emb_node[g] += emb_node_m[g % M]
     return s_global
+
+
+@njit(nogil=True, cache=True)
+def top_requests(G, B, dedup, torchrec, pooled, sums, out):
+    """Into ``out[k]``: the requests one GPU sends for explicit top row ``k`` (``sums``,
+    :data:`AnalyticSummaries`) per iteration, ``1 - exp(-lam / G)`` with de-duplication (never
+    for pooled tables under ``torchrec``), ``lam / G`` without, ``lam = G * B * L * p``: what
+    :func:`analytic_traffic` reads as ``top.rq``, the same for every plan of these tables on
+    ``G`` GPUs (``pooled[t]``: table ``t`` is pooled)."""
+    top_off, top_p, mean_len = sums.top_off, sums.top_p, sums.mean_len
+    inv_g = 1.0 / G
+    for t in range(top_off.shape[0] - 1):
+        lam_scale = G * B * mean_len[t]
+        dd = dedup and not (torchrec and pooled[t])
+        for k in range(top_off[t], top_off[t + 1]):
+            lam = lam_scale * top_p[k]
+            out[k] = -np.expm1(-lam * inv_g) if dd else lam * inv_g
+
+
+@njit(nogil=True, cache=True)
+def top_destinations(plan, sums, out):
+    """Into ``out[k]`` (int32): the GPU the cold function of its table (``plan``,
+    :data:`AnalyticPlan`) routes explicit top row ``k`` to, -1 for a row outside the table, 0
+    for column shards and data-parallel tables (not read): what :func:`analytic_traffic` reads
+    as ``top.dst``, the same for every plan with these layouts (whatever its replicas)."""
+    layout, num_rows = plan.layout, plan.num_rows
+    lay_kind, lay_off, lay_gpus = plan.lay_kind, plan.lay_off, plan.lay_gpus
+    lay_boff, lay_bounds, lay_seed = plan.lay_boff, plan.lay_bounds, plan.lay_seed
+    top_off, top_ids = sums.top_off, sums.top_ids
+    for t in range(top_off.shape[0] - 1):
+        lt = layout[t]
+        kind = lay_kind[lt]
+        ca, cb = lay_off[lt], lay_off[lt + 1]
+        bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
+        ncold = uint64(cb - ca)
+        seed = uint64(lay_seed[lt])
+        nbnd = cb - ca
+        H = num_rows[t]
+        for k in range(top_off[t], top_off[t + 1]):
+            r = top_ids[k]
+            if r < 0 or r >= H:
+                out[k] = -1
+            elif kind == 2 or kind == 4:
+                out[k] = 0
+            elif kind == 0:
+                out[k] = lay_gpus[ca + np.int64(mix64(uint64(r), seed) % ncold)]
+            elif kind == 3:
+                # weighted ranges: guess the slot by proportion, check with the recomputed bounds
+                j = np.int64(float(r) / float(H) * nbnd)
+                if j >= nbnd:
+                    j = nbnd - 1
+                lo_b = 0 if j == 0 else np.int64(np.floor(bnd[j] * H + 0.5))
+                hi_b = H if j + 1 == nbnd else np.int64(np.floor(bnd[j + 1] * H + 0.5))
+                if not (lo_b <= r and r < hi_b):
+                    j = weighted_range_slot(bnd, H, r)
+                out[k] = lay_gpus[ca + j]
+            else:
+                out[k] = lay_gpus[ca + range_slot(bnd, r)]
+
+
+@njit(nogil=True, cache=True)
+def segment_argsort(keys, off, out):
+    """Into ``out[off[t]:off[t + 1]]``: the positions of ``keys[off[t]:off[t + 1]]`` in stable
+    increasing order (``np.argsort(kind="stable")`` of each segment, offset by ``off[t]``)."""
+    for t in range(off.shape[0] - 1):
+        a, b = off[t], off[t + 1]
+        order = np.argsort(keys[a:b], kind="mergesort")
+        for i in range(b - a):
+            out[a + i] = a + order[i]
 
 
 @njit(nogil=True, cache=True)
@@ -359,6 +417,27 @@ def cold_row_counts(G, layout, num_rows, row_bytes, lay_kind, lay_off, lay_gpus,
             if tier:
                 host_out[g] -= rb * (1.0 - f)
     return ok
+
+
+@njit(nogil=True, cache=True)
+def special_cold_bytes(layout, row_bytes, num_rows, lay_kind, lay_off, lay_gpus, lay_boff,
+                       lay_bounds, sp_off, sp_ids, out):
+    """Take each range-sharded table's special rows out of ``out[G]``: ``row_bytes[t]`` at the
+    GPU of the slot holding each (what :func:`cold_row_counts` subtracts without a host memory
+    tier), for a caller that has the cold rows' bytes before it (``Plan._memory``)."""
+    for t in range(layout.shape[0]):
+        lt = layout[t]
+        kind = lay_kind[lt]
+        if kind != 1 and kind != 3:
+            continue
+        H = num_rows[t]
+        rb = row_bytes[t]
+        ca = lay_off[lt]
+        bnd = lay_bounds[lay_boff[lt]:lay_boff[lt + 1]]
+        for k in range(sp_off[t], sp_off[t + 1]):
+            r = sp_ids[k]
+            j = weighted_range_slot(bnd, H, r) if kind == 3 else range_slot(bnd, r)
+            out[lay_gpus[ca + j]] -= rb
 
 
 # ----------------------------------------------------------------------------- host memory tier

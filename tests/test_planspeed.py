@@ -10,14 +10,17 @@ are exact, and stay within their stated error where they are not.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flexshard_stream.kernels.analytic import AnalyticPlan, top_destinations
 from flexshard_stream.kernels.routing import hash_owner_counts
 from flexshard_stream.placement.baselines import (
     BASELINES,
@@ -27,13 +30,20 @@ from flexshard_stream.placement.baselines import (
     rows_lower_bound,
     table_column_wise,
 )
-from flexshard_stream.placement.cost import evaluate_analytic
-from flexshard_stream.placement.pricing import fits_budget
+from flexshard_stream.placement.candidates import PlanBuilder, benefit_curves
+from flexshard_stream.placement.cost import (
+    CostModel,
+    TopRowCache,
+    analytic_summaries,
+    evaluate_analytic,
+)
+from flexshard_stream.placement.pricing import AnalyticPricing, fits_budget
 from flexshard_stream.placement.planner import MemoryPolicy, plan_flexshard
 from flexshard_stream.placement.profiles import execution_profile
 from flexshard_stream.placement.workload import workload_of
 from flexshard_stream.plans.plan import (
     ColdSharding,
+    Plan,
     TablePlan,
     expected_rows_per_hash_slot,
     infer_row_kind,
@@ -264,3 +274,151 @@ def test_a_baseline_ruled_out_by_its_rows_does_not_fit():
     for name in ruled_out:
         plan = build_baseline(name, tables, topo, summaries=sums, workload=work)
         assert not fits_budget(evaluate_analytic(plan, sums, workload=work), budget)
+
+
+# ----------------------------------------------------------------------------- top-row cache
+def _cost_arrays(cost):
+    return (cost.iteration_time_s, cost.peak_memory_bytes, cost.buffer_bytes.tobytes(),
+            cost.row_bytes.tobytes(), cost.uvm_time_s)
+
+
+@pytest.mark.parametrize("profile,dedup", [("torchrec", True), ("ideal", False), ("ideal", True)])
+def test_top_row_cache_prices_bit_for_bit_as_without(profile, dedup):
+    """One AnalyticPricing prices plans of every baseline layout (more layout sets than the
+    cache keeps, each priced twice, so entries are evicted and found again) and tier plans on
+    row-wise ranges: every cost equals evaluate_analytic's without the cache, bit for bit."""
+    tables, sums = tables_and_summaries(30, 11, 5.4)
+    topo = Topology.uniform(4, 8)
+    work = workload_of(64, model=CostModel(dedup=dedup, profile=profile),
+                       where="test").for_stats(tables, topo, sums)
+    pricing = AnalyticPricing(sums, work)
+    plans = [build_baseline(n, tables, topo, summaries=sums, workload=work) for n in BASELINES]
+    curves = benefit_curves(tables, sums, topo, work)
+    builder = PlanBuilder(curves, topo, 64)
+    builder.share_cold_ranges(plans[0])
+    plans += [builder.build([(k, k) for _ in tables]) for k in (1, 5, 50)]
+    assert len({tuple(id(tp.cold) for tp in p.tables.values()) for p in plans}) > TopRowCache.KEEP
+    for plan in plans + plans[::-1]:
+        want = evaluate_analytic(plan, sums, workload=work, want_matrices=False)
+        assert _cost_arrays(pricing.cost(plan)) == _cost_arrays(want)
+
+
+def test_top_destinations_are_the_plans_routes():
+    """Each top row inside its table goes where Plan.route sends a cold row of it (replicas
+    aside: the cold function's owner), -1 outside the table."""
+    tables, sums = tables_and_summaries(12, 4, 5.4)
+    topo = Topology.uniform(2, 4)
+    work = workload_of(64, where="test").for_stats(tables, topo, sums)
+    arrays = analytic_summaries(tables, sums, work)
+    for name in ("rw", "rw-hash", "tw", "twrw"):
+        plan = build_baseline(name, tables, topo, summaries=sums, workload=work)
+        bare = Plan(name, topo, [TablePlan(tp.table, tp.cold, sharding=tp.sharding)
+                                 for tp in plan.tables.values()])
+        f = bare.flat
+        dst = np.full(arrays.top_ids.size, -5, np.int32)
+        top_destinations(AnalyticPlan(*(f[k] for k in AnalyticPlan._fields)), arrays, dst)
+        for t, tp in enumerate(bare.tables.values()):
+            ids = arrays.top_ids[arrays.top_off[t]:arrays.top_off[t + 1]]
+            got = dst[arrays.top_off[t]:arrays.top_off[t + 1]]
+            inside = (ids >= 0) & (ids < tp.table.num_rows)
+            assert np.all(got[~inside] == -1)
+            assert np.array_equal(got[inside], bare.route(tp.name, ids[inside], 0))
+
+
+# ----------------------------------------------------------------------------- curves, tops
+def _old_curve(t, s, topo, work):
+    """A benefit curve's arrays as BenefitCurve computed them table by table before."""
+    G, B, L, dedup = topo.num_gpus, work.batch_size, work.mean_length(t.name, s), work.dedup
+    ids, est = s.hottest_first(t.num_rows)
+    p = est / s.total if s.total else np.zeros(ids.size)
+    lam = G * B * L * p
+    req = -np.expm1(-lam / G) if dedup else lam / G
+    pt = s.tail_probability()
+    lt = G * B * L * pt
+    tail_req = s.tail_rows * (-math.expm1(-lt / G) if dedup else lt / G)
+    R = np.concatenate([[0.0], np.cumsum(req)])
+    P = np.concatenate([[0.0], np.cumsum(p)])
+    return {"ids": ids, "p": p, "req": req, "R": R, "U": np.concatenate([[0.0], np.cumsum(
+        -np.expm1(-lam))]), "P": P, "R_tot": R[-1] + tail_req, "P_tot": P[-1] + (
+        s.tail_rows * pt if s.total else 0.0),
+        "tail_req1": tail_req / s.tail_rows if s.tail_rows > 0 else 0.0}
+
+
+def _with_unseen(tables, sums):
+    """``sums`` with the first table's summary emptied (nothing counted) and the second's
+    top rows out of order, five of them listed twice (other estimates), five equal."""
+    first, second = tables[0].name, tables[1].name
+    out = dict(sums)
+    out[first] = dataclasses.replace(sums[first], total=0, tail_mass=0.0)
+    s = sums[second]
+    ids = np.concatenate([s.top_ids[5:], s.top_ids[:10]])
+    est = np.concatenate([s.top_est[5:], np.full(5, s.top_est[0]), s.top_est[-5:] / 2])
+    out[second] = dataclasses.replace(s, top_ids=ids, top_est=est, top_lower=est, top_upper=est)
+    return out
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+def test_benefit_curves_as_table_by_table(dedup):
+    """All tables' curves at once are each table's curve as before, bit for bit (a summary
+    with nothing counted and one out of order included)."""
+    tables, sums = tables_and_summaries(25, 8, 5.4)
+    sums = _with_unseen(tables, sums)
+    topo = Topology.uniform(3, 8)
+    work = workload_of(64, model=CostModel(dedup=dedup), where="test").for_stats(tables, topo,
+                                                                                 sums)
+    for t, c in zip(tables, benefit_curves(tables, sums, topo, work)):
+        for k, want in _old_curve(t, sums[t.name], topo, work).items():
+            got = getattr(c, k)
+            assert np.array_equal(got, want) if isinstance(want, np.ndarray) else got == want
+
+
+def test_sorted_tops_as_summary_by_summary():
+    """The analytic kernel's top rows, sorted by ID per table (stable: repeated IDs keep their
+    order) with their probabilities, as they were computed summary by summary."""
+    tables, sums = tables_and_summaries(25, 9, 5.4)
+    sums = _with_unseen(tables, sums)
+    work = workload_of(64, where="test").for_stats(tables, Topology.uniform(2, 8), sums)
+    got = analytic_summaries(tables, sums, work)
+    order = [np.argsort(sums[t.name].top_ids, kind="stable") for t in tables]
+    want_ids = np.concatenate([sums[t.name].top_ids[o] for t, o in zip(tables, order)])
+    want_p = np.concatenate([sums[t.name].top_est[o] / sums[t.name].total if sums[t.name].total
+                             else np.zeros(o.size) for t, o in zip(tables, order)])
+    assert np.array_equal(got.top_ids, want_ids) and np.array_equal(got.top_p, want_p)
+    assert np.array_equal(np.diff(got.top_off), [sums[t.name].top_ids.size for t in tables])
+
+
+# ----------------------------------------------------------------------------- memory pass
+def test_row_bytes_per_gpu_are_the_table_plans_sums_exactly():
+    """Plan.row_bytes_per_gpu (cold range bytes kept per set of layouts, special rows taken
+    out per plan) equals the sum of its table plans' row_bytes_per_gpu, bit for bit (whole
+    bytes: the sums are exact), for every baseline and tier plans with replicas and placed
+    rows, more layout sets than are kept, each plan made twice."""
+    tables, sums = tables_and_summaries(30, 12, 5.4)
+    topo = Topology.uniform(4, 8)
+    work = workload_of(64, where="test").for_stats(tables, topo, sums)
+    curves = benefit_curves(tables, sums, topo, work)
+
+    def plans():
+        out = [build_baseline(n, tables, topo, summaries=sums, workload=work) for n in BASELINES]
+        builder = PlanBuilder(curves, topo, 64)
+        builder.share_cold_ranges(out[0])
+        return out + [builder.build([(k, 2 * k) for _ in tables], place=True) for k in (1, 7)]
+    for plan in plans() + plans()[::-1]:
+        want = sum(tp.row_bytes_per_gpu(topo) for tp in plan.tables.values())
+        assert np.array_equal(plan.row_bytes_per_gpu, want), plan.strategy
+
+
+def test_column_shards_follow_their_lookups_when_kept():
+    """The kept placements answer only the same tables, groups and loads: the same tables
+    with other lookups, then the first again, are each placed as the old placement does."""
+    topo = Topology.uniform(2, 4)
+    tables = [EmbeddingTable(f"t{i}", 1000, d, "fp32", "pooled")
+              for i, d in enumerate([256, 512, 256, 1024, 512])]
+    every = [np.arange(topo.num_gpus)]
+    for lookups in ({"t0": 9.0, "t3": 1.0}, {"t1": 5.0, "t4": 7.0}, {"t0": 9.0, "t3": 1.0}):
+        for _ in range(2):
+            assert column_wise(tables, topo, lookups=lookups).meta["gpus_of_table"] == \
+                _old_column_gpus(tables, topo, every, lookups)
+            bound = rows_lower_bound("cw", tables, topo, lookups=lookups)
+            assert bound == pytest.approx(float(column_wise(tables, topo, lookups=lookups)
+                                                .row_bytes_per_gpu.max()), rel=1e-12)

@@ -140,21 +140,35 @@ class _LeastLoaded:
         return [g for _, g in taken]
 
 
+#: The last placements of column shards: ``(key, tables, placement)``, the tables kept so that
+#: their ids in the key are not reused (a planner bounds a column baseline's rows, then builds it).
+_SHARDS: list = []
+_SHARDS_KEEP = 2
+
+
 def _column_shards(tables: Sequence[EmbeddingTable], topo: Topology, groups: list[np.ndarray],
                    lookups: Mapping[str, float] | None, min_width: int
                    ) -> list[tuple[int, list[int], np.ndarray]]:
     """Where :func:`_column_plan` puts each table's column shards: ``(table index, GPUs,
     widths)`` in the order placed (heaviest first), groups then GPUs balanced greedily by the
-    shards' share of the table's load."""
+    shards' share of the table's load. The last two placements are kept (``rows_lower_bound``
+    and the build ask for the same one; the widths read-only)."""
+    weights = _load_weights(tables, lookups)
+    key = (tuple(id(t) for t in tables), tuple(g.tobytes() for g in groups), weights.tobytes(),
+           min_width)
+    for k, _, placed in list(_SHARDS):
+        if k == key:
+            return placed
     size = min(g.size for g in groups)
     widths = [column_widths(t.dim, min_width, size) for t in tables]
-    weights = _load_weights(tables, lookups)
     group_of = _greedy(weights, len(groups))
     least = _LeastLoaded(groups)
     out = []
     for i in np.argsort(-weights, kind="stable"):
         t, w = tables[i], widths[i]
+        w.flags.writeable = False
         out.append((int(i), least.pick(int(group_of[i]), w / t.dim * weights[i]), w))
+    _SHARDS[:] = [*_SHARDS[-(_SHARDS_KEEP - 1):], (key, list(tables), out)]
     return out
 
 
@@ -174,7 +188,7 @@ def _column_plan(strategy: str, kind: str, tables: Sequence[EmbeddingTable], top
     tps, where = [], {}
     for i, picked, w in _column_shards(tables, topo, groups, lookups, min_width):
         t = tables[i]
-        where[t.name] = picked
+        where[t.name] = list(picked)
         tps.append((i, TablePlan(t, ColdSharding.columns(picked, w), sharding=kind)))
     tps = [tp for _, tp in sorted(tps, key=lambda x: x[0])]
     return Plan(strategy, topo, tps, {"gpus_of_table": where, "min_width": min_width})

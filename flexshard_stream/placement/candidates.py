@@ -32,6 +32,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ..kernels.curves import segment_running_sums
 from ..kernels.greedy import greedy_moves
 from ..kernels.routing import place_by_load
 from ..plans.plan import ColdSharding, Plan, TablePlan
@@ -87,40 +88,7 @@ class BenefitCurve:
                  mean_length: float | None = None):
         work = workload_of(workload, model, None if mean_length is None
                            else {table.name: mean_length}, where="BenefitCurve")
-        t, s, B, L = table, summary, work.batch_size, work.mean_length(table.name, summary)
-        dedup = work.dedup
-        G = topology.num_gpus
-        ids, est = s.hottest_first(t.num_rows)
-        self.ids = ids.astype(np.int64)
-        p = est / s.total if s.total else np.zeros(self.ids.size)
-        self.p = p
-        self.table = t
-        lam = G * B * L * p
-        req = -np.expm1(-lam / G) if dedup else lam / G
-        self.req = req
-        self.R = _cumulative(req)
-        self.U = _cumulative(-np.expm1(-lam))
-        self.P = _cumulative(p)
-        pt = s.tail_probability()
-        lt = G * B * L * pt
-        tail_req = s.tail_rows * (-math.expm1(-lt / G) if dedup else lt / G)
-        self.R_tot = self.R[-1] + tail_req
-        self.tail_req1 = tail_req / s.tail_rows if s.tail_rows > 0 else 0.0
-        self.P_tot = self.P[-1] + (s.tail_rows * pt if s.total else 0.0)
-        self.k = self.ids.size
-        self.L = L
-        self.B = B
-        self.pooled = t.kind == "pooled"
-        self.eb = float(t.embedding_bytes)
-        self.rb = float(t.row_bytes)
-
-
-def _cumulative(x: np.ndarray) -> np.ndarray:
-    """``0`` then the running sums of ``x`` (float64[n + 1]; ``np.cumsum``'s sums)."""
-    out = np.empty(x.size + 1)
-    out[0] = 0.0
-    np.cumsum(x, out=out[1:])
-    return out
+        self.__dict__.update(_curves([table], {table.name: summary}, topology, work)[0].__dict__)
 
 
 def benefit_curves(tables: Sequence[EmbeddingTable], summaries: Mapping[str, FrequencySummary],
@@ -134,7 +102,62 @@ def benefit_curves(tables: Sequence[EmbeddingTable], summaries: Mapping[str, Fre
     :func:`~flexshard_stream.plans.tables.summaries_by_table` resolves them.
     """
     work = workload_of(workload, model, mean_lengths, where="benefit_curves")
-    return [BenefitCurve(t, summaries[t.name], topology, work) for t in tables]
+    return _curves(tables, summaries, topology, work)
+
+
+def _curves(tables: Sequence[EmbeddingTable], summaries: Mapping[str, FrequencySummary],
+            topology: Topology, work: Workload) -> list[BenefitCurve]:
+    """The curves of all ``tables`` at once: their rows' values computed on the concatenated
+    rows (the same operations, element by element, as one table's), the running sums in one
+    Numba call (``kernels/curves.py``, sequential as ``np.cumsum``); each curve's arrays are
+    views of the concatenated ones. Thousands of tables: a few array operations in all instead
+    of a dozen per table."""
+    G, B, dedup = topology.num_gpus, work.batch_size, work.dedup
+    sums = [summaries[t.name] for t in tables]
+    tops = [s.hottest_first(t.num_rows) for t, s in zip(tables, sums)]
+    T = len(tables)
+    off = np.zeros(T + 1, np.int64)
+    np.cumsum([ids.size for ids, _ in tops], out=off[1:])
+    sizes = np.diff(off)
+    ids = np.concatenate([i for i, _ in tops] + [np.zeros(0, np.int64)]).astype(np.int64)
+    est = np.concatenate([e for _, e in tops] + [np.zeros(0)])
+    L = [work.mean_length(t.name, s) for t, s in zip(tables, sums)]
+    totals = np.array([s.total for s in sums], np.float64)
+    seen = totals != 0
+    p = est / np.repeat(np.where(seen, totals, 1.0), sizes)
+    p[np.repeat(~seen, sizes)] = 0.0
+    lam = np.repeat(np.array([G * B * x for x in L], np.float64), sizes) * p
+    req = -np.expm1(-lam / G) if dedup else lam / G
+    run = np.empty((3, off[-1] + T))
+    for row, x in enumerate((req, -np.expm1(-lam), p)):
+        segment_running_sums(x, off, run[row])
+    return [_curve(t, s, topology, work, L[i], (ids, p, req), run, off, i)
+            for i, (t, s) in enumerate(zip(tables, sums))]
+
+
+def _curve(t: EmbeddingTable, s: FrequencySummary, topology: Topology, work: Workload,
+           L: float, rows: tuple, run: np.ndarray, off: np.ndarray, i: int) -> BenefitCurve:
+    """Table ``i``'s :class:`BenefitCurve` from the concatenated rows ``(ids, p, req)`` and
+    running sums ``run`` (R, U, P) of :func:`_curves`."""
+    G, B, dedup = topology.num_gpus, work.batch_size, work.dedup
+    a, b = off[i], off[i + 1]
+    c = BenefitCurve.__new__(BenefitCurve)
+    c.ids, c.p, c.req = (x[a:b] for x in rows)
+    c.table = t
+    c.R, c.U, c.P = (x[a + i:b + i + 1] for x in run)
+    pt = s.tail_probability()
+    lt = G * B * L * pt
+    tail_req = s.tail_rows * (-math.expm1(-lt / G) if dedup else lt / G)
+    c.R_tot = c.R[-1] + tail_req
+    c.tail_req1 = tail_req / s.tail_rows if s.tail_rows > 0 else 0.0
+    c.P_tot = c.P[-1] + (s.tail_rows * pt if s.total else 0.0)
+    c.k = c.ids.size
+    c.L = L
+    c.B = B
+    c.pooled = t.kind == "pooled"
+    c.eb = float(t.embedding_bytes)
+    c.rb = float(t.row_bytes)
+    return c
 
 
 # ----------------------------------------------------------------------------- 2. move sequence

@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..plans.plan import Plan
 from ..stats.summary import FrequencySummary
 from .candidates import BenefitCurve, PlanBuilder, State
-from .cost import Cost, CostModel, analytic_summaries, evaluate_analytic
+from .cost import Cost, CostModel, TopRowCache, analytic_summaries, evaluate_analytic
 from .recshard import TopRows, split_cold
 from .workload import Workload, workload_of
 
@@ -91,14 +91,17 @@ class AnalyticPricing:
     def cost(self, plan: Plan) -> Cost:
         """The analytic evaluator's cost of ``plan`` (no per-GPU traffic matrices); the
         summaries' side of the kernel computed once per table order (every candidate of a
-        planning run has the same)."""
+        planning run has the same), with its :class:`~.cost.TopRowCache` (top rows' requests and
+        cold owners, shared by the plans with the same layouts)."""
         names = tuple(plan.tables)
-        arrays = self._summary_arrays.get(names)
-        if arrays is None:
-            arrays = self._summary_arrays[names] = analytic_summaries(
-                [tp.table for tp in plan.tables.values()], self._summaries, self._workload)
+        found = self._summary_arrays.get(names)
+        if found is None:
+            found = self._summary_arrays[names] = (analytic_summaries(
+                [tp.table for tp in plan.tables.values()], self._summaries, self._workload),
+                TopRowCache())
+        arrays, top_rows = found
         return evaluate_analytic(plan, self._summaries, workload=self._workload,
-                                 want_matrices=False, summary_arrays=arrays)
+                                 want_matrices=False, summary_arrays=arrays, top_rows=top_rows)
 
     def split_cold(self, plan: Plan, budget_bytes: float, cost: Cost) -> Plan:
         """``recshard.split_cold`` of ``plan`` (analytic ``cost``) under ``budget_bytes`` per GPU,

@@ -427,6 +427,15 @@ def expected_rows_per_hash_slot(num_rows: int, slots: int, seed: int,
         np.maximum(counts, 0, out=counts)
     return counts
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+#: ``TablePlan.special_sorted`` of a table plan without replicas or placed rows.
+_NO_SPECIAL_ROWS = (_read_only(np.zeros(0, np.int64)), _read_only(np.zeros(0, np.int32)))
+
+
 @dataclass(frozen=True, eq=False)
 class TablePlan:
     """The placement of one embedding table (see the module docstring for the tiers).
@@ -535,6 +544,8 @@ class TablePlan:
         return found
 
     def _special_sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        if not (self.global_ids.size or self.node_ids.size or self.placed_ids.size):
+            return _NO_SPECIAL_ROWS   # most table plans: one read-only pair for all
         if not (self.node_ids.size or self.placed_ids.size):   # global replicas only: sorted
             ids, codes = self.global_ids.view(), np.full(self.global_ids.size, -1, np.int32)
             ids.flags.writeable = False
@@ -565,9 +576,10 @@ class TablePlan:
     def _flat_parts(self) -> tuple:
         t = self.table
         ids, codes = self.special_sorted
-        return (ids, codes, t.num_rows, float(t.row_bytes), float(t.embedding_bytes),
-                t.kind == "pooled", self.hbm_fraction,
-                float(t.embedding_bytes + 2 * t.row_bytes))
+        eb = t.embedding_bytes
+        rb = eb + t.optimizer_state_bytes   # t.row_bytes
+        return (ids, codes, t.num_rows, float(rb), float(eb), t.kind == "pooled",
+                self.hbm_fraction, float(eb + 2 * rb))
 
     @property
     def replicated(self) -> bool:
@@ -857,7 +869,7 @@ class Plan:
 
     @cached_property
     def _memory(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from ..kernels.analytic import cold_row_counts
+        from ..kernels.analytic import cold_row_counts, special_cold_bytes
         topo = self.topology
         G, M = topo.num_gpus, topo.gpus_per_node
         out = np.zeros(G)
@@ -883,9 +895,17 @@ class Plan:
                 else:
                     out += hashed
         f = self.flat
-        cold_row_counts(G, f["layout"], f["num_rows"], f["row_bytes"], f["lay_kind"],
-                        f["lay_off"], f["lay_gpus"], f["lay_w"], f["lay_boff"], f["lay_bounds"],
-                        f["sp_off"], f["sp_ids"], out, f["hf_off"], f["hf"], host)
+        if _bytes_are_exact(f):
+            cold = _cold_range_bytes(G, f).copy()
+            special_cold_bytes(f["layout"], f["row_bytes"], f["num_rows"], f["lay_kind"],
+                               f["lay_off"], f["lay_gpus"], f["lay_boff"], f["lay_bounds"],
+                               f["sp_off"], f["sp_ids"], cold)
+            out += cold
+        else:
+            cold_row_counts(G, f["layout"], f["num_rows"], f["row_bytes"], f["lay_kind"],
+                            f["lay_off"], f["lay_gpus"], f["lay_w"], f["lay_boff"],
+                            f["lay_bounds"], f["sp_off"], f["sp_ids"], out, f["hf_off"], f["hf"],
+                            host)
         out += everywhere
         node = np.tile(node_acc, topo.nodes)
         out += node
@@ -1012,6 +1032,45 @@ class Plan:
         except (KeyError, TypeError, ValueError) as e:
             raise FormatError(f"{pj}: inconsistent plan ({type(e).__name__}: {e})") from None
         return plan
+
+
+#: Bytes below which sums of whole numbers of bytes in float64 are exact (2^53), whatever the
+#: order: ``Plan._memory``'s sums then do not depend on it.
+_EXACT_FLOAT = float(1 << 53)
+_COLD_BYTES: list = []   # the last few (key, range cold bytes per GPU), most recent last
+_COLD_BYTES_KEEP = 4
+
+
+def _bytes_are_exact(f: Mapping[str, np.ndarray]) -> bool:
+    """Whether every term of ``Plan._memory`` is a whole number of bytes and every partial sum
+    is below 2^53 bytes, so that the float64 sums are exact in any order: no host memory tier
+    (fractions of bytes), no column shards (shares of rows), and four times all tables' bytes
+    below 2^53 (a GPU's terms: at most every row of every table, its special rows counted twice
+    and taken out once; the factor also covers the rounding of this dot product). ``f``: the
+    plan's ``Plan.flat``."""
+    if f["hf"].size or np.any(f["lay_kind"] == 4):
+        return False
+    return 4.0 * float(np.dot(f["num_rows"].astype(np.float64), f["row_bytes"])) < _EXACT_FLOAT
+
+
+def _cold_range_bytes(G: int, f: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Bytes of the range-sharded cold rows each of ``G`` GPUs stores, special rows included
+    (``cold_row_counts`` without them), for the layouts of ``f`` (``Plan.flat``): kept for the
+    last few sets of layouts (the candidates of a planning run share row-wise's), read-only."""
+    key = (G, *(f[k].tobytes() for k in ("layout", "num_rows", "row_bytes", "lay_kind", "lay_off",
+                                          "lay_gpus", "lay_boff", "lay_bounds")))
+    for k, v in list(_COLD_BYTES):
+        if k == key:
+            return v
+    from ..kernels.analytic import cold_row_counts
+    out = np.zeros(G)
+    cold_row_counts(G, f["layout"], f["num_rows"], f["row_bytes"], f["lay_kind"], f["lay_off"],
+                    f["lay_gpus"], f["lay_w"], f["lay_boff"], f["lay_bounds"],
+                    np.zeros(f["layout"].size + 1, np.int64), np.zeros(0, np.int64), out,
+                    f["hf_off"], f["hf"], np.zeros(G))
+    out.setflags(write=False)
+    _COLD_BYTES[:] = [*_COLD_BYTES[-(_COLD_BYTES_KEEP - 1):], (key, out)]
+    return out
 
 
 _TABLE_ARRAYS = ("global_ids", "node_ids", "node_local", "placed_ids", "placed_gpus",
