@@ -278,7 +278,7 @@ def plan_flexshard(tables: Sequence[EmbeddingTable], topo: Topology,
     topo : the cluster
     summaries : {table name or feature: FrequencySummary}
     batch_size : samples per GPU per iteration (B)
-    memory : per-GPU budget (default: no more peak memory than row-wise on the same workload)
+    memory : per-GPU budget (default ``MemoryPolicy()``: each GPU's HBM less TorchRec's reservation)
     model : the cost model options (de-duplication on, ``torchrec`` profile by default)
     mean_lengths : IDs per sample per table (default: from the summaries)
     config : the planner's knobs (default ``PlannerConfig()``)
