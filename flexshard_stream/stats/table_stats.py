@@ -363,7 +363,9 @@ class TableStats:
         return self._mg_keys[live], self._mg_vals[live]
 
     def _rebuild_exact(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        """Refill the exact table with ``keys``/``counts`` (all fit)."""
+        """Refill the heavy-hitter arrays with exact ``keys``/``counts`` (errors 0) under
+        threshold 0, raised to the rows' median while more rows remain than the arrays track
+        (:func:`hh_rebuild`); the occurrences counted (``mg_meta[2]``) stay."""
         counted = int(self._mg_meta[2])
         hh_rebuild(self._mg_keys, self._mg_vals, self._mg_errs, self._mg_meta, keys, counts,
                    np.zeros_like(counts), 0, self.config.seed)
@@ -382,12 +384,8 @@ class TableStats:
         cms_add_counts(self._cms, keys, counts, c.seed, c.cms_mode == "conservative")
         hashes = hash_ids(keys, c.seed, np.empty(keys.size, dtype=np.uint64))
         hll_update_hashed(self._hll, c.hll_p, hashes, hashes.size)
-        counted = int(self._mg_meta[2])
         self._mg_keys, self._mg_vals, self._mg_errs = _slots(c.hh_lg_size)
-        self._mg_meta = np.zeros(3, dtype=np.int64)
-        hh_rebuild(self._mg_keys, self._mg_vals, self._mg_errs, self._mg_meta, keys, counts,
-                   np.zeros_like(counts), 0, c.seed)
-        self._mg_meta[2] = counted
+        self._rebuild_exact(keys, counts)
         self.exact_phase = False
 
     def _update_lengths(self, lengths: np.ndarray) -> None:
