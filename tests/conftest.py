@@ -25,6 +25,27 @@ def zipf_stream(n, num_rows, alpha, seed):
     return perm[ranks].astype(np.int64)
 
 
+class FakeKJT:
+    """Duck-typed TorchRec KeyedJaggedTensor, numpy inside: ``keys()``, ``values()``,
+    ``lengths()`` (key-major) and ``weights_or_none()`` (test helper)."""
+
+    def __init__(self, keys, values, lengths, weights=None):
+        self._k, self._v, self._l = list(keys), np.asarray(values), np.asarray(lengths)
+        self._w = None if weights is None else np.asarray(weights)
+
+    def keys(self):
+        return self._k
+
+    def values(self):
+        return self._v
+
+    def lengths(self):
+        return self._l
+
+    def weights_or_none(self):
+        return self._w
+
+
 @pytest.fixture
 def shared_data():
     if not SHARED.exists():

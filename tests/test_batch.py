@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from conftest import FakeKJT
 
 from flexshard_stream import Batch, BatchError, StreamStats
 
@@ -113,20 +114,9 @@ def test_from_features_and_kjt_like():
     b = Batch.from_features({"seq": [[1, 2], [3]], "one": np.array([7, 8])})
     assert list(b.lengths) == [2, 1, 1, 1]
 
-    class FakeKJT:  # the KeyedJaggedTensor accessors, backed by DLPack-capable numpy arrays
-        def keys(self):
-            return ["seq", "one"]
-
-        def values(self):
-            return np.array([1, 2, 3, 7, 8], np.int64)
-
-        def lengths(self):
-            return np.array([2, 1, 1, 1], np.int64)
-
-        def weights_or_none(self):
-            return None
-
-    k = FakeKJT()
+    # the KeyedJaggedTensor accessors, backed by DLPack-capable numpy arrays
+    k = FakeKJT(["seq", "one"], np.array([1, 2, 3, 7, 8], np.int64),
+                np.array([2, 1, 1, 1], np.int64))
     vals = k.values()
     b2 = Batch.from_dlpack(k.keys(), vals, k.lengths())
     assert np.shares_memory(b2.values, vals)  # zero-copy for int64

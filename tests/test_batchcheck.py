@@ -4,6 +4,7 @@ errors naming the first problem, int64's extremes."""
 
 import numpy as np
 import pytest
+from conftest import FakeKJT
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -156,25 +157,13 @@ def test_weight_and_timestamp_errors_after_an_empty_key():
     assert b.weights.dtype == np.float32 and b.timestamp.tolist() == [1e308, -1e308]
 
 
-class _KJT:
-    """The KeyedJaggedTensor accessors over numpy arrays (three keys, two samples each)."""
+class _KJT(FakeKJT):
+    """Three keys, two samples each, with weights and ``stride_per_key``."""
 
     def __init__(self, lengths=(1, 2, 0, 1, 3, 1)):
-        self._l = np.array(lengths, np.int64)
-        self._v = np.arange(self._l.sum(), dtype=np.int64) * 10
-        self._w = np.arange(self._l.sum(), dtype=np.float32)
-
-    def keys(self):
-        return ["a", "b", "c"]
-
-    def values(self):
-        return self._v
-
-    def lengths(self):
-        return self._l
-
-    def weights_or_none(self):
-        return self._w
+        n = int(np.sum(lengths))
+        super().__init__(["a", "b", "c"], np.arange(n, dtype=np.int64) * 10,
+                         np.array(lengths, np.int64), np.arange(n, dtype=np.float32))
 
     def stride_per_key(self):
         return [2, 2, 2]

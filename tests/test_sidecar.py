@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FakeKJT
 
 from flexshard_stream.errors import BatchError, ConfigError
 from flexshard_stream.formats.files import KIND_MARKER
@@ -428,25 +429,6 @@ def test_the_ring_command_runs_from_the_cli_module():
 
 
 # ----------------------------------------------------------------------- attach / convert
-
-
-class FakeKJT:
-    """Duck-typed TorchRec KeyedJaggedTensor (numpy inside)."""
-
-    def __init__(self, keys, values, lengths):
-        self._k, self._v, self._l = keys, np.asarray(values), np.asarray(lengths)
-
-    def keys(self):
-        return self._k
-
-    def values(self):
-        return self._v
-
-    def lengths(self):
-        return self._l
-
-    def weights_or_none(self):
-        return None
 
 
 def test_attach_submits_every_item_and_converts(tmp_path):
