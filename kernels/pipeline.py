@@ -123,26 +123,3 @@ def update_table(ids, seed, cms, conservative, hh_keys, hh_counts, hh_errs, hh_m
     hh_meta[2] += counted
     return 0
 
-
-@njit(nogil=True, cache=True)
-def segment_min_max(values, offsets, out_min, out_max):
-    """Per-segment min and max of ``values`` split at ``offsets`` (len = segments + 1).
-
-    Empty segments get min = 0 and max = -1.
-    """
-    for s in range(offsets.shape[0] - 1):
-        a, b = offsets[s], offsets[s + 1]
-        if a == b:
-            out_min[s] = 0
-            out_max[s] = -1
-            continue
-        lo = values[a]
-        hi = values[a]
-        for k in range(a + 1, b):
-            v = values[k]
-            if v < lo:
-                lo = v
-            if v > hi:
-                hi = v
-        out_min[s] = lo
-        out_max[s] = hi

@@ -29,7 +29,8 @@ from ..kernels.exact import hashed_exact_update
 from ..kernels.frequent import hh_capacity, hh_lookup, hh_misplaced, hh_rebuild, hh_union
 from ..kernels.hashing import hash_ids
 from ..kernels.hll import hll_update_hashed
-from ..kernels.pipeline import segment_min_max, update_table
+from ..kernels.batchcheck import NEGATIVE, TOO_LARGE, check_ids
+from ..kernels.pipeline import update_table
 from .config import SketchConfig
 from .summary import FrequencySummary
 
@@ -95,12 +96,14 @@ def _slots(lg: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.zeros(1 << lg, dtype=np.int64))
 
 
-def _min_max(ids: np.ndarray) -> tuple[int, int]:
-    """Smallest and largest of non-empty int64 ``ids`` in one pass (the kernel that validates
-    batches)."""
-    lo, hi = np.empty(1, np.int64), np.empty(1, np.int64)
-    segment_min_max(ids, np.array([0, ids.size], np.int64), lo, hi)
-    return int(lo[0]), int(hi[0])
+def _checked_max(ids: np.ndarray, num_rows: int | None) -> tuple[int, int]:
+    """``(code, largest ID)`` of int64 ``ids`` (-1 when empty) by the kernel that validates
+    batches (:func:`~flexshard_stream.kernels.batchcheck.check_ids`): ``NEGATIVE``, ``TOO_LARGE``
+    (an ID at or above ``num_rows``) or ``OK``."""
+    limit = -1 if num_rows is None or num_rows > INT64_MAX else num_rows
+    hi = np.empty(1, np.int64)
+    _, code = check_ids(ids, np.array([0, ids.size], np.int64), np.array([limit], np.int64), hi)
+    return int(code), int(hi[0])
 
 
 def sketch_config(d: Any, where: str) -> SketchConfig:
@@ -304,18 +307,15 @@ class TableStats:
             raise BatchError(f"IDs must be integers, got dtype {ids.dtype}", feature=self.name,
                              field="values")
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if ids.size:
-            lo, hi = _min_max(ids)
-            if lo < 0:
-                p = int(np.flatnonzero(ids < 0)[0])
-                raise BatchError(f"negative ID {int(ids[p])}; expected >= 0", feature=self.name,
-                                 field="values", position=p)
-            if self.num_rows is not None and hi >= self.num_rows:
-                p = int(np.flatnonzero(ids >= self.num_rows)[0])
-                raise BatchError(f"ID {int(ids[p])} out of range; expected < num_rows "
-                                 f"{self.num_rows}", feature=self.name, field="values", position=p)
-        else:
-            hi = -1
+        code, hi = _checked_max(ids, self.num_rows)
+        if code == NEGATIVE:
+            p = int(np.flatnonzero(ids < 0)[0])
+            raise BatchError(f"negative ID {int(ids[p])}; expected >= 0", feature=self.name,
+                             field="values", position=p)
+        if code == TOO_LARGE:
+            p = int(np.flatnonzero(ids >= self.num_rows)[0])
+            raise BatchError(f"ID {int(ids[p])} out of range; expected < num_rows "
+                             f"{self.num_rows}", feature=self.name, field="values", position=p)
         if lengths is not None:
             lengths = np.ascontiguousarray(lengths, dtype=np.int64)
             if lengths.size and (lengths.min() < 0 or lengths.sum() != ids.size):
