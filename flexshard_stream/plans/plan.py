@@ -576,8 +576,7 @@ class TablePlan:
     def _flat_parts(self) -> tuple:
         t = self.table
         ids, codes = self.special_sorted
-        eb = t.embedding_bytes
-        rb = eb + t.optimizer_state_bytes   # t.row_bytes
+        eb, rb = t.embedding_bytes, t.row_bytes
         return (ids, codes, t.num_rows, float(rb), float(eb), t.kind == "pooled",
                 self.hbm_fraction, float(eb + 2 * rb))
 
