@@ -122,8 +122,15 @@ class SketchConfig:
     @property
     def sketch_bytes(self) -> int:
         """Bytes of a sketched table's count-min, heavy-hitter and HyperLogLog arrays."""
+        return self.sketch_array_bytes()
+
+    def sketch_array_bytes(self, slot_bytes: int = 24, lg_slots: int | None = None) -> int:
+        """Bytes of the count-min (4 per counter), a table of ``2**lg_slots`` slots of
+        ``slot_bytes`` each (default: the heavy hitters' slots, key, count and error) and the
+        HyperLogLog registers (1 each)."""
         width = self.cms_width if self.cms_mode != "off" else 0
-        return 4 * self.cms_depth * width + 24 * (1 << self.hh_lg_size) + (1 << self.hll_p)
+        lg = self.hh_lg_size if lg_slots is None else lg_slots
+        return 4 * self.cms_depth * width + slot_bytes * (1 << lg) + (1 << self.hll_p)
 
     @property
     def exact_phase_lg_size(self) -> int:

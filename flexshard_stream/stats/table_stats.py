@@ -136,10 +136,8 @@ def _saved_bytes(config: SketchConfig, num_rows: int | None, version: int,
     times this."""
     if config.uses_exact(num_rows):
         return 4 * num_rows
-    width = config.cms_width if config.cms_mode != "off" else 0
-    per_slot = 16 if version == 1 else 24
     lg = config.exact_phase_lg_size if exact_phase else config.hh_lg_size
-    return 4 * config.cms_depth * width + per_slot * (1 << lg) + (1 << config.hll_p)
+    return config.sketch_array_bytes(16 if version == 1 else 24, lg)
 
 
 def checked_table_meta(meta: Any, arrays: dict[str, np.ndarray], source: str
