@@ -38,8 +38,8 @@ def _tables(state: int) -> list[EmbeddingTable]:
 
 def _top(steps: range, k: int) -> np.ndarray:
     """The ``k`` items most looked up in the training batches of ``steps`` (both features)."""
-    ids = [np.concatenate([w.samples(s, r)[0]] + w.samples(s, r)[1])
-           for s in steps for r in range(w.WORLD)]
+    drawn = [w.samples(s, r) for s in steps for r in range(w.WORLD)]
+    ids = [np.concatenate([last] + hist) for last, hist in drawn]
     counts = np.bincount(np.concatenate(ids), minlength=ROWS)
     return np.sort(np.argsort(-counts, kind="stable")[:k])
 
