@@ -25,7 +25,8 @@ Three parts:
   dependency: it is imported when a strategy is built, with an ImportError telling how to install it
   when it is missing (``pip install hypothesis``, or ``pip install flexshard-stream[dev]``).
 
-:func:`zipf_summary` and :func:`sample_batches` are the plain-numpy generators behind the strategies,
+:func:`zipf_summary` and :func:`sample_batches` are the plain-numpy generators behind the strategies
+(:func:`many_tables`, the planning benchmarks' workload, is another),
 usable without hypothesis.
 """
 
