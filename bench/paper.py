@@ -53,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from flexshard_stream import testing  # noqa: E402
 from flexshard_stream.sources import synth  # noqa: E402
 from flexshard_stream.placement.baselines import row_wise, table_row_wise  # noqa: E402
 from flexshard_stream.placement.candidates import (  # noqa: E402
@@ -626,29 +627,10 @@ def real_traces(quick: bool):
 
 # ============================================================================ 5. planning time
 def many_tables(T, N, M, k=1000, seed=0):
-    """T tables (1e5..1e8 rows, dim 64..256, 70% sequence), one Zipf summary each (k top rows)."""
-    topo = Topology.uniform(N, M)
-    rng = np.random.default_rng(seed)
-    rows = np.round(10 ** rng.uniform(5, 8, T)).astype(np.int64)
-    dims = rng.choice([64, 128, 256], T)
-    kinds = np.where(rng.random(T) < 0.7, "sequence", "pooled")
-    alphas = rng.uniform(0.9, 1.2, T)
-    tables, sums = [], {}
-    for i in range(T):
-        H = int(rows[i])
-        L = float(rng.uniform(100, 200) if kinds[i] == "sequence" else rng.uniform(1, 40))
-        t = EmbeddingTable(f"t{i:04d}", H, int(dims[i]), "fp32", str(kinds[i]),
-                           optimizer_state_bytes=STATE_BYTES)
-        kk = min(k, H)
-        p = zipf_pmf_head(kk, H, float(alphas[i]))
-        total = 10 ** 9
-        est = p * total
-        ids = rng.choice(H, kk, replace=False).astype(np.int64)
-        sums[t.name] = FrequencySummary(t.name, total, ids, est, est, est, float(H), float(H),
-                                        float(H), float(total * max(0.0, 1.0 - p.sum())),
-                                        float(H - kk), H, True, int(total / L), L)
-        tables.append(t)
-    return topo, tables, sums
+    """T tables (1e5..1e8 rows, dim 64..256, 70% sequence), one Zipf summary each (k top rows) on
+    N nodes of M GPUs (flexshard_stream.testing.many_tables)."""
+    tables, sums = testing.many_tables(T, seed, top_k=k, optimizer_state_bytes=STATE_BYTES)
+    return Topology.uniform(N, M), tables, sums
 
 
 _GROUPS = (("move_sequence (move generation)", (("candidates", "move_sequence"),)),

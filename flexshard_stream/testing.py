@@ -25,7 +25,8 @@ Three parts:
   dependency: it is imported when a strategy is built, with an ImportError telling how to install it
   when it is missing (``pip install hypothesis``, or ``pip install flexshard-stream[dev]``).
 
-:func:`zipf_summary` and :func:`sample_batches` are the plain-numpy generators behind the strategies,
+:func:`zipf_summary` and :func:`sample_batches` are the plain-numpy generators behind the strategies
+(:func:`many_tables`, the planning benchmarks' workload, is another),
 usable without hypothesis.
 """
 
@@ -59,7 +60,7 @@ __all__ = [
     # checkers
     "check_plan", "assert_plan_ok", "check_never_worse", "assert_never_worse",
     # plain generators
-    "zipf_summary", "summary_order", "sample_batches", "Workload",
+    "zipf_summary", "many_tables", "summary_order", "sample_batches", "Workload",
     # hypothesis strategies
     "topologies", "tables", "skewed_summaries", "summaries_for", "skewed_streams", "plans",
     "workloads",
@@ -122,6 +123,35 @@ def zipf_summary(table: EmbeddingTable, alpha: float, *, total: int = 10**6, top
                             float(H), float(H), float(H), tail_mass, tail_rows, H, True,
                             max(1, int(total / max(mean_length, 1e-9))), float(mean_length),
                             {})
+
+
+def many_tables(T: int, seed: int = 0, *, min_rows_log10: float = 5.0, max_rows_log10: float = 8.0,
+                top_k: int = 1000, optimizer_state_bytes: int = 4
+                ) -> tuple[list[EmbeddingTable], dict[str, FrequencySummary]]:
+    """T tables of 10**min_rows_log10..10**max_rows_log10 rows (dim 64..256, 70% sequence), one
+    Zipf summary each (``top_k`` top rows at random IDs, 1e9 lookups); the planning benchmarks'
+    and tests' workload, the same draws for the same arguments."""
+    rng = np.random.default_rng(seed)
+    rows = np.round(10 ** rng.uniform(min_rows_log10, max_rows_log10, T)).astype(np.int64)
+    dims = rng.choice([64, 128, 256], T)
+    kinds = np.where(rng.random(T) < 0.7, "sequence", "pooled")
+    alphas = rng.uniform(0.9, 1.2, T)
+    tables, sums = [], {}
+    for i in range(T):
+        H = int(rows[i])
+        L = float(rng.uniform(100, 200) if kinds[i] == "sequence" else rng.uniform(1, 40))
+        t = EmbeddingTable(f"t{i:04d}", H, int(dims[i]), "fp32", str(kinds[i]),
+                           optimizer_state_bytes=optimizer_state_bytes)
+        kk = min(top_k, H)
+        p = zipf_pmf_head(kk, H, float(alphas[i]))
+        total = 10 ** 9
+        est = p * total
+        ids = rng.choice(H, kk, replace=False).astype(np.int64)
+        sums[t.name] = FrequencySummary(t.name, total, ids, est, est, est, float(H), float(H),
+                                        float(H), float(total * max(0.0, 1.0 - p.sum())),
+                                        float(H - kk), H, True, int(total / L), L)
+        tables.append(t)
+    return tables, sums
 
 
 def _summary_of(summaries: Mapping[str, FrequencySummary] | None, t: EmbeddingTable

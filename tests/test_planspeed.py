@@ -50,8 +50,7 @@ from flexshard_stream.plans.plan import (
 )
 from flexshard_stream.plans.tables import EmbeddingTable
 from flexshard_stream.plans.topology import Topology
-from flexshard_stream.sources.synth import zipf_pmf_head
-from flexshard_stream.stats.summary import FrequencySummary
+from flexshard_stream.testing import many_tables
 
 EXACT_ROWS = 1 << 18
 
@@ -180,27 +179,7 @@ def test_cached_capability_answers_per_table_plan_and_topology_shape():
 def tables_and_summaries(T, seed, max_rows_log10):
     """T tables of 1e3..10**max_rows_log10 rows (bench/paper.py's many_tables, smaller), one
     Zipf summary of 200 top rows each."""
-    rng = np.random.default_rng(seed)
-    rows = np.round(10 ** rng.uniform(3, max_rows_log10, T)).astype(np.int64)
-    dims = rng.choice([64, 128, 256], T)
-    kinds = np.where(rng.random(T) < 0.7, "sequence", "pooled")
-    alphas = rng.uniform(0.9, 1.2, T)
-    tables, sums = [], {}
-    for i in range(T):
-        H = int(rows[i])
-        L = float(rng.uniform(100, 200) if kinds[i] == "sequence" else rng.uniform(1, 40))
-        t = EmbeddingTable(f"t{i:04d}", H, int(dims[i]), "fp32", str(kinds[i]),
-                           optimizer_state_bytes=4)
-        kk = min(200, H)
-        p = zipf_pmf_head(kk, H, float(alphas[i]))
-        total = 10 ** 9
-        est = p * total
-        ids = rng.choice(H, kk, replace=False).astype(np.int64)
-        sums[t.name] = FrequencySummary(t.name, total, ids, est, est, est, float(H), float(H),
-                                        float(H), float(total * max(0.0, 1.0 - p.sum())),
-                                        float(H - kk), H, True, int(total / L), L)
-        tables.append(t)
-    return tables, sums
+    return many_tables(T, seed, min_rows_log10=3, max_rows_log10=max_rows_log10, top_k=200)
 
 
 def plan_digest(result):
